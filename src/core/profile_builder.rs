@@ -1,0 +1,409 @@
+//! Turns a `FlushSnapshot` into a pprof `Profile` and gzips it.
+//!
+//! Functions are interned per (frame, file) and locations per (function,
+//! line), so each appears once however many samples use it; samples with the
+//! same stack are merged into one pprof sample whose values are the sums.
+
+use std::io::Write;
+
+use flate2::write::GzEncoder;
+use flate2::Compression;
+use prost::Message;
+
+use super::fast_hash::FastHashMap;
+use super::pprof;
+use super::sampler_state::FlushSnapshot;
+use super::stack_table::{Frame, FrameRef, StackId, TRUNCATION_FRAME};
+use super::string_table::StringTable;
+
+/// What the binding layer found out about a frame at flush time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FrameInfo {
+    /// Ruby's label: `Foo#bar`, `block in Foo#bar`, `Integer#times`, `<main>`.
+    pub name: String,
+    /// Source file; None for methods implemented in C, which are shown at
+    /// their caller's file and line, as Ruby's own backtraces do.
+    pub filename: Option<String>,
+    pub start_line: i64,
+}
+
+/// Profile-wide facts that are not in the snapshot.
+#[derive(Debug, Clone, Default)]
+pub struct ProfileMeta {
+    pub time_nanos: i64,
+    pub duration_nanos: i64,
+    pub sample_rate: f64,
+    /// The process the profile describes (the mapping's file name).
+    pub program: String,
+    pub comments: Vec<String>,
+}
+
+/// Go's heap-profile sample types, in the C gem's slot order.
+pub const SAMPLE_TYPES: [(&str, &str); 4] = [
+    ("alloc_objects", "count"),
+    ("alloc_space", "bytes"),
+    ("inuse_objects", "count"),
+    ("inuse_space", "bytes"),
+];
+
+const MAPPING_ID: u64 = 1;
+
+struct ProfileBuilder<'a> {
+    frames: &'a FastHashMap<FrameRef, FrameInfo>,
+    strings: StringTable,
+    functions: FastHashMap<(FrameRef, i64), u64>,
+    locations: FastHashMap<(u64, i64), u64>,
+    profile: pprof::Profile,
+}
+
+impl<'a> ProfileBuilder<'a> {
+    fn new(frames: &'a FastHashMap<FrameRef, FrameInfo>) -> Self {
+        ProfileBuilder {
+            frames,
+            strings: StringTable::new(),
+            functions: FastHashMap::default(),
+            locations: FastHashMap::default(),
+            profile: pprof::Profile::default(),
+        }
+    }
+
+    fn function_id(&mut self, frame: FrameRef, name: &str, filename: &str, start_line: i64) -> u64 {
+        let filename_index = self.strings.intern(filename);
+        if let Some(&id) = self.functions.get(&(frame, filename_index)) {
+            return id;
+        }
+        let id = self.profile.function.len() as u64 + 1;
+        let name = self.strings.intern(name);
+        self.profile.function.push(pprof::Function {
+            id,
+            name,
+            // Left unset: pprof shows system_name when set, and demangling
+            // turns labels such as `<main>` into `<unknown>`.
+            system_name: 0,
+            filename: filename_index,
+            start_line,
+        });
+        self.functions.insert((frame, filename_index), id);
+        id
+    }
+
+    fn location_id(&mut self, function_id: u64, line: i64) -> u64 {
+        if let Some(&id) = self.locations.get(&(function_id, line)) {
+            return id;
+        }
+        let id = self.profile.location.len() as u64 + 1;
+        self.profile.location.push(pprof::Location {
+            id,
+            mapping_id: MAPPING_ID,
+            address: 0,
+            line: vec![pprof::Line {
+                function_id,
+                line,
+                column: 0,
+            }],
+            is_folded: false,
+        });
+        self.locations.insert((function_id, line), id);
+        id
+    }
+
+    /// Location ids for a stack, leaf first.
+    fn stack_locations(&mut self, frames: &[Frame]) -> Vec<u64> {
+        let mut ids = Vec::with_capacity(frames.len());
+        for (i, frame) in frames.iter().enumerate() {
+            let frames_map = self.frames;
+            let id = if frame.frame == TRUNCATION_FRAME {
+                let function = self.function_id(TRUNCATION_FRAME, "(truncated stack)", "", 0);
+                self.location_id(function, 0)
+            } else if let Some(info) = frames_map.get(&frame.frame) {
+                let (filename, line) = match &info.filename {
+                    Some(file) => (file.as_str(), i64::from(frame.line)),
+                    // A C method: its caller's file and line (the nearest
+                    // outer frame that has a file).
+                    None => frames[i + 1..]
+                        .iter()
+                        .find_map(|outer| {
+                            let file = frames_map.get(&outer.frame)?.filename.as_deref()?;
+                            Some((file, i64::from(outer.line)))
+                        })
+                        .unwrap_or(("(C function)", 0)),
+                };
+                let function = self.function_id(frame.frame, &info.name, filename, info.start_line);
+                self.location_id(function, line)
+            } else {
+                let function = self.function_id(frame.frame, "(unknown frame)", "", 0);
+                self.location_id(function, 0)
+            };
+            ids.push(id);
+        }
+        ids
+    }
+
+    fn build(mut self, snapshot: &FlushSnapshot, meta: &ProfileMeta) -> pprof::Profile {
+        for (name, unit) in SAMPLE_TYPES {
+            let value_type = pprof::ValueType {
+                r#type: self.strings.intern(name),
+                unit: self.strings.intern(unit),
+            };
+            self.profile.sample_type.push(value_type);
+        }
+
+        // Merge samples by stack; sort for a deterministic profile.
+        let mut merged: FastHashMap<StackId, [f64; 4]> = FastHashMap::default();
+        for sample in &snapshot.samples {
+            let sums = merged.entry(sample.stack).or_insert([0.0; 4]);
+            for (sum, value) in sums.iter_mut().zip(sample.values) {
+                *sum += value;
+            }
+        }
+        let mut merged: Vec<_> = merged.into_iter().collect();
+        merged.sort_by_key(|(stack, _)| *stack);
+        for (stack, sums) in merged {
+            let Some(frames) = snapshot.stacks.get(&stack) else {
+                continue;
+            };
+            let location_id = self.stack_locations(frames);
+            self.profile.sample.push(pprof::Sample {
+                location_id,
+                value: sums.iter().map(|v| v.round() as i64).collect(),
+                label: Vec::new(),
+            });
+        }
+
+        let program = if meta.program.is_empty() {
+            "ruby"
+        } else {
+            meta.program.as_str()
+        };
+        self.profile.mapping.push(pprof::Mapping {
+            id: MAPPING_ID,
+            memory_start: 0,
+            memory_limit: 0,
+            file_offset: 0,
+            filename: self.strings.intern(program),
+            build_id: 0,
+            has_functions: true,
+            has_filenames: true,
+            has_line_numbers: true,
+            has_inline_frames: false,
+        });
+
+        self.profile.time_nanos = meta.time_nanos;
+        self.profile.duration_nanos = meta.duration_nanos;
+        self.profile.period_type = Some(pprof::ValueType {
+            r#type: self.strings.intern("space"),
+            unit: self.strings.intern("bytes"),
+        });
+        self.profile.period = if meta.sample_rate > 0.0 {
+            (1.0 / meta.sample_rate).round() as i64
+        } else {
+            0
+        };
+        let mut comments = vec![format!(
+            "memprofiler_pprof_rs: sample_rate={}; one object in {} sampled on average, values scaled by 1/sample_rate; period is that number of objects",
+            meta.sample_rate, self.profile.period
+        )];
+        comments.extend(meta.comments.iter().cloned());
+        for comment in comments {
+            let index = self.strings.intern(&comment);
+            self.profile.comment.push(index);
+        }
+        self.profile.default_sample_type = self.strings.intern("inuse_space");
+        self.profile.string_table = self.strings.into_strings();
+        self.profile
+    }
+}
+
+/// Builds the profile for a flush. `frames` must describe every frame of
+/// every stack in the snapshot (a missing one shows as "(unknown frame)").
+pub fn build_profile(
+    snapshot: &FlushSnapshot,
+    frames: &FastHashMap<FrameRef, FrameInfo>,
+    meta: &ProfileMeta,
+) -> pprof::Profile {
+    ProfileBuilder::new(frames).build(snapshot, meta)
+}
+
+/// Serialises and gzips a profile, the form pprof tools read.
+pub fn encode_gzipped(profile: &pprof::Profile) -> Vec<u8> {
+    let raw = profile.encode_to_vec();
+    let mut encoder = GzEncoder::new(Vec::with_capacity(raw.len() / 4 + 64), Compression::new(6));
+    encoder
+        .write_all(&raw)
+        .expect("writing to a Vec cannot fail");
+    encoder.finish().expect("writing to a Vec cannot fail")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::sample_gate::GapSampler;
+    use crate::core::sampler_state::SamplerState;
+    use flate2::read::GzDecoder;
+    use std::io::Read;
+
+    fn info(name: &str, file: Option<&str>, start_line: i64) -> FrameInfo {
+        FrameInfo {
+            name: name.into(),
+            filename: file.map(Into::into),
+            start_line,
+        }
+    }
+
+    fn frame(frame: u64, line: i32) -> Frame {
+        Frame { frame, line }
+    }
+
+    /// A profile with two samples of one stack, one of another, and a C frame.
+    fn example() -> (FlushSnapshot, FastHashMap<FrameRef, FrameInfo>) {
+        let mut state = SamplerState::new(GapSampler::new(1.0, 1), 100, 100);
+        // leaf first: String#* (C) called from Foo#bar:12, called from <main>:30
+        let leaf_c = [frame(24, 0), frame(8, 12), frame(16, 30)];
+        let plain = [frame(8, 14), frame(16, 30)];
+        for (i, stack) in [&leaf_c[..], &leaf_c[..], &plain[..]].iter().enumerate() {
+            let admission = state.admission();
+            state.record_allocation(0x1000 + i * 40, stack, 1.0, admission);
+        }
+        state.measure_pending(|_| Some(40));
+        let snapshot = state.take_snapshot(|_| Some(40));
+        let mut frames = FastHashMap::default();
+        frames.insert(8, info("Foo#bar", Some("app.rb"), 10));
+        frames.insert(16, info("<main>", Some("app.rb"), 1));
+        frames.insert(24, info("String#*", None, 0));
+        (snapshot, frames)
+    }
+
+    fn meta() -> ProfileMeta {
+        ProfileMeta {
+            time_nanos: 1_700_000_000_000_000_000,
+            duration_nanos: 5_000_000_000,
+            sample_rate: 1.0,
+            program: "ruby".into(),
+            comments: vec![],
+        }
+    }
+
+    fn string<'p>(profile: &'p pprof::Profile, index: i64) -> &'p str {
+        &profile.string_table[index as usize]
+    }
+
+    fn function_names(profile: &pprof::Profile, sample: &pprof::Sample) -> Vec<String> {
+        sample
+            .location_id
+            .iter()
+            .map(|id| {
+                let location = &profile.location[*id as usize - 1];
+                let function = &profile.function[location.line[0].function_id as usize - 1];
+                format!(
+                    "{}@{}:{}",
+                    string(profile, function.name),
+                    string(profile, function.filename),
+                    location.line[0].line
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn sample_types_and_defaults_are_go_heap_profile_shape() {
+        let (snapshot, frames) = example();
+        let profile = build_profile(&snapshot, &frames, &meta());
+        let types: Vec<_> = profile
+            .sample_type
+            .iter()
+            .map(|t| (string(&profile, t.r#type), string(&profile, t.unit)))
+            .collect();
+        assert_eq!(types, SAMPLE_TYPES.to_vec());
+        assert_eq!(string(&profile, profile.default_sample_type), "inuse_space");
+        let period_type = profile.period_type.as_ref().expect("period type");
+        assert_eq!(string(&profile, period_type.r#type), "space");
+        assert_eq!(profile.period, 1);
+        assert_eq!(profile.string_table[0], "");
+        assert_eq!(profile.mapping.len(), 1);
+        assert_eq!(profile.duration_nanos, 5_000_000_000);
+    }
+
+    #[test]
+    fn samples_with_the_same_stack_are_merged_and_frames_resolved() {
+        let (snapshot, frames) = example();
+        let profile = build_profile(&snapshot, &frames, &meta());
+        assert_eq!(profile.sample.len(), 2);
+        let merged = profile
+            .sample
+            .iter()
+            .find(|s| s.location_id.len() == 3)
+            .expect("the C-leaf stack");
+        assert_eq!(merged.value, vec![2, 80, 2, 80]);
+        assert_eq!(
+            function_names(&profile, merged),
+            vec!["String#*@app.rb:12", "Foo#bar@app.rb:12", "<main>@app.rb:30"]
+        );
+        // Foo#bar appears once as a function, with two locations (lines 12, 14).
+        let foo_functions = profile
+            .function
+            .iter()
+            .filter(|f| string(&profile, f.name) == "Foo#bar")
+            .count();
+        assert_eq!(foo_functions, 1);
+        assert_eq!(profile.location.len(), 4);
+        assert!(profile.function.iter().all(|f| f.system_name == 0));
+    }
+
+    #[test]
+    fn truncated_and_unknown_frames_are_visible() {
+        let mut state = SamplerState::new(GapSampler::new(1.0, 1), 10, 10);
+        let admission = state.admission();
+        state.record_allocation(
+            0x1000,
+            &[frame(8, 1), frame(99, 2), frame(TRUNCATION_FRAME, 0)],
+            1.0,
+            admission,
+        );
+        let snapshot = state.take_snapshot(|_| Some(40));
+        let mut frames = FastHashMap::default();
+        frames.insert(8, info("Foo#bar", Some("app.rb"), 1));
+        let profile = build_profile(&snapshot, &frames, &meta());
+        let names = function_names(&profile, &profile.sample[0]);
+        assert_eq!(names[1], "(unknown frame)@:0");
+        assert_eq!(names[2], "(truncated stack)@:0");
+    }
+
+    #[test]
+    fn gzipped_profile_round_trips() {
+        let (snapshot, frames) = example();
+        let profile = build_profile(&snapshot, &frames, &meta());
+        let gz = encode_gzipped(&profile);
+        assert_eq!(&gz[..2], &[0x1f, 0x8b], "gzip magic");
+        let mut raw = Vec::new();
+        GzDecoder::new(&gz[..])
+            .read_to_end(&mut raw)
+            .expect("valid gzip");
+        let decoded = pprof::Profile::decode(&raw[..]).expect("valid protobuf");
+        assert_eq!(decoded, profile);
+    }
+
+    #[test]
+    fn field_numbers_match_the_pprof_specification() {
+        // Hand-encode a few fields with the spec's numbers and decode them.
+        // Profile.time_nanos = 9 (varint), Profile.string_table = 6, Function.name = 2.
+        let mut bytes = vec![9 << 3, 42];
+        bytes.extend([6 << 3 | 2, 0]);
+        bytes.extend([6 << 3 | 2, 3, b'f', b'o', b'o']);
+        bytes.extend([5 << 3 | 2, 4, 1 << 3, 7, 2 << 3, 1]);
+        bytes.extend([14 << 3, 1]);
+        let profile = pprof::Profile::decode(&bytes[..]).expect("decodes");
+        assert_eq!(profile.time_nanos, 42);
+        assert_eq!(profile.string_table, vec!["", "foo"]);
+        assert_eq!(profile.function[0].id, 7);
+        assert_eq!(profile.function[0].name, 1);
+        assert_eq!(profile.default_sample_type, 1);
+    }
+
+    #[test]
+    fn empty_snapshot_still_makes_a_valid_profile() {
+        let profile = build_profile(&FlushSnapshot::default(), &FastHashMap::default(), &meta());
+        assert!(profile.sample.is_empty());
+        assert_eq!(profile.sample_type.len(), 4);
+        assert!(!encode_gzipped(&profile).is_empty());
+    }
+}

@@ -1,0 +1,485 @@
+//! Everything the collector remembers between flushes: the sampled
+//! allocations of the current interval (the allocation list), the sampled
+//! objects still alive (the live-object map) and their deduplicated stacks.
+//!
+//! One `SampleRecord` is shared by the allocation list and the live map and
+//! refcounted by them, so an object allocated in this interval and still alive
+//! costs one record. Nothing here calls into Ruby; the binding layer passes
+//! object addresses in and measures sizes through callbacks.
+
+use std::sync::Arc;
+
+use super::fast_hash::FastHashMap;
+use super::sample_gate::GapSampler;
+use super::stack_table::{Frame, StackId, StackTable};
+
+/// Address of a sampled Ruby object (its VALUE). Never dereferenced here.
+pub type ObjectAddress = usize;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SampleId(u32);
+
+#[derive(Debug, Clone)]
+struct SampleRecord {
+    stack: StackId,
+    /// How many allocations this sample stands for (1 / rate when taken).
+    weight: f64,
+    /// Bytes, as last measured; 0 until the first measurement.
+    size: u64,
+    /// The sampled object's address (stale once the object is freed).
+    object: ObjectAddress,
+    liveness: Liveness,
+    /// Held by the allocation list and/or the live map; 0 = slot is free.
+    refs: u8,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Liveness {
+    /// In the live map: not seen freed yet.
+    Live,
+    /// Was in the live map; its object has been freed.
+    Freed,
+    /// Never tracked (the live map was full): whether it lives is unknown.
+    Untracked,
+}
+
+/// Samples not taken, by reason, since the last flush.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct DropCounters {
+    /// The sampler lock was busy (or re-entered) when the allocation happened.
+    pub nolock: u64,
+    /// The allocation list was full (`max_allocation_samples`).
+    pub allocation_bufsize: u64,
+    /// The live map was full (`max_heap_samples`); the allocation was still
+    /// recorded in the allocation list.
+    pub heap_bufsize: u64,
+}
+
+/// Where a new sample may go, given the caps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// Both lists have room.
+    AllocationAndLive,
+    /// Only the allocation list has room; the object will not be tracked.
+    AllocationOnly,
+    /// No room: the sample is dropped (and counted).
+    Dropped,
+}
+
+/// One sample's contribution to a flushed profile, already weighted:
+/// [alloc_objects, alloc_space, inuse_objects, inuse_space].
+#[derive(Debug, Clone, PartialEq)]
+pub struct FlushedSample {
+    pub stack: StackId,
+    pub values: [f64; 4],
+}
+
+/// What one flush reads out of the state, detached from it so the profile
+/// can be built without holding the lock.
+#[derive(Debug, Default)]
+pub struct FlushSnapshot {
+    pub samples: Vec<FlushedSample>,
+    pub stacks: FastHashMap<StackId, Arc<[Frame]>>,
+    pub allocation_samples: usize,
+    pub heap_samples: usize,
+    pub drops: DropCounters,
+}
+
+#[derive(Debug)]
+pub struct SamplerState {
+    stacks: StackTable,
+    records: Vec<SampleRecord>,
+    free_records: Vec<u32>,
+    live: FastHashMap<ObjectAddress, SampleId>,
+    allocations: Vec<SampleId>,
+    /// Samples taken but not yet measured (sizes are known only once the
+    /// allocating method has filled the object in).
+    pending_sizes: Vec<(SampleId, ObjectAddress)>,
+    pub gaps: GapSampler,
+    pub max_allocation_samples: usize,
+    pub max_heap_samples: usize,
+    drops: DropCounters,
+}
+
+impl SamplerState {
+    pub fn new(gaps: GapSampler, max_allocation_samples: usize, max_heap_samples: usize) -> Self {
+        SamplerState {
+            stacks: StackTable::new(),
+            records: Vec::new(),
+            free_records: Vec::new(),
+            live: FastHashMap::default(),
+            allocations: Vec::new(),
+            pending_sizes: Vec::new(),
+            gaps,
+            max_allocation_samples,
+            max_heap_samples,
+            drops: DropCounters::default(),
+        }
+    }
+
+    /// Decides, before any backtrace is captured, whether a sample fits; counts
+    /// the drop if it does not.
+    pub fn admission(&mut self) -> Admission {
+        if self.allocations.len() >= self.max_allocation_samples {
+            self.drops.allocation_bufsize += 1;
+            return Admission::Dropped;
+        }
+        if self.live.len() >= self.max_heap_samples {
+            self.drops.heap_bufsize += 1;
+            return Admission::AllocationOnly;
+        }
+        Admission::AllocationAndLive
+    }
+
+    pub fn count_nolock_drop(&mut self, count: u64) {
+        self.drops.nolock += count;
+    }
+
+    /// Records a sampled allocation of `object` with backtrace `frames`.
+    pub fn record_allocation(
+        &mut self,
+        object: ObjectAddress,
+        frames: &[Frame],
+        weight: f64,
+        admission: Admission,
+    ) -> Option<SampleId> {
+        // A slot can be reused without a FREEOBJ for its previous object
+        // (Ruby frees some internal objects silently): the old sample is dead.
+        self.record_free(object);
+        let (in_allocations, in_live) = match admission {
+            Admission::Dropped => return None,
+            Admission::AllocationOnly => (true, false),
+            Admission::AllocationAndLive => (true, true),
+        };
+        let stack = self.stacks.intern(frames);
+        let record = SampleRecord {
+            stack,
+            weight,
+            size: 0,
+            object,
+            liveness: if in_live {
+                Liveness::Live
+            } else {
+                Liveness::Untracked
+            },
+            refs: u8::from(in_allocations) + u8::from(in_live),
+        };
+        let id = match self.free_records.pop() {
+            Some(slot) => {
+                self.records[slot as usize] = record;
+                SampleId(slot)
+            }
+            None => {
+                let slot = u32::try_from(self.records.len()).expect("fewer than 2^32 samples");
+                self.records.push(record);
+                SampleId(slot)
+            }
+        };
+        if in_allocations {
+            self.allocations.push(id);
+        }
+        if in_live {
+            self.live.insert(object, id);
+        }
+        self.pending_sizes.push((id, object));
+        Some(id)
+    }
+
+    /// The object at `object` was freed. Returns true if it was sampled.
+    pub fn record_free(&mut self, object: ObjectAddress) -> bool {
+        match self.live.remove(&object) {
+            Some(id) => {
+                self.records[id.0 as usize].liveness = Liveness::Freed;
+                self.release(id);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Measures samples taken since the last call, while their objects are
+    /// alive. `measure` returns None for an object that is no longer valid.
+    pub fn measure_pending(&mut self, mut measure: impl FnMut(ObjectAddress) -> Option<u64>) {
+        let pending = std::mem::take(&mut self.pending_sizes);
+        for &(id, object) in &pending {
+            let Some(record) = self.records.get(id.0 as usize) else {
+                continue;
+            };
+            // The record may have been freed (and even reused) since. A
+            // record that is only in the allocation list is measured too: its
+            // object is untracked, so `measure` must check the slot is valid.
+            if record.refs == 0 || record.object != object || record.size != 0 {
+                continue;
+            }
+            if record.liveness == Liveness::Freed {
+                continue;
+            }
+            match measure(object) {
+                Some(size) => self.records[id.0 as usize].size = size,
+                None => {
+                    if self.records[id.0 as usize].liveness == Liveness::Live {
+                        self.record_free(object);
+                    }
+                }
+            }
+        }
+        // Keep the buffer's capacity for the next batch.
+        self.pending_sizes = pending;
+        self.pending_sizes.clear();
+    }
+
+    pub fn has_pending_sizes(&self) -> bool {
+        !self.pending_sizes.is_empty()
+    }
+
+    /// Reads out a flush: every sample of the allocation list (which is then
+    /// emptied) and every live object, measured now. Stacks stay stored until
+    /// `finish_flush`, so the caller can resolve their frames.
+    pub fn take_snapshot(
+        &mut self,
+        mut measure: impl FnMut(ObjectAddress) -> Option<u64>,
+    ) -> FlushSnapshot {
+        let mut snapshot = FlushSnapshot {
+            samples: Vec::with_capacity(self.allocations.len() + self.live.len()),
+            ..FlushSnapshot::default()
+        };
+        self.pending_sizes.clear();
+
+        let mut gone = Vec::new();
+        for (&object, &id) in &self.live {
+            let Some(size) = measure(object) else {
+                gone.push(object);
+                continue;
+            };
+            let record = &mut self.records[id.0 as usize];
+            if record.size == 0 {
+                record.size = size;
+            }
+            snapshot.samples.push(FlushedSample {
+                stack: record.stack,
+                values: [0.0, 0.0, record.weight, record.weight * size as f64],
+            });
+        }
+        for object in gone {
+            self.record_free(object);
+        }
+        snapshot.heap_samples = snapshot.samples.len();
+
+        let allocations = std::mem::take(&mut self.allocations);
+        snapshot.allocation_samples = allocations.len();
+        for &id in &allocations {
+            let record = &self.records[id.0 as usize];
+            snapshot.samples.push(FlushedSample {
+                stack: record.stack,
+                values: [record.weight, record.weight * record.size as f64, 0.0, 0.0],
+            });
+            self.release(id);
+        }
+
+        for sample in &snapshot.samples {
+            snapshot
+                .stacks
+                .entry(sample.stack)
+                .or_insert_with(|| Arc::clone(self.stacks.frames(sample.stack)));
+        }
+        snapshot.drops = std::mem::take(&mut self.drops);
+        snapshot
+    }
+
+    /// Ends a flush: forgets stacks no sample uses any more.
+    pub fn finish_flush(&mut self) {
+        self.stacks.prune();
+    }
+
+    /// Forgets every sample and counter (what `start!` does).
+    pub fn clear(&mut self) {
+        let live: Vec<ObjectAddress> = self.live.keys().copied().collect();
+        for object in live {
+            self.record_free(object);
+        }
+        for id in std::mem::take(&mut self.allocations) {
+            self.release(id);
+        }
+        self.pending_sizes.clear();
+        self.drops = DropCounters::default();
+        self.stacks.prune();
+    }
+
+    pub fn live_count(&self) -> usize {
+        self.live.len()
+    }
+
+    pub fn allocation_count(&self) -> usize {
+        self.allocations.len()
+    }
+
+    pub fn drops(&self) -> DropCounters {
+        self.drops
+    }
+
+    pub fn stacks(&self) -> &StackTable {
+        &self.stacks
+    }
+
+    /// Approximate heap bytes used, for `ObjectSpace.memsize_of`.
+    pub fn memory_bytes(&self) -> usize {
+        use std::mem::size_of;
+        self.stacks.memory_bytes()
+            + self.records.capacity() * size_of::<SampleRecord>()
+            + self.free_records.capacity() * size_of::<u32>()
+            + self.live.capacity() * (size_of::<ObjectAddress>() + size_of::<SampleId>() + 8)
+            + self.allocations.capacity() * size_of::<SampleId>()
+            + self.pending_sizes.capacity() * size_of::<(SampleId, ObjectAddress)>()
+    }
+
+    fn release(&mut self, id: SampleId) {
+        let record = &mut self.records[id.0 as usize];
+        debug_assert!(record.refs > 0, "sample released more often than held");
+        record.refs -= 1;
+        if record.refs == 0 {
+            let stack = record.stack;
+            self.stacks.release(stack);
+            self.free_records.push(id.0);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frames(ids: &[u64]) -> Vec<Frame> {
+        ids.iter().map(|&frame| Frame { frame, line: 1 }).collect()
+    }
+
+    fn state(max_alloc: usize, max_heap: usize) -> SamplerState {
+        SamplerState::new(GapSampler::new(1.0, 1), max_alloc, max_heap)
+    }
+
+    fn record(state: &mut SamplerState, object: ObjectAddress, stack: &[u64]) -> Option<SampleId> {
+        let admission = state.admission();
+        state.record_allocation(object, &frames(stack), 1.0, admission)
+    }
+
+    fn totals(snapshot: &FlushSnapshot) -> [f64; 4] {
+        let mut sum = [0.0; 4];
+        for sample in &snapshot.samples {
+            for (s, v) in sum.iter_mut().zip(sample.values) {
+                *s += v;
+            }
+        }
+        sum
+    }
+
+    #[test]
+    fn live_objects_stay_until_freed_and_allocations_reset_each_flush() {
+        let mut st = state(100, 100);
+        record(&mut st, 0x1000, &[8, 16]);
+        record(&mut st, 0x2000, &[8, 16]);
+        st.measure_pending(|_| Some(40));
+
+        let first = st.take_snapshot(|_| Some(40));
+        st.finish_flush();
+        assert_eq!(totals(&first), [2.0, 80.0, 2.0, 80.0]);
+        assert_eq!(first.allocation_samples, 2);
+        assert_eq!(first.stacks.len(), 1);
+
+        assert!(st.record_free(0x1000));
+        let second = st.take_snapshot(|_| Some(100));
+        st.finish_flush();
+        assert_eq!(totals(&second), [0.0, 0.0, 1.0, 100.0]);
+
+        assert!(st.record_free(0x2000));
+        let third = st.take_snapshot(|_| Some(100));
+        st.finish_flush();
+        assert!(third.samples.is_empty());
+        assert!(st.stacks().is_empty(), "unused stacks are pruned");
+    }
+
+    #[test]
+    fn allocation_of_a_freed_object_still_counts_with_its_pending_size() {
+        let mut st = state(100, 100);
+        record(&mut st, 0x1000, &[8]);
+        st.measure_pending(|_| Some(5_000));
+        st.record_free(0x1000);
+        let snap = st.take_snapshot(|_| panic!("no live object to measure"));
+        assert_eq!(totals(&snap), [1.0, 5_000.0, 0.0, 0.0]);
+    }
+
+    #[test]
+    fn caps_are_respected_and_drops_counted() {
+        let mut st = state(3, 2);
+        for i in 0..5 {
+            record(&mut st, 0x1000 + i * 40, &[8]);
+        }
+        assert_eq!(st.allocation_count(), 3);
+        assert_eq!(st.live_count(), 2);
+        let drops = st.drops();
+        assert_eq!(drops.allocation_bufsize, 2);
+        assert_eq!(drops.heap_bufsize, 1);
+
+        let snap = st.take_snapshot(|_| Some(40));
+        assert_eq!(snap.drops, drops);
+        assert_eq!(st.drops(), DropCounters::default(), "flush resets drops");
+        assert_eq!(snap.allocation_samples, 3);
+        assert_eq!(snap.heap_samples, 2);
+    }
+
+    #[test]
+    fn reused_address_without_free_replaces_the_old_sample() {
+        let mut st = state(100, 100);
+        record(&mut st, 0x1000, &[8]);
+        record(&mut st, 0x1000, &[16]);
+        assert_eq!(st.live_count(), 1);
+        let snap = st.take_snapshot(|_| Some(40));
+        let live: Vec<_> = snap.samples.iter().filter(|s| s.values[2] > 0.0).collect();
+        assert_eq!(live.len(), 1);
+        assert_eq!(&*snap.stacks[&live[0].stack], &frames(&[16])[..]);
+    }
+
+    #[test]
+    fn objects_found_invalid_at_flush_count_as_freed() {
+        let mut st = state(100, 100);
+        record(&mut st, 0x1000, &[8]);
+        record(&mut st, 0x2000, &[8]);
+        let snap = st.take_snapshot(|addr| (addr == 0x2000).then_some(40));
+        assert_eq!(snap.heap_samples, 1);
+        assert_eq!(st.live_count(), 1);
+    }
+
+    #[test]
+    fn pending_sizes_skip_freed_records() {
+        let mut st = state(100, 100);
+        record(&mut st, 0x1000, &[8]);
+        st.record_free(0x1000);
+        let mut measured = 0;
+        st.measure_pending(|_| {
+            measured += 1;
+            Some(1)
+        });
+        assert_eq!(measured, 0);
+        assert!(!st.has_pending_sizes());
+    }
+
+    #[test]
+    fn weights_scale_values() {
+        let mut st = SamplerState::new(GapSampler::new(0.5, 1), 10, 10);
+        let admission = st.admission();
+        st.record_allocation(0x1000, &frames(&[8]), 100.0, admission);
+        let snap = st.take_snapshot(|_| Some(40));
+        assert_eq!(totals(&snap), [100.0, 4_000.0, 100.0, 4_000.0]);
+    }
+
+    #[test]
+    fn clear_forgets_everything() {
+        let mut st = state(1, 100);
+        record(&mut st, 0x1000, &[8]);
+        record(&mut st, 0x2000, &[8]);
+        st.clear();
+        assert_eq!(st.live_count(), 0);
+        assert_eq!(st.allocation_count(), 0);
+        assert_eq!(st.drops(), DropCounters::default());
+        assert!(st.stacks().is_empty());
+        assert!(st.memory_bytes() > 0);
+    }
+}

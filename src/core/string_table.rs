@@ -1,0 +1,89 @@
+//! Interning of strings into a pprof string table: each distinct string is
+//! stored once and referred to by its index; index 0 is always "".
+
+use super::fast_hash::FastHashMap;
+
+#[derive(Debug)]
+pub struct StringTable {
+    strings: Vec<String>,
+    index: FastHashMap<String, i64>,
+}
+
+impl Default for StringTable {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl StringTable {
+    pub fn new() -> Self {
+        let mut table = StringTable {
+            strings: Vec::new(),
+            index: FastHashMap::default(),
+        };
+        table.intern("");
+        table
+    }
+
+    /// The index of `s`, adding it if it is new.
+    pub fn intern(&mut self, s: &str) -> i64 {
+        if let Some(&index) = self.index.get(s) {
+            return index;
+        }
+        let index = self.strings.len() as i64;
+        self.strings.push(s.to_owned());
+        self.index.insert(s.to_owned(), index);
+        index
+    }
+
+    pub fn len(&self) -> usize {
+        self.strings.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        // Never true: "" is always present. Provided for clippy's sake.
+        self.strings.is_empty()
+    }
+
+    pub fn get(&self, index: i64) -> Option<&str> {
+        usize::try_from(index)
+            .ok()
+            .and_then(|i| self.strings.get(i))
+            .map(String::as_str)
+    }
+
+    pub fn into_strings(self) -> Vec<String> {
+        self.strings
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_string_is_index_zero() {
+        let mut table = StringTable::new();
+        assert_eq!(table.get(0), Some(""));
+        assert_eq!(table.intern(""), 0);
+        assert_eq!(table.len(), 1);
+    }
+
+    #[test]
+    fn same_string_interns_once() {
+        let mut table = StringTable::new();
+        let a = table.intern("Foo#bar");
+        let b = table.intern("app.rb");
+        assert_eq!(table.intern("Foo#bar"), a);
+        assert_ne!(a, b);
+        assert_eq!(table.len(), 3);
+        assert_eq!(table.into_strings(), vec!["", "Foo#bar", "app.rb"]);
+    }
+
+    #[test]
+    fn out_of_range_lookup_is_none() {
+        let table = StringTable::new();
+        assert_eq!(table.get(1), None);
+        assert_eq!(table.get(-1), None);
+    }
+}
