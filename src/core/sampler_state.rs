@@ -211,21 +211,56 @@ impl SamplerState {
             if record.refs == 0 || record.object != object || record.size != 0 {
                 continue;
             }
-            if record.liveness == Liveness::Freed {
+            // Only objects in the live map are known to be alive (their
+            // FREEOBJ has not fired); an untracked one may sit on a heap page
+            // that is gone, so it is never touched.
+            if record.liveness != Liveness::Live {
                 continue;
             }
             match measure(object) {
                 Some(size) => self.records[id.0 as usize].size = size,
                 None => {
-                    if self.records[id.0 as usize].liveness == Liveness::Live {
-                        self.record_free(object);
-                    }
+                    self.record_free(object);
                 }
             }
         }
         // Keep the buffer's capacity for the next batch.
         self.pending_sizes = pending;
         self.pending_sizes.clear();
+    }
+
+    /// After GC compaction: `new_address` maps each tracked object's old
+    /// address to its new one (or returns it unchanged).
+    pub fn relocate_objects(&mut self, mut new_address: impl FnMut(ObjectAddress) -> ObjectAddress) {
+        let moved: Vec<(ObjectAddress, ObjectAddress)> = self
+            .live
+            .keys()
+            .filter_map(|&old| {
+                let new = new_address(old);
+                (new != old).then_some((old, new))
+            })
+            .collect();
+        // Remove all before inserting: a new address may be another's old one.
+        let moved: Vec<(SampleId, ObjectAddress)> = moved
+            .into_iter()
+            .filter_map(|(old, new)| Some((self.live.remove(&old)?, new)))
+            .collect();
+        for (id, new) in moved {
+            self.records[id.0 as usize].object = new;
+            self.live.insert(new, id);
+        }
+        for (id, object) in &mut self.pending_sizes {
+            if let Some(record) = self.records.get(id.0 as usize) {
+                if record.refs > 0 && record.liveness == Liveness::Live {
+                    *object = record.object;
+                }
+            }
+        }
+    }
+
+    /// Every tracked (live) object's address, e.g. to check after a GC.
+    pub fn live_objects(&self) -> impl Iterator<Item = ObjectAddress> + '_ {
+        self.live.keys().copied()
     }
 
     pub fn has_pending_sizes(&self) -> bool {
@@ -459,6 +494,43 @@ mod tests {
         });
         assert_eq!(measured, 0);
         assert!(!st.has_pending_sizes());
+    }
+
+    #[test]
+    fn untracked_samples_are_never_measured() {
+        let mut st = state(100, 0);
+        record(&mut st, 0x1000, &[8]);
+        st.measure_pending(|_| panic!("an untracked object must not be touched"));
+        let snap = st.take_snapshot(|_| panic!("no live object"));
+        assert_eq!(totals(&snap), [1.0, 0.0, 0.0, 0.0]);
+    }
+
+    #[test]
+    fn relocation_moves_live_keys_and_pending_measurements() {
+        let mut st = state(100, 100);
+        record(&mut st, 0x1000, &[8]);
+        record(&mut st, 0x2000, &[16]);
+        // 0x1000 moves to 0x2000's old place and 0x2000 moves elsewhere.
+        st.relocate_objects(|a| match a {
+            0x1000 => 0x2000,
+            0x2000 => 0x3000,
+            other => other,
+        });
+        let mut keys: Vec<_> = st.live_objects().collect();
+        keys.sort();
+        assert_eq!(keys, vec![0x2000, 0x3000]);
+        let mut measured = Vec::new();
+        st.measure_pending(|a| {
+            measured.push(a);
+            Some(40)
+        });
+        measured.sort();
+        assert_eq!(measured, vec![0x2000, 0x3000]);
+        assert!(st.record_free(0x3000));
+        let snap = st.take_snapshot(|_| Some(40));
+        let live: Vec<_> = snap.samples.iter().filter(|s| s.values[2] > 0.0).collect();
+        assert_eq!(live.len(), 1);
+        assert_eq!(&snap.stacks[&live[0].stack][..], &frames(&[8])[..]);
     }
 
     #[test]

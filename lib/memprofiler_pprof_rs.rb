@@ -1,0 +1,14 @@
+# frozen_string_literal: true
+
+require_relative "memprofiler_pprof_rs/version"
+
+# The native extension: lib/memprofiler_pprof_rs/memprofiler_pprof_rs.so
+# during development (`rake compile`), or wherever `gem install` put it.
+begin
+  require_relative "memprofiler_pprof_rs/memprofiler_pprof_rs"
+rescue LoadError
+  require "memprofiler_pprof_rs/memprofiler_pprof_rs"
+end
+
+require_relative "memprofiler_pprof_rs/profile_data"
+require_relative "memprofiler_pprof_rs/collector"

@@ -1,0 +1,63 @@
+# frozen_string_literal: true
+
+module MemprofilerPprof
+  # The result of Collector#flush: a gzipped pprof profile plus counts that
+  # say how complete it is.
+  class ProfileData
+    # The gzipped pprof profile (binary String).
+    attr_reader :pprof_data
+    # Sampled allocations in this interval, and sampled objects alive at flush.
+    attr_reader :allocation_samples_count, :heap_samples_count
+    # Samples not taken, by reason: lock busy, allocation buffer full, heap
+    # buffer full (max_allocation_samples / max_heap_samples reached).
+    attr_reader :dropped_samples_nolock, :dropped_samples_allocation_bufsize,
+                :dropped_samples_heap_bufsize
+    # How long the flush took, and the part spent building the pprof.
+    attr_reader :flush_duration_nsecs, :pprof_serialization_nsecs
+    # The sample rate in force at flush time.
+    attr_reader :sample_rate
+    # The interval the allocation samples cover (Time).
+    attr_reader :started_at, :finished_at
+
+    def self.from_native(values)
+      pprof, allocs, heap, nolock, alloc_buf, heap_buf, flush_ns, ser_ns, rate, start_ns, end_ns = values
+      new(
+        pprof_data: pprof, allocation_samples_count: allocs, heap_samples_count: heap,
+        dropped_samples_nolock: nolock, dropped_samples_allocation_bufsize: alloc_buf,
+        dropped_samples_heap_bufsize: heap_buf, flush_duration_nsecs: flush_ns,
+        pprof_serialization_nsecs: ser_ns, sample_rate: rate,
+        started_at: Time.at(Rational(start_ns, 1_000_000_000)),
+        finished_at: Time.at(Rational(end_ns, 1_000_000_000))
+      )
+    end
+
+    def initialize(pprof_data:, allocation_samples_count: 0, heap_samples_count: 0,
+                   dropped_samples_nolock: 0, dropped_samples_allocation_bufsize: 0,
+                   dropped_samples_heap_bufsize: 0, flush_duration_nsecs: 0,
+                   pprof_serialization_nsecs: 0, sample_rate: nil, started_at: nil, finished_at: nil)
+      @pprof_data = pprof_data
+      @allocation_samples_count = allocation_samples_count
+      @heap_samples_count = heap_samples_count
+      @dropped_samples_nolock = dropped_samples_nolock
+      @dropped_samples_allocation_bufsize = dropped_samples_allocation_bufsize
+      @dropped_samples_heap_bufsize = dropped_samples_heap_bufsize
+      @flush_duration_nsecs = flush_duration_nsecs
+      @pprof_serialization_nsecs = pprof_serialization_nsecs
+      @sample_rate = sample_rate
+      @started_at = started_at
+      @finished_at = finished_at
+    end
+
+    # Total samples dropped for any reason.
+    def dropped_samples_count
+      dropped_samples_nolock + dropped_samples_allocation_bufsize + dropped_samples_heap_bufsize
+    end
+
+    def to_s
+      format("#<%s %d allocation samples, %d heap samples, %d dropped, %d bytes of pprof>",
+             self.class.name, allocation_samples_count, heap_samples_count,
+             dropped_samples_count, pprof_data.bytesize)
+    end
+    alias inspect to_s
+  end
+end

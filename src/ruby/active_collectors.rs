@@ -1,0 +1,116 @@
+//! The collectors whose hooks are enabled, process-wide. Used to
+//! - measure freshly sampled objects from one postponed job (Ruby runs a
+//!   postponed job at its next safe point, when new objects are filled in);
+//! - switch every hook off at exit, before Ruby frees objects wholesale.
+
+use std::ffi::c_void;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Mutex;
+
+use super::collector::Collector;
+
+/// Addresses of `Collector`s (their Box, which does not move). A collector
+/// removes itself before it is dropped, so every address here is valid.
+static ACTIVE: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+
+fn with_active<R>(f: impl FnOnce(&mut Vec<usize>) -> R) -> R {
+    // A poisoned lock only means a panic happened while it was held; the
+    // Vec itself is always in a consistent state.
+    let mut guard = ACTIVE.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    f(&mut guard)
+}
+
+pub fn add(collector: &Collector) {
+    let address = collector as *const Collector as usize;
+    with_active(|active| {
+        if !active.contains(&address) {
+            active.push(address);
+        }
+    });
+}
+
+pub fn remove(collector: &Collector) {
+    let address = collector as *const Collector as usize;
+    with_active(|active| active.retain(|&a| a != address));
+}
+
+fn for_each(mut f: impl FnMut(&Collector)) {
+    let collectors = with_active(|active| active.clone());
+    for address in collectors {
+        // SAFETY: collectors unregister before being dropped, and this runs
+        // with the GVL held, so none can be dropped while we use it.
+        f(unsafe { &*(address as *const Collector) });
+    }
+}
+
+/// Asks Ruby to run `measure_pending_job` at its next safe point. Safe to
+/// call from the NEWOBJ hook: it allocates nothing and never blocks.
+#[inline]
+pub fn request_measurement() {
+    postponed::trigger();
+}
+
+unsafe extern "C" fn measure_pending_job(_data: *mut c_void) {
+    // A panic must not unwind into Ruby; nothing useful can be reported from
+    // here, so it is counted by the collector that caused it.
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        for_each(|collector| collector.measure_pending());
+    }));
+}
+
+/// Stops every collector's hooks: registered with rb_set_end_proc, so it runs
+/// before Ruby's final object sweep frees the TracePoint objects.
+pub unsafe extern "C" fn disable_all_at_exit(_data: rb_sys::VALUE) {
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        for_each(|collector| collector.disable_hooks_at_exit());
+    }));
+}
+
+#[cfg(not(ruby_gte_3_3))]
+mod postponed {
+    use rb_sys::rb_postponed_job_register_one;
+
+    pub fn init() {}
+
+    #[inline]
+    pub fn trigger() {
+        // SAFETY: async-signal-safe, allocation-free registration of a job
+        // with a static function; "one" makes repeated calls cheap no-ops.
+        unsafe {
+            rb_postponed_job_register_one(0, Some(super::measure_pending_job), std::ptr::null_mut());
+        }
+    }
+}
+
+#[cfg(ruby_gte_3_3)]
+mod postponed {
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use rb_sys::{rb_postponed_job_preregister, rb_postponed_job_trigger};
+
+    // Ruby 3.3 replaced register_one with preregister (once) + trigger.
+    const INVALID: u32 = u32::MAX;
+    static HANDLE: AtomicU32 = AtomicU32::new(INVALID);
+
+    pub fn init() {
+        // SAFETY: called once from Init with the GVL held.
+        let handle = unsafe {
+            rb_postponed_job_preregister(0, Some(super::measure_pending_job), std::ptr::null_mut())
+        };
+        HANDLE.store(handle as u32, Ordering::Relaxed);
+    }
+
+    #[inline]
+    pub fn trigger() {
+        let handle = HANDLE.load(Ordering::Relaxed);
+        if handle != INVALID {
+            // SAFETY: a handle returned by rb_postponed_job_preregister;
+            // triggering is async-signal-safe.
+            unsafe { rb_postponed_job_trigger(handle as _) };
+        }
+    }
+}
+
+pub fn init() {
+    postponed::init();
+}

@@ -1,0 +1,333 @@
+//! `MemprofilerPprof::Collector`'s native half: the TypedData wrapper and
+//! the private `_native_*` methods that lib/memprofiler_pprof_rs/collector.rb
+//! calls after validating arguments. These methods check types again, so a
+//! direct call with bad values gets a TypeError, not undefined behaviour.
+
+use std::ffi::{c_int, c_long, c_void};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use rb_sys::{
+    rb_ary_new_capa, rb_ary_push, rb_data_type_struct, rb_data_type_struct__bindgen_ty_1,
+    rb_data_type_t, rb_data_typed_object_wrap, rb_float_new, rb_str_new, rb_ull2inum, Qfalse,
+    Qnil, Qtrue, FIX2LONG, FIXNUM_P, NUM2DBL, RB_FLOAT_TYPE_P, RTYPEDDATA_GET_DATA,
+    RTYPEDDATA_P, RTYPEDDATA_TYPE, VALUE,
+};
+
+use super::collector::{Collector, FlushResult};
+use super::errors::{method_entry, protect, RbError, RbResult};
+
+struct DataType(rb_data_type_t);
+
+// SAFETY: the struct is immutable after initialisation; its raw pointers
+// point at static data.
+unsafe impl Sync for DataType {}
+
+const fn data_type() -> rb_data_type_t {
+    // SAFETY: all-zero is a valid rb_data_type_t (null pointers, no
+    // callbacks); the fields we use are set below.
+    let mut functions: rb_data_type_struct__bindgen_ty_1 = unsafe { std::mem::zeroed() };
+    functions.dmark = Some(collector_mark);
+    functions.dfree = Some(collector_free);
+    functions.dsize = Some(collector_size);
+    functions.dcompact = Some(collector_compact);
+    // SAFETY: as above.
+    let mut data_type: rb_data_type_struct = unsafe { std::mem::zeroed() };
+    data_type.wrap_struct_name = c"MemprofilerPprof::Collector".as_ptr();
+    data_type.function = functions;
+    // Not RUBY_TYPED_FREE_IMMEDIATELY on purpose: the free function switches
+    // the hooks off, which is only allowed outside GC, in the deferred free.
+    data_type.flags = 0;
+    data_type
+}
+
+static COLLECTOR_TYPE: DataType = DataType(data_type());
+
+unsafe extern "C" fn collector_mark(data: *mut c_void) {
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: Ruby passes the pointer given to rb_data_typed_object_wrap.
+        unsafe { &*(data as *const Collector) }.mark();
+    }));
+}
+
+unsafe extern "C" fn collector_compact(data: *mut c_void) {
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: as in collector_mark.
+        unsafe { &*(data as *const Collector) }.update_references();
+    }));
+}
+
+unsafe extern "C" fn collector_free(data: *mut c_void) {
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: the Box leaked in `collector_alloc`, freed exactly once here.
+        drop(unsafe { Box::from_raw(data as *mut Collector) });
+    }));
+}
+
+unsafe extern "C" fn collector_size(data: *const c_void) -> rb_sys::size_t {
+    catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: as in collector_mark.
+        unsafe { &*(data as *const Collector) }.memory_bytes() as rb_sys::size_t
+    }))
+    .unwrap_or(0)
+}
+
+pub unsafe extern "C" fn collector_alloc(klass: VALUE) -> VALUE {
+    method_entry(|| {
+        let collector = Box::into_raw(Box::new(Collector::new()));
+        let wrapped = protect(|| {
+            // SAFETY: `collector` is a valid heap pointer handed to Ruby, which
+            // frees it through collector_free.
+            unsafe { rb_data_typed_object_wrap(klass, collector.cast(), &COLLECTOR_TYPE.0) }
+        });
+        if wrapped.is_err() {
+            // SAFETY: Ruby did not take ownership; we still own the Box.
+            drop(unsafe { Box::from_raw(collector) });
+        }
+        wrapped
+    })
+}
+
+fn collector_of(object: VALUE) -> RbResult<&'static Collector> {
+    // SAFETY: these read the object's header only after RTYPEDDATA_P
+    // confirmed it is typed data; the data pointer was set by collector_alloc.
+    unsafe {
+        if !RTYPEDDATA_P(object) || !std::ptr::eq(RTYPEDDATA_TYPE(object), &COLLECTOR_TYPE.0) {
+            return Err(RbError::type_error("expected a MemprofilerPprof::Collector"));
+        }
+        let data = RTYPEDDATA_GET_DATA(object) as *const Collector;
+        if data.is_null() {
+            return Err(RbError::runtime("collector is not initialized"));
+        }
+        Ok(&*data)
+    }
+}
+
+fn float_arg(value: VALUE, name: &str) -> RbResult<f64> {
+    // SAFETY: type checks read flags only; NUM2DBL on a Float cannot raise.
+    if unsafe { RB_FLOAT_TYPE_P(value) } {
+        Ok(unsafe { NUM2DBL(value) })
+    } else if FIXNUM_P(value) {
+        // SAFETY: checked to be a Fixnum.
+        Ok(unsafe { FIX2LONG(value) } as f64)
+    } else {
+        Err(RbError::type_error(format!("{name} must be a Float")))
+    }
+}
+
+fn rate_arg(value: VALUE) -> RbResult<f64> {
+    let rate = float_arg(value, "sample_rate")?;
+    if !(0.0..=1.0).contains(&rate) {
+        return Err(RbError::argument(format!(
+            "sample_rate must be between 0.0 and 1.0, got {rate}"
+        )));
+    }
+    Ok(rate)
+}
+
+fn count_arg(value: VALUE, name: &str) -> RbResult<usize> {
+    if !FIXNUM_P(value) {
+        return Err(RbError::type_error(format!(
+            "{name} must be an Integer within the Fixnum range"
+        )));
+    }
+    // SAFETY: checked to be a Fixnum.
+    let n = unsafe { FIX2LONG(value) };
+    usize::try_from(n).map_err(|_| RbError::argument(format!("{name} must be >= 0, got {n}")))
+}
+
+fn ruby_uint(n: u64) -> RbResult<VALUE> {
+    // SAFETY: allocates at most a Bignum; under protect.
+    protect(|| unsafe { rb_ull2inum(n) })
+}
+
+fn ruby_bool(b: bool) -> VALUE {
+    if b {
+        Qtrue as VALUE
+    } else {
+        Qfalse as VALUE
+    }
+}
+
+unsafe extern "C" fn native_configure(
+    rb_self: VALUE,
+    sample_rate: VALUE,
+    max_allocation_samples: VALUE,
+    max_heap_samples: VALUE,
+) -> VALUE {
+    method_entry(|| {
+        let collector = collector_of(rb_self)?;
+        let rate = rate_arg(sample_rate)?;
+        let max_allocations = count_arg(max_allocation_samples, "max_allocation_samples")?;
+        let max_heap = count_arg(max_heap_samples, "max_heap_samples")?;
+        collector.set_sample_rate(rate)?;
+        collector.with_sampler(|s| {
+            s.state.max_allocation_samples = max_allocations;
+            s.state.max_heap_samples = max_heap;
+        })?;
+        Ok(Qnil as VALUE)
+    })
+}
+
+unsafe extern "C" fn native_set_sample_rate(rb_self: VALUE, sample_rate: VALUE) -> VALUE {
+    method_entry(|| {
+        let rate = rate_arg(sample_rate)?;
+        collector_of(rb_self)?.set_sample_rate(rate)?;
+        Ok(sample_rate)
+    })
+}
+
+unsafe extern "C" fn sample_rate(rb_self: VALUE) -> VALUE {
+    method_entry(|| {
+        let rate = collector_of(rb_self)?.with_sampler(|s| s.state.gaps.rate())?;
+        // SAFETY: may allocate a Float; under protect.
+        protect(|| unsafe { rb_float_new(rate) })
+    })
+}
+
+unsafe extern "C" fn native_set_max_allocation_samples(rb_self: VALUE, value: VALUE) -> VALUE {
+    method_entry(|| {
+        let max = count_arg(value, "max_allocation_samples")?;
+        collector_of(rb_self)?.with_sampler(|s| s.state.max_allocation_samples = max)?;
+        Ok(value)
+    })
+}
+
+unsafe extern "C" fn max_allocation_samples(rb_self: VALUE) -> VALUE {
+    method_entry(|| {
+        let max = collector_of(rb_self)?.with_sampler(|s| s.state.max_allocation_samples)?;
+        ruby_uint(max as u64)
+    })
+}
+
+unsafe extern "C" fn native_set_max_heap_samples(rb_self: VALUE, value: VALUE) -> VALUE {
+    method_entry(|| {
+        let max = count_arg(value, "max_heap_samples")?;
+        collector_of(rb_self)?.with_sampler(|s| s.state.max_heap_samples = max)?;
+        Ok(value)
+    })
+}
+
+unsafe extern "C" fn max_heap_samples(rb_self: VALUE) -> VALUE {
+    method_entry(|| {
+        let max = collector_of(rb_self)?.with_sampler(|s| s.state.max_heap_samples)?;
+        ruby_uint(max as u64)
+    })
+}
+
+unsafe extern "C" fn native_start(rb_self: VALUE) -> VALUE {
+    method_entry(|| Ok(ruby_bool(collector_of(rb_self)?.start()?)))
+}
+
+unsafe extern "C" fn native_stop(rb_self: VALUE) -> VALUE {
+    method_entry(|| Ok(ruby_bool(collector_of(rb_self)?.stop()?)))
+}
+
+unsafe extern "C" fn running_p(rb_self: VALUE) -> VALUE {
+    method_entry(|| Ok(ruby_bool(collector_of(rb_self)?.is_running())))
+}
+
+unsafe extern "C" fn live_heap_samples_count(rb_self: VALUE) -> VALUE {
+    method_entry(|| {
+        let live = collector_of(rb_self)?.with_sampler(|s| s.state.live_count())?;
+        ruby_uint(live as u64)
+    })
+}
+
+unsafe extern "C" fn internal_error_count(rb_self: VALUE) -> VALUE {
+    method_entry(|| ruby_uint(collector_of(rb_self)?.internal_errors()))
+}
+
+fn nanos_since_epoch(time: std::time::SystemTime) -> u64 {
+    time.duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+/// Returns the flush as an Array, turned into a ProfileData on the Ruby
+/// side: [pprof_data, allocation_samples_count, heap_samples_count,
+/// dropped_samples_nolock, dropped_samples_allocation_bufsize,
+/// dropped_samples_heap_bufsize, flush_duration_nsecs,
+/// pprof_serialization_nsecs, sample_rate, started_at_ns, finished_at_ns].
+unsafe extern "C" fn native_flush(rb_self: VALUE) -> VALUE {
+    method_entry(|| {
+        let result: FlushResult = collector_of(rb_self)?.flush()?;
+        let numbers = [
+            result.allocation_samples as u64,
+            result.heap_samples as u64,
+            result.drops.nolock,
+            result.drops.allocation_bufsize,
+            result.drops.heap_bufsize,
+            result.flush_duration_nanos,
+            result.serialization_nanos,
+        ];
+        let times = [
+            nanos_since_epoch(result.started_at),
+            nanos_since_epoch(result.finished_at),
+        ];
+        let pprof = &result.pprof;
+        let rate = result.sample_rate;
+        // Everything captured by reference: a raise inside skips no owner.
+        protect(|| {
+            // SAFETY: plain Ruby allocations with valid pointers and lengths;
+            // under protect, so a NoMemoryError comes back as an RbError.
+            unsafe {
+                let array = rb_ary_new_capa(11);
+                rb_ary_push(array, rb_str_new(pprof.as_ptr().cast(), pprof.len() as c_long));
+                for n in numbers {
+                    rb_ary_push(array, rb_ull2inum(n));
+                }
+                rb_ary_push(array, rb_float_new(rate));
+                for t in times {
+                    rb_ary_push(array, rb_ull2inum(t));
+                }
+                array
+            }
+        })
+    })
+}
+
+/// A Ruby method's C entry point, type-erased as rb_define_method wants.
+type AnyMethod = unsafe extern "C" fn() -> VALUE;
+
+pub struct MethodDef {
+    pub name: &'static std::ffi::CStr,
+    pub func: AnyMethod,
+    pub arity: c_int,
+    pub private: bool,
+}
+
+macro_rules! method_def {
+    ($name:literal, $func:expr, $arity:literal, $private:literal) => {
+        MethodDef {
+            name: $name,
+            // SAFETY: Ruby calls the function with `arity` VALUE arguments
+            // plus self, which is exactly its real signature.
+            func: unsafe { std::mem::transmute::<*const (), AnyMethod>($func as *const ()) },
+            arity: $arity,
+            private: $private,
+        }
+    };
+}
+
+pub fn methods() -> Vec<MethodDef> {
+    vec![
+        method_def!(c"_native_configure", native_configure, 3, true),
+        method_def!(c"_native_set_sample_rate", native_set_sample_rate, 1, true),
+        method_def!(c"sample_rate", sample_rate, 0, false),
+        method_def!(
+            c"_native_set_max_allocation_samples",
+            native_set_max_allocation_samples,
+            1,
+            true
+        ),
+        method_def!(c"max_allocation_samples", max_allocation_samples, 0, false),
+        method_def!(c"_native_set_max_heap_samples", native_set_max_heap_samples, 1, true),
+        method_def!(c"max_heap_samples", max_heap_samples, 0, false),
+        method_def!(c"_native_start", native_start, 0, true),
+        method_def!(c"_native_stop", native_stop, 0, true),
+        method_def!(c"running?", running_p, 0, false),
+        method_def!(c"live_heap_samples_count", live_heap_samples_count, 0, false),
+        method_def!(c"_native_internal_error_count", internal_error_count, 0, true),
+        method_def!(c"_native_flush", native_flush, 0, true),
+    ]
+}

@@ -1,0 +1,128 @@
+//! Ruby backtraces: captured in the allocation hook as raw frame VALUEs (no
+//! Ruby object allocated), turned into names only at flush time.
+
+use std::ffi::c_int;
+use std::sync::Arc;
+
+use rb_sys::{
+    rb_profile_frame_first_lineno, rb_profile_frame_full_label, rb_profile_frame_path,
+    rb_profile_frames, ruby_value_type, FIX2LONG, FIXNUM_P, NIL_P, RB_TYPE_P, RSTRING_LEN,
+    RSTRING_PTR, VALUE,
+};
+
+use super::errors::{protect, RbResult};
+use crate::core::fast_hash::FastHashMap;
+use crate::core::profile_builder::FrameInfo;
+use crate::core::stack_table::{Frame, FrameRef, StackId, TRUNCATION_FRAME};
+
+/// Deepest stack kept; deeper ones end in a "(truncated stack)" frame.
+pub const MAX_FRAMES: usize = 1024;
+
+/// Preallocated buffers for one capture, reused under the sampler lock so
+/// the hook does no allocation of its own in the common case.
+pub struct BacktraceBuffer {
+    values: Vec<VALUE>,
+    lines: Vec<c_int>,
+    frames: Vec<Frame>,
+}
+
+impl Default for BacktraceBuffer {
+    fn default() -> Self {
+        BacktraceBuffer {
+            values: vec![0; MAX_FRAMES + 1],
+            lines: vec![0; MAX_FRAMES + 1],
+            frames: Vec::with_capacity(MAX_FRAMES + 1),
+        }
+    }
+}
+
+impl BacktraceBuffer {
+    /// The current thread's Ruby backtrace, leaf first.
+    ///
+    /// # Safety
+    /// Must run on a Ruby thread holding the GVL (e.g. inside a NEWOBJ hook).
+    pub unsafe fn capture(&mut self) -> &[Frame] {
+        // One slot more than kept, to tell a stack of exactly MAX_FRAMES from
+        // a deeper one.
+        // SAFETY: both buffers hold MAX_FRAMES + 1 elements, the limit passed;
+        // rb_profile_frames only reads the VM stack and allocates nothing.
+        let depth = unsafe {
+            rb_profile_frames(
+                0,
+                (MAX_FRAMES + 1) as c_int,
+                self.values.as_mut_ptr(),
+                self.lines.as_mut_ptr(),
+            )
+        };
+        let depth = usize::try_from(depth).unwrap_or(0);
+        self.frames.clear();
+        for i in 0..depth.min(MAX_FRAMES) {
+            self.frames.push(Frame {
+                frame: self.values[i] as FrameRef,
+                line: self.lines[i],
+            });
+        }
+        if depth > MAX_FRAMES {
+            self.frames.push(Frame {
+                frame: TRUNCATION_FRAME,
+                line: 0,
+            });
+        }
+        &self.frames
+    }
+}
+
+/// Copies a Ruby String's bytes into a Rust String, replacing invalid UTF-8
+/// (method names and paths can be arbitrary bytes).
+fn rust_string(value: VALUE) -> Option<String> {
+    // SAFETY: RB_TYPE_P only reads the object's flags; `value` came from a
+    // Ruby API call that returns a String or nil.
+    if NIL_P(value) || !unsafe { RB_TYPE_P(value, ruby_value_type::RUBY_T_STRING) } {
+        return None;
+    }
+    // SAFETY: `value` is a String; its pointer and length describe its bytes,
+    // which stay put while we copy them (no Ruby call in between).
+    let bytes = unsafe {
+        std::slice::from_raw_parts(RSTRING_PTR(value).cast::<u8>(), RSTRING_LEN(value) as usize)
+    };
+    Some(String::from_utf8_lossy(bytes).into_owned())
+}
+
+/// Names, files and first lines of every frame in `stacks`. Calls into Ruby
+/// (which allocates), so it must run without the sampler lock held; the
+/// frames stay alive because the stack table still holds (and marks) them.
+pub fn resolve_frames(
+    stacks: &FastHashMap<StackId, Arc<[Frame]>>,
+) -> RbResult<FastHashMap<FrameRef, FrameInfo>> {
+    let mut resolved: FastHashMap<FrameRef, FrameInfo> = FastHashMap::default();
+    for frames in stacks.values() {
+        for frame in frames.iter() {
+            if frame.frame == TRUNCATION_FRAME || resolved.contains_key(&frame.frame) {
+                continue;
+            }
+            let value = frame.frame as VALUE;
+            // SAFETY (all three): `value` is a frame from rb_profile_frames,
+            // kept alive by the collector's mark function.
+            let label = protect(|| unsafe { rb_profile_frame_full_label(value) })?;
+            let name = rust_string(label).unwrap_or_else(|| "(unknown)".to_string());
+            let path = protect(|| unsafe { rb_profile_frame_path(value) })?;
+            let filename = rust_string(path);
+            let first_line = protect(|| unsafe { rb_profile_frame_first_lineno(value) })?;
+            let start_line = if FIXNUM_P(first_line) {
+                // SAFETY: checked to be a Fixnum.
+                i64::from(unsafe { FIX2LONG(first_line) })
+            } else {
+                0
+            };
+            resolved.insert(
+                frame.frame,
+                FrameInfo {
+                    name,
+                    filename,
+                    start_line,
+                },
+            );
+        }
+    }
+    Ok(resolved)
+}

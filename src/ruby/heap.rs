@@ -1,0 +1,85 @@
+//! Questions about Ruby heap objects that must be asked carefully: is this
+//! address still a live object, and how big is it.
+//!
+//! `rb_obj_memsize_of` and `rb_objspace_markable_object_p` are exported by
+//! libruby but not declared in its public headers, and their presence can
+//! change between Ruby versions, so they are looked up at load time with
+//! dlsym. Without `rb_obj_memsize_of` sizes are reported as 0; without the
+//! liveness check, objects are only checked by their type bits.
+
+use std::ffi::{c_int, c_void, CStr};
+use std::sync::OnceLock;
+
+use rb_sys::{ruby_value_type, VALUE};
+
+type MemsizeOf = unsafe extern "C" fn(VALUE) -> usize;
+type MarkableObject = unsafe extern "C" fn(VALUE) -> c_int;
+
+struct HeapApi {
+    memsize_of: Option<MemsizeOf>,
+    markable_object: Option<MarkableObject>,
+}
+
+static HEAP_API: OnceLock<HeapApi> = OnceLock::new();
+
+fn lookup(name: &CStr) -> Option<*mut c_void> {
+    // SAFETY: dlsym with RTLD_DEFAULT and a valid C string only reads the
+    // process's symbol tables.
+    let symbol = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
+    (!symbol.is_null()).then_some(symbol)
+}
+
+fn api() -> &'static HeapApi {
+    HEAP_API.get_or_init(|| HeapApi {
+        // SAFETY: both symbols, where present, have these C signatures in
+        // every Ruby from 2.x to 4.0 (gc.c).
+        memsize_of: lookup(c"rb_obj_memsize_of")
+            .map(|f| unsafe { std::mem::transmute::<*mut c_void, MemsizeOf>(f) }),
+        markable_object: lookup(c"rb_objspace_markable_object_p")
+            .map(|f| unsafe { std::mem::transmute::<*mut c_void, MarkableObject>(f) }),
+    })
+}
+
+/// Resolves the symbols once, at extension load, off the allocation path.
+pub fn init() {
+    api();
+}
+
+pub fn can_measure_sizes() -> bool {
+    api().memsize_of.is_some()
+}
+
+const T_MASK: VALUE = 0x1f;
+
+/// True if `object` is a live, fully formed heap object. Must be called with
+/// the GVL held and not during GC.
+pub fn is_live_object(object: VALUE) -> bool {
+    if let Some(markable) = api().markable_object {
+        // SAFETY: this function accepts any VALUE: it first checks that the
+        // address lies inside a heap page before reading it.
+        if unsafe { markable(object) } == 0 {
+            return false;
+        }
+    }
+    // SAFETY: `object` is a heap slot address (checked above where the
+    // check is available; otherwise it is an address we saw allocated and
+    // not freed); its first word is the flags word.
+    let flags = unsafe { *(object as *const VALUE) };
+    let kind = flags & T_MASK;
+    kind != ruby_value_type::RUBY_T_NONE as VALUE
+        && kind != ruby_value_type::RUBY_T_ZOMBIE as VALUE
+        && kind != ruby_value_type::RUBY_T_MOVED as VALUE
+}
+
+/// The object's current size in bytes, or None if it is not a live object.
+pub fn object_size(object: VALUE) -> Option<u64> {
+    if !is_live_object(object) {
+        return None;
+    }
+    match api().memsize_of {
+        // SAFETY: `object` is a live object (checked above) and the caller
+        // holds the GVL outside GC, as rb_obj_memsize_of requires.
+        Some(memsize_of) => Some(unsafe { memsize_of(object) } as u64),
+        None => Some(0),
+    }
+}

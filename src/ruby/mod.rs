@@ -1,0 +1,47 @@
+//! The binding layer: the only code that talks to Ruby through rb-sys.
+//! It defines the classes and methods, registers the tracepoints and GC
+//! callbacks, and converts between Ruby values and the core's plain data.
+
+mod active_collectors;
+mod collector;
+mod collector_class;
+mod errors;
+mod frames;
+mod heap;
+
+use rb_sys::{
+    rb_cObject, rb_define_alloc_func, rb_define_class_under, rb_define_method,
+    rb_define_module, rb_define_private_method, rb_set_end_proc, Qnil, VALUE,
+};
+
+use errors::{method_entry, protect};
+
+/// Called by Ruby on `require "memprofiler_pprof_rs/memprofiler_pprof_rs"`.
+#[no_mangle]
+pub unsafe extern "C" fn Init_memprofiler_pprof_rs() {
+    method_entry(|| {
+        heap::init();
+        active_collectors::init();
+        let methods = collector_class::methods();
+        protect(|| {
+            // SAFETY: runs once at load with the GVL held; every pointer
+            // passed is a static C string or a function of the right arity.
+            unsafe {
+                let module = rb_define_module(c"MemprofilerPprof".as_ptr());
+                let collector =
+                    rb_define_class_under(module, c"Collector".as_ptr(), rb_cObject);
+                rb_define_alloc_func(collector, Some(collector_class::collector_alloc));
+                for method in &methods {
+                    let define = if method.private {
+                        rb_define_private_method
+                    } else {
+                        rb_define_method
+                    };
+                    define(collector, method.name.as_ptr(), Some(method.func), method.arity);
+                }
+                rb_set_end_proc(Some(active_collectors::disable_all_at_exit), Qnil as VALUE);
+                Qnil as VALUE
+            }
+        })
+    });
+}
