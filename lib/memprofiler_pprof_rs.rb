@@ -12,3 +12,4 @@ end
 
 require_relative "memprofiler_pprof_rs/profile_data"
 require_relative "memprofiler_pprof_rs/collector"
+require_relative "memprofiler_pprof_rs/pprof_reader"

@@ -118,7 +118,7 @@ fn rate_arg(value: VALUE) -> RbResult<f64> {
     let rate = float_arg(value, "sample_rate")?;
     if !(0.0..=1.0).contains(&rate) {
         return Err(RbError::argument(format!(
-            "sample_rate must be between 0.0 and 1.0, got {rate}"
+            "sample_rate must be between 0.0 and 1.0, got {rate:?}"
         )));
     }
     Ok(rate)

@@ -1,0 +1,291 @@
+# frozen_string_literal: true
+
+require "objspace"
+
+RSpec.describe MemprofilerPprof::Collector do
+  let(:workload_file) { File.expand_path("fixtures/workload.rb", __dir__) }
+
+  # Frames of the sample stacks that pass through Workload, as
+  # [name, basename, line] triples, leaf first.
+  def workload_stacks(profile)
+    profile.samples.map do |sample|
+      sample.frames.map { |f| [f.name, File.basename(f.filename), f.line] }
+    end
+  end
+
+  describe "lifecycle" do
+    it "starts, reports running, and stops" do
+      collector = described_class.new(sample_rate: 1.0)
+      expect(collector.running?).to be(false)
+      expect(collector.start!).to be(true)
+      expect(collector.running?).to be(true)
+      expect(collector.start!).to be(false) # already running: no-op
+      expect(collector.stop!).to be(true)
+      expect(collector.running?).to be(false)
+      expect(collector.stop!).to be(false)
+    end
+
+    it "samples nothing while stopped" do
+      collector = described_class.new(sample_rate: 1.0)
+      Workload::Allocator.new.outer(50)
+      data = collector.flush
+      expect(data.allocation_samples_count).to eq(0)
+      expect(parse_profile(data).samples).to be_empty
+    end
+
+    it "profile { } returns the flush and leaves the hooks off" do
+      collector = described_class.new(sample_rate: 1.0)
+      data = collector.profile { Workload::Allocator.new.outer(20) }
+      expect(data).to be_a(MemprofilerPprof::ProfileData)
+      expect(data.allocation_samples_count).to be >= 20
+      expect(collector.running?).to be(false)
+    end
+
+    it "profile without a block is an ArgumentError" do
+      expect { described_class.new.profile }.to raise_error(ArgumentError, /needs a block/)
+    end
+
+    it "profile stops the hooks even when the block raises" do
+      collector = described_class.new(sample_rate: 1.0)
+      expect { collector.profile { raise IOError, "boom" } }.to raise_error(IOError, "boom")
+      expect(collector.running?).to be(false)
+    end
+  end
+
+  describe "profiles of a known workload" do
+    let(:collector) { described_class.new(sample_rate: 1.0) }
+    let(:data) { collector.profile { @result = Workload::Allocator.new.outer(10) } }
+    let(:profile) { parse_profile(data) }
+
+    it "returns gzipped pprof as a binary String" do
+      expect(data.pprof_data.encoding).to eq(Encoding::BINARY)
+      expect(data.pprof_data.byteslice(0, 2).bytes).to eq([0x1f, 0x8b])
+      expect(profile.sample_type_names).to eq(%w[alloc_objects alloc_space inuse_objects inuse_space])
+      expect(profile.default_sample_type).to eq("inuse_space")
+    end
+
+    it "records real Ruby stacks: methods in call order, with files and lines" do
+      leaf_stacks = workload_stacks(profile).select { |stack| stack.first.first == "String#*" }
+      expect(leaf_stacks).not_to be_empty
+      stack = leaf_stacks.first
+      names = stack.map(&:first)
+      # Leaf first: String#* (C), called by leaf, called (via map/times) by middle, by outer.
+      expect(names.first(2)).to eq(["String#*", "Workload::Allocator#leaf"])
+      outer_index = names.index("Workload::Allocator#outer")
+      expect(outer_index).to be > names.index("Workload::Allocator#leaf")
+      expect(names[0...outer_index]).to include("Integer#times", "Workload::Allocator#middle")
+      # Files and lines of the fixture.
+      expect(stack[1]).to eq(["Workload::Allocator#leaf", "workload.rb", 16])
+      expect(stack[outer_index]).to eq(["Workload::Allocator#outer", "workload.rb", 8])
+      # A C method is shown at its caller's file and line, as in Ruby backtraces.
+      expect(stack[0]).to eq(["String#*", "workload.rb", 16])
+      expect(stack.map { |f| f[1] }).to include(File.basename(__FILE__))
+    end
+
+    it "counts every allocation of the leaf method at sample_rate 1.0" do
+      leaf_samples = profile.samples.select { |s| s.frames.first&.name == "String#*" }
+      # 10 calls, each `"..." * 8` allocates one String in String#*.
+      expect(leaf_samples.sum { |s| s.value(profile, "alloc_objects") }).to eq(10)
+      expect(data.heap_samples_count).to be >= 10
+    end
+
+    it "reads back with go tool pprof for every sample type" do
+      %w[alloc_objects alloc_space inuse_objects inuse_space].each do |index|
+        out, err, status = go_pprof(data, "-top", "-sample_index=#{index}")
+        expect(status.exitstatus).to eq(0), "go tool pprof -sample_index=#{index} failed: #{err}"
+        expect(out).to include("Workload::Allocator#leaf")
+        expect(err).not_to match(/warning|error/i)
+      end
+    end
+
+    it "reads back with go tool pprof -traces, showing the stack" do
+      out, err, status = go_pprof(data, "-traces")
+      expect(status.exitstatus).to eq(0), err
+      expect(out).to include("String#*", "Workload::Allocator#leaf", "Workload::Allocator#outer")
+    end
+  end
+
+  describe "sizes" do
+    it "attributes the bytes of big strings to the method that allocated them" do
+      collector = described_class.new(sample_rate: 1.0)
+      data = collector.profile { @kept = Workload::Allocator.big_strings(20, 50_000) }
+      profile = parse_profile(data)
+      big = profile.samples.select do |s|
+        s.frames.any? { |f| f.name == "Workload::Allocator.big_strings" } && s.frames.first.name == "String#*"
+      end
+      alloc_space = big.sum { |s| s.value(profile, "alloc_space") }
+      inuse_space = big.sum { |s| s.value(profile, "inuse_space") }
+      expect(alloc_space).to be_between(20 * 50_000, 20 * 50_000 * 1.1)
+      expect(inuse_space).to eq(alloc_space)
+    end
+  end
+
+  describe "live objects" do
+    it "keeps retained objects across flushes and forgets freed ones" do
+      collector = described_class.new(sample_rate: 1.0)
+      collector.start!
+      retained = Workload::Allocator.big_strings(5, 10_000)
+      Workload::Allocator.big_strings(50, 10_000) # garbage
+      GC.start
+      first_data = collector.flush
+      second_data = collector.flush
+      first = parse_profile(first_data)
+      second = parse_profile(second_data)
+      retained_in = lambda do |profile|
+        profile.samples.select { |s| s.frames.first.name == "String#*" && s.frames.any? { |f| f.name == "Workload::Allocator.big_strings" } }
+                       .sum { |s| s.value(profile, "inuse_objects") }
+      end
+      expect(retained_in.call(first)).to eq(5)
+      expect(retained_in.call(second)).to eq(5) # still alive: in every flush
+      expect(second.total("alloc_objects")).to be < first.total("alloc_objects")
+      retained.clear
+      retained = nil
+      GC.start
+      third = parse_profile(collector.flush)
+      expect(retained_in.call(third)).to eq(0)
+    ensure
+      collector.stop!
+    end
+  end
+
+  describe "ProfileData" do
+    it "has counts, rate, times and a readable inspect" do
+      collector = described_class.new(sample_rate: 1.0)
+      data = collector.profile { Workload::Allocator.new.outer(5) }
+      expect(data.sample_rate).to eq(1.0)
+      expect(data.dropped_samples_count).to eq(0)
+      expect(data.finished_at).to be >= data.started_at
+      expect(data.flush_duration_nsecs).to be > 0
+      expect(data.inspect).to match(/allocation samples/)
+      expect(data.inspect).not_to include("\x1f".b.force_encoding(Encoding::UTF_8))
+    end
+  end
+
+  describe "caps" do
+    it "respects max_allocation_samples and counts drops" do
+      collector = described_class.new(sample_rate: 1.0, max_allocation_samples: 10)
+      data = collector.profile { Workload::Allocator.new.outer(100) }
+      expect(data.allocation_samples_count).to eq(10)
+      expect(data.dropped_samples_allocation_bufsize).to be > 90
+    end
+  end
+
+  describe "arguments" do
+    it "has the C gem's defaults" do
+      collector = described_class.new
+      expect(collector.sample_rate).to eq(0.01)
+      expect(collector.max_allocation_samples).to eq(10_000)
+      expect(collector.max_heap_samples).to eq(50_000)
+      expect(collector.bt_method).to eq(:cfp)
+    end
+
+    it "has working setters" do
+      collector = described_class.new
+      collector.sample_rate = 0.5
+      collector.max_allocation_samples = 7
+      collector.max_heap_samples = 9
+      expect([collector.sample_rate, collector.max_allocation_samples, collector.max_heap_samples]).to eq([0.5, 7, 9])
+    end
+
+    it "rejects bad values with errors naming them" do
+      expect { described_class.new(sample_rate: 1.5) }.to raise_error(ArgumentError, /sample_rate.*1\.5/)
+      expect { described_class.new(sample_rate: -0.1) }.to raise_error(ArgumentError, /-0\.1/)
+      expect { described_class.new(sample_rate: Float::NAN) }.to raise_error(ArgumentError, /NaN/)
+      expect { described_class.new(sample_rate: "0.1") }.to raise_error(TypeError, /"0\.1"/)
+      expect { described_class.new(sample_rate: nil) }.to raise_error(TypeError, /nil/)
+      expect { described_class.new(max_allocation_samples: -1) }.to raise_error(ArgumentError, /max_allocation_samples.*-1/)
+      expect { described_class.new(max_heap_samples: 1.5) }.to raise_error(TypeError, /max_heap_samples.*1\.5/)
+      expect { described_class.new(bt_method: :nope) }.to raise_error(ArgumentError, /:nope/)
+      expect { described_class.new(no_such_option: 1) }.to raise_error(ArgumentError, /no_such_option/)
+      expect { described_class.new.flush(yield_gvl: "yes") }.to raise_error(TypeError, /yield_gvl/)
+    end
+
+    it "native methods check types themselves" do
+      collector = described_class.new
+      expect { collector.send(:_native_set_sample_rate, "x") }.to raise_error(TypeError, /sample_rate/)
+      expect { collector.send(:_native_set_sample_rate, 3.0) }.to raise_error(ArgumentError, /3\.0/)
+      expect { collector.send(:_native_set_max_heap_samples, -5) }.to raise_error(ArgumentError, /-5/)
+      expect { collector.send(:_native_set_max_heap_samples, 2**70) }.to raise_error(TypeError, /max_heap_samples/)
+      expect { described_class.instance_method(:running?).bind_call(Object.new) }.to raise_error(TypeError)
+    end
+  end
+
+  describe "memory accounting" do
+    it "reports its own memory to ObjectSpace.memsize_of" do
+      collector = described_class.new(sample_rate: 1.0)
+      empty = ObjectSpace.memsize_of(collector)
+      collector.start!
+      kept = Array.new(2_000) { |i| "retained #{i}" }
+      collector.stop!
+      expect(kept.size).to eq(2_000)
+      expect(ObjectSpace.memsize_of(collector)).to be > empty
+    end
+  end
+
+  describe "GC interaction" do
+    it "survives GC.compact with sampled objects moving, keeping them tracked" do
+      skip "GC.compact unsupported here" unless GC.respond_to?(:compact)
+      collector = described_class.new(sample_rate: 1.0)
+      collector.start!
+      kept = Workload::Allocator.big_strings(200, 100)
+      GC.start
+      GC.compact
+      kept_after = parse_profile(collector.flush)
+      big = kept_after.samples.select { |s| s.frames.any? { |f| f.name == "Workload::Allocator.big_strings" } && s.frames.first.name == "String#*" }
+      expect(big.sum { |s| s.value(kept_after, "inuse_objects") }).to eq(200)
+      expect(kept.map(&:bytesize).uniq).to eq([100])
+      kept = nil
+      GC.start
+      after_free = parse_profile(collector.flush)
+      big = after_free.samples.select { |s| s.frames.any? { |f| f.name == "Workload::Allocator.big_strings" } && s.frames.first.name == "String#*" }
+      expect(big.sum { |s| s.value(after_free, "inuse_objects") }).to eq(0)
+    ensure
+      collector&.stop!
+    end
+
+    it "survives a collector garbage collected while running, and exit while running" do
+      code = <<~RUBY
+        require "memprofiler_pprof_rs"
+        3.times { MemprofilerPprof::Collector.new(sample_rate: 1.0).start! }
+        GC.start; GC.start
+        50_000.times { |i| "s\#{i}" }
+        GC.start
+        running = MemprofilerPprof::Collector.new(sample_rate: 0.5)
+        running.start!
+        10_000.times { |i| [i.to_s] }
+        puts "ok"
+      RUBY
+      out, err, status = run_ruby(code)
+      expect(status.exitstatus).to eq(0), err
+      expect(out).to eq("ok\n")
+    end
+
+    it "survives GC.stress during a short profile" do
+      code = <<~RUBY
+        require "memprofiler_pprof_rs"
+        c = MemprofilerPprof::Collector.new(sample_rate: 1.0)
+        c.start!
+        GC.stress = true
+        200.times { |i| "x\#{i}" * 3 }
+        GC.stress = false
+        d = c.flush
+        c.stop!
+        puts d.allocation_samples_count >= 200
+      RUBY
+      out, err, status = run_ruby(code)
+      expect(status.exitstatus).to eq(0), err
+      expect(out).to eq("true\n")
+    end
+  end
+
+  describe "sampling rate" do
+    it "samples about sample_rate of the allocations and scales the estimate" do
+      collector = described_class.new(sample_rate: 0.1, max_allocation_samples: 100_000)
+      data = collector.profile { 200_000.times { |i| i.to_s } }
+      profile = parse_profile(data)
+      expect(data.allocation_samples_count).to be_between(17_000, 23_000)
+      # Each sample stands for 10 allocations.
+      expect(profile.total("alloc_objects")).to be_within(30_000).of(200_000)
+    end
+  end
+end

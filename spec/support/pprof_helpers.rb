@@ -1,0 +1,33 @@
+# frozen_string_literal: true
+
+require "tmpdir"
+require "open3"
+
+# Helpers to read profiles and to check them with `go tool pprof`.
+module PprofHelpers
+  def parse_profile(data)
+    MemprofilerPprof::PprofReader.parse(data.respond_to?(:pprof_data) ? data.pprof_data : data)
+  end
+
+  # Frame names of each sample, leaf first.
+  def stacks_of(profile)
+    profile.samples.map { |s| s.frames.map(&:name) }
+  end
+
+  # Writes the profile to a file and runs `go tool pprof ARGS file`.
+  # Returns [stdout, stderr, status].
+  def go_pprof(data, *args)
+    Dir.mktmpdir("pprof-spec") do |dir|
+      path = File.join(dir, "profile.pb.gz")
+      File.binwrite(path, data.respond_to?(:pprof_data) ? data.pprof_data : data)
+      env = { "PPROF_TMPDIR" => dir, "HOME" => ENV.fetch("HOME", dir) }
+      Open3.capture3(env, "go", "tool", "pprof", *args, path)
+    end
+  end
+
+  # Runs Ruby code in a fresh process with this gem on the load path.
+  def run_ruby(code, env: {})
+    lib = File.expand_path("../../lib", __dir__)
+    Open3.capture3(env, RbConfig.ruby, "-I", lib, "-e", code)
+  end
+end
