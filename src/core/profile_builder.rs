@@ -283,7 +283,7 @@ mod tests {
         }
     }
 
-    fn string<'p>(profile: &'p pprof::Profile, index: i64) -> &'p str {
+    fn string(profile: &pprof::Profile, index: i64) -> &str {
         &profile.string_table[index as usize]
     }
 
@@ -336,7 +336,11 @@ mod tests {
         assert_eq!(merged.value, vec![2, 80, 2, 80]);
         assert_eq!(
             function_names(&profile, merged),
-            vec!["String#*@app.rb:12", "Foo#bar@app.rb:12", "<main>@app.rb:30"]
+            vec![
+                "String#*@app.rb:12",
+                "Foo#bar@app.rb:12",
+                "<main>@app.rb:30"
+            ]
         );
         // Foo#bar appears once as a function, with two locations (lines 12, 14).
         let foo_functions = profile

@@ -58,7 +58,10 @@ impl GapSampler {
     }
 
     pub fn set_rate(&mut self, rate: f64) {
-        assert!((0.0..=1.0).contains(&rate), "sample rate {rate} outside 0..=1");
+        assert!(
+            (0.0..=1.0).contains(&rate),
+            "sample rate {rate} outside 0..=1"
+        );
         self.rate = rate;
         self.log_complement = (1.0 - rate).ln();
     }

@@ -231,7 +231,10 @@ impl SamplerState {
 
     /// After GC compaction: `new_address` maps each tracked object's old
     /// address to its new one (or returns it unchanged).
-    pub fn relocate_objects(&mut self, mut new_address: impl FnMut(ObjectAddress) -> ObjectAddress) {
+    pub fn relocate_objects(
+        &mut self,
+        mut new_address: impl FnMut(ObjectAddress) -> ObjectAddress,
+    ) {
         let moved: Vec<(ObjectAddress, ObjectAddress)> = self
             .live
             .keys()

@@ -16,7 +16,9 @@ static ACTIVE: Mutex<Vec<usize>> = Mutex::new(Vec::new());
 fn with_active<R>(f: impl FnOnce(&mut Vec<usize>) -> R) -> R {
     // A poisoned lock only means a panic happened while it was held; the
     // Vec itself is always in a consistent state.
-    let mut guard = ACTIVE.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let mut guard = ACTIVE
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     f(&mut guard)
 }
 
@@ -77,7 +79,11 @@ mod postponed {
         // SAFETY: async-signal-safe, allocation-free registration of a job
         // with a static function; "one" makes repeated calls cheap no-ops.
         unsafe {
-            rb_postponed_job_register_one(0, Some(super::measure_pending_job), std::ptr::null_mut());
+            rb_postponed_job_register_one(
+                0,
+                Some(super::measure_pending_job),
+                std::ptr::null_mut(),
+            );
         }
     }
 }

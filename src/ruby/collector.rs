@@ -9,10 +9,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use rb_sys::{
-    rb_event_flag_t, rb_gc_location, rb_gc_mark, rb_gc_register_address,
-    rb_gc_unregister_address, rb_tracearg_event_flag, rb_tracearg_from_tracepoint,
-    rb_tracearg_object, rb_tracepoint_disable, rb_tracepoint_enable, rb_tracepoint_new, Qfalse,
-    Qnil, VALUE, RUBY_INTERNAL_EVENT_FREEOBJ, RUBY_INTERNAL_EVENT_NEWOBJ,
+    rb_event_flag_t, rb_gc_location, rb_gc_mark, rb_gc_register_address, rb_gc_unregister_address,
+    rb_tracearg_event_flag, rb_tracearg_from_tracepoint, rb_tracearg_object, rb_tracepoint_disable,
+    rb_tracepoint_enable, rb_tracepoint_new, Qfalse, Qnil, RUBY_INTERNAL_EVENT_FREEOBJ,
+    RUBY_INTERNAL_EVENT_NEWOBJ, VALUE,
 };
 
 use super::active_collectors;

@@ -8,9 +8,9 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use rb_sys::{
     rb_ary_new_capa, rb_ary_push, rb_data_type_struct, rb_data_type_struct__bindgen_ty_1,
-    rb_data_type_t, rb_data_typed_object_wrap, rb_float_new, rb_str_new, rb_ull2inum, Qfalse,
-    Qnil, Qtrue, FIX2LONG, FIXNUM_P, NUM2DBL, RB_FLOAT_TYPE_P, RTYPEDDATA_GET_DATA,
-    RTYPEDDATA_P, RTYPEDDATA_TYPE, VALUE,
+    rb_data_type_t, rb_data_typed_object_wrap, rb_float_new, rb_str_new, rb_ull2inum, Qfalse, Qnil,
+    Qtrue, FIX2LONG, FIXNUM_P, NUM2DBL, RB_FLOAT_TYPE_P, RTYPEDDATA_GET_DATA, RTYPEDDATA_P,
+    RTYPEDDATA_TYPE, VALUE,
 };
 
 use super::collector::{Collector, FlushResult};
@@ -92,7 +92,9 @@ fn collector_of(object: VALUE) -> RbResult<&'static Collector> {
     // confirmed it is typed data; the data pointer was set by collector_alloc.
     unsafe {
         if !RTYPEDDATA_P(object) || !std::ptr::eq(RTYPEDDATA_TYPE(object), &COLLECTOR_TYPE.0) {
-            return Err(RbError::type_error("expected a MemprofilerPprof::Collector"));
+            return Err(RbError::type_error(
+                "expected a MemprofilerPprof::Collector",
+            ));
         }
         let data = RTYPEDDATA_GET_DATA(object) as *const Collector;
         if data.is_null() {
@@ -272,7 +274,10 @@ unsafe extern "C" fn native_flush(rb_self: VALUE) -> VALUE {
             // under protect, so a NoMemoryError comes back as an RbError.
             unsafe {
                 let array = rb_ary_new_capa(11);
-                rb_ary_push(array, rb_str_new(pprof.as_ptr().cast(), pprof.len() as c_long));
+                rb_ary_push(
+                    array,
+                    rb_str_new(pprof.as_ptr().cast(), pprof.len() as c_long),
+                );
                 for n in numbers {
                     rb_ary_push(array, rb_ull2inum(n));
                 }
@@ -321,13 +326,28 @@ pub fn methods() -> Vec<MethodDef> {
             true
         ),
         method_def!(c"max_allocation_samples", max_allocation_samples, 0, false),
-        method_def!(c"_native_set_max_heap_samples", native_set_max_heap_samples, 1, true),
+        method_def!(
+            c"_native_set_max_heap_samples",
+            native_set_max_heap_samples,
+            1,
+            true
+        ),
         method_def!(c"max_heap_samples", max_heap_samples, 0, false),
         method_def!(c"_native_start", native_start, 0, true),
         method_def!(c"_native_stop", native_stop, 0, true),
         method_def!(c"running?", running_p, 0, false),
-        method_def!(c"live_heap_samples_count", live_heap_samples_count, 0, false),
-        method_def!(c"_native_internal_error_count", internal_error_count, 0, true),
+        method_def!(
+            c"live_heap_samples_count",
+            live_heap_samples_count,
+            0,
+            false
+        ),
+        method_def!(
+            c"_native_internal_error_count",
+            internal_error_count,
+            0,
+            true
+        ),
         method_def!(c"_native_flush", native_flush, 0, true),
     ]
 }

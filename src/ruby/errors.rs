@@ -13,8 +13,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use rb_sys::{
     rb_eArgError, rb_eRuntimeError, rb_eTypeError, rb_errinfo, rb_exc_new, rb_exc_new_cstr,
-    rb_exc_raise,
-    rb_jump_tag, rb_protect, rb_set_errinfo, Qnil, VALUE,
+    rb_exc_raise, rb_jump_tag, rb_protect, rb_set_errinfo, Qnil, VALUE,
 };
 
 /// Ruby's tag for a raised exception (TAG_RAISE in eval_intern.h).

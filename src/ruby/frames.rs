@@ -110,7 +110,7 @@ pub fn resolve_frames(
             let first_line = protect(|| unsafe { rb_profile_frame_first_lineno(value) })?;
             let start_line = if FIXNUM_P(first_line) {
                 // SAFETY: checked to be a Fixnum.
-                i64::from(unsafe { FIX2LONG(first_line) })
+                (unsafe { FIX2LONG(first_line) }) as i64
             } else {
                 0
             };

@@ -10,8 +10,8 @@ mod frames;
 mod heap;
 
 use rb_sys::{
-    rb_cObject, rb_define_alloc_func, rb_define_class_under, rb_define_method,
-    rb_define_module, rb_define_private_method, rb_set_end_proc, Qnil, VALUE,
+    rb_cObject, rb_define_alloc_func, rb_define_class_under, rb_define_method, rb_define_module,
+    rb_define_private_method, rb_set_end_proc, Qnil, VALUE,
 };
 
 use errors::{method_entry, protect};
@@ -28,8 +28,7 @@ pub unsafe extern "C" fn Init_memprofiler_pprof_rs() {
             // passed is a static C string or a function of the right arity.
             unsafe {
                 let module = rb_define_module(c"MemprofilerPprof".as_ptr());
-                let collector =
-                    rb_define_class_under(module, c"Collector".as_ptr(), rb_cObject);
+                let collector = rb_define_class_under(module, c"Collector".as_ptr(), rb_cObject);
                 rb_define_alloc_func(collector, Some(collector_class::collector_alloc));
                 for method in &methods {
                     let define = if method.private {
@@ -37,7 +36,12 @@ pub unsafe extern "C" fn Init_memprofiler_pprof_rs() {
                     } else {
                         rb_define_method
                     };
-                    define(collector, method.name.as_ptr(), Some(method.func), method.arity);
+                    define(
+                        collector,
+                        method.name.as_ptr(),
+                        Some(method.func),
+                        method.arity,
+                    );
                 }
                 rb_set_end_proc(Some(active_collectors::disable_all_at_exit), Qnil as VALUE);
                 Qnil as VALUE

@@ -1,0 +1,61 @@
+# frozen_string_literal: true
+
+require "fileutils"
+require "find"
+
+# The path a user takes: gem build, then gem install --local of the result
+# (no RubyGems server), then require. Slow (a cold cargo build), so it runs
+# once, building in its own temporary directory.
+RSpec.describe "gem build and gem install --local" do
+  root = File.expand_path("..", __dir__)
+
+  before(:all) do
+    @dir = Dir.mktmpdir("memprofiler-gem-spec")
+    @tmp = File.join(@dir, "tmp")
+    @gem_home = File.join(@dir, "gems")
+    FileUtils.mkdir_p(@tmp)
+    gem_file = File.join(@dir, "memprofiler_pprof_rs.gem")
+    env = {
+      "TMPDIR" => @tmp, "GEM_HOME" => @gem_home, "GEM_PATH" => @gem_home,
+      "MEMPROFILER_PPROF_RS_TARGET_DIR" => nil, "RUBYOPT" => nil
+    }
+    Dir.chdir(root) do
+      @build_out, @build_status = Open3.capture2e(env, "gem", "build", "memprofiler_pprof_rs.gemspec",
+                                                  "--output", gem_file)
+    end
+    @install_out, @install_status = Open3.capture2e(
+      env, "gem", "install", "--local", "--no-document", "--install-dir", @gem_home, gem_file
+    )
+    @env = env
+  end
+
+  after(:all) { FileUtils.rm_rf(@dir) }
+
+  it "builds and installs offline" do
+    expect(@build_status).to be_success, @build_out
+    expect(@install_status).to be_success, @install_out
+  end
+
+  it "loads and profiles from the installed gem, not from this checkout" do
+    code = <<~RUBY
+      require "memprofiler_pprof_rs"
+      data = MemprofilerPprof::Collector.new(sample_rate: 1.0).profile { Array.new(100) { "x" * 10 } }
+      puts $LOADED_FEATURES.grep(/memprofiler_pprof_rs\\.so/).first
+      puts data.allocation_samples_count >= 100
+    RUBY
+    out, err, status = Open3.capture3(@env.merge("RUBYLIB" => nil), RbConfig.ruby, "-e", code, chdir: @dir)
+    expect(status).to be_success, err
+    so_path, profiled = out.lines.map(&:chomp)
+    expect(so_path).to start_with(@gem_home)
+    expect(profiled).to eq("true")
+  end
+
+  it "leaves no cargo build output behind, in the gem or in TMPDIR" do
+    expect(@install_status).to be_success, @install_out
+    installed_bytes = 0
+    Find.find(@gem_home) { |path| installed_bytes += File.size(path) if File.file?(path) }
+    expect(installed_bytes).to be < 10 * 1024 * 1024
+    expect(Dir.glob(File.join(@gem_home, "**", "target", "release"))).to be_empty
+    expect(Dir.children(@tmp).grep(/cargo/)).to be_empty
+  end
+end
