@@ -122,6 +122,12 @@ impl<T> SamplerLock<T> {
         }
     }
 
+    /// The data's address, for code that holds the lock without a guard
+    /// (between `lock_for_fork` and `unlock_after_fork`).
+    pub fn data_ptr(&self) -> *mut T {
+        self.data.get()
+    }
+
     /// Mutable access without locking, for callers that own `self`
     /// exclusively (e.g. when the collector is being freed).
     pub fn get_mut(&mut self) -> &mut T {

@@ -40,6 +40,7 @@ impl SkipCountdown {
 #[derive(Debug)]
 pub struct GapSampler {
     rate: f64,
+    seed: u64,
     // ln(1 - rate), cached: the draw is ln(u) / ln(1 - rate).
     log_complement: f64,
     rng: SmallRng,
@@ -50,6 +51,7 @@ impl GapSampler {
     pub fn new(rate: f64, seed: u64) -> Self {
         let mut sampler = GapSampler {
             rate: 1.0,
+            seed,
             log_complement: f64::NEG_INFINITY,
             rng: SmallRng::seed_from_u64(seed),
         };
@@ -64,6 +66,10 @@ impl GapSampler {
         );
         self.rate = rate;
         self.log_complement = (1.0 - rate).ln();
+    }
+
+    pub fn seed(&self) -> u64 {
+        self.seed
     }
 
     pub fn rate(&self) -> f64 {

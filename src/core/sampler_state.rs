@@ -9,6 +9,9 @@
 
 use std::sync::Arc;
 
+use rand::rngs::SmallRng;
+use rand::{RngExt, SeedableRng};
+
 use super::fast_hash::FastHashMap;
 use super::sample_gate::GapSampler;
 use super::stack_table::{Frame, StackId, StackTable};
@@ -22,8 +25,13 @@ pub struct SampleId(u32);
 #[derive(Debug, Clone)]
 struct SampleRecord {
     stack: StackId,
-    /// How many allocations this sample stands for (1 / rate when taken).
+    /// How many live objects this sample stands for (1 / rate when taken).
     weight: f64,
+    /// How many allocations it stands for in the allocation profile: weight
+    /// divided by allocation_retain_rate once it survives that thinning.
+    alloc_weight: f64,
+    /// Left the allocation list early (allocation_retain_rate thinning).
+    alloc_dropped: bool,
     /// Bytes, as last measured; 0 until the first measurement.
     size: u64,
     /// The sampled object's address (stale once the object is freed).
@@ -98,11 +106,19 @@ pub struct SamplerState {
     pub gaps: GapSampler,
     pub max_allocation_samples: usize,
     pub max_heap_samples: usize,
+    /// Fraction of measured samples kept in the allocation profile.
+    allocation_retain_rate: f64,
+    /// Between `take_snapshot` and `finish_flush`: stacks must not be pruned,
+    /// because the flush is still resolving their frames.
+    flush_in_progress: bool,
+    /// Draws for allocation_retain_rate.
+    retain_rng: SmallRng,
     drops: DropCounters,
 }
 
 impl SamplerState {
     pub fn new(gaps: GapSampler, max_allocation_samples: usize, max_heap_samples: usize) -> Self {
+        let retain_seed = gaps.seed().wrapping_add(1);
         SamplerState {
             stacks: StackTable::new(),
             records: Vec::new(),
@@ -113,8 +129,26 @@ impl SamplerState {
             gaps,
             max_allocation_samples,
             max_heap_samples,
+            allocation_retain_rate: 1.0,
+            flush_in_progress: false,
+            retain_rng: SmallRng::seed_from_u64(retain_seed),
             drops: DropCounters::default(),
         }
+    }
+
+    /// Sets the fraction (0..=1) of samples kept in the allocation profile
+    /// once measured; the rest only count while alive (inuse_*). Kept
+    /// samples are re-weighted by 1 / rate so totals stay unbiased.
+    pub fn set_allocation_retain_rate(&mut self, rate: f64) {
+        assert!(
+            (0.0..=1.0).contains(&rate),
+            "allocation_retain_rate {rate} outside 0..=1"
+        );
+        self.allocation_retain_rate = rate;
+    }
+
+    pub fn allocation_retain_rate(&self) -> f64 {
+        self.allocation_retain_rate
     }
 
     /// Decides, before any backtrace is captured, whether a sample fits; counts
@@ -155,6 +189,8 @@ impl SamplerState {
         let record = SampleRecord {
             stack,
             weight,
+            alloc_weight: weight,
+            alloc_dropped: false,
             size: 0,
             object,
             liveness: if in_live {
@@ -200,14 +236,25 @@ impl SamplerState {
     /// Measures samples taken since the last call, while their objects are
     /// alive. `measure` returns None for an object that is no longer valid.
     pub fn measure_pending(&mut self, mut measure: impl FnMut(ObjectAddress) -> Option<u64>) {
+        let mut rng = self.retain_rng.clone();
+        self.measure_pending_with(&mut measure, &mut || rng.random::<f64>());
+        self.retain_rng = rng;
+    }
+
+    /// `measure_pending`, applying allocation_retain_rate with `uniform`
+    /// (a source of uniform numbers in [0, 1)) to each measured sample.
+    pub fn measure_pending_with(
+        &mut self,
+        measure: &mut impl FnMut(ObjectAddress) -> Option<u64>,
+        uniform: &mut impl FnMut() -> f64,
+    ) {
         let pending = std::mem::take(&mut self.pending_sizes);
+        let mut dropped_any = false;
         for &(id, object) in &pending {
             let Some(record) = self.records.get(id.0 as usize) else {
                 continue;
             };
-            // The record may have been freed (and even reused) since. A
-            // record that is only in the allocation list is measured too: its
-            // object is untracked, so `measure` must check the slot is valid.
+            // The record may have been freed (and even reused) since.
             if record.refs == 0 || record.object != object || record.size != 0 {
                 continue;
             }
@@ -218,15 +265,47 @@ impl SamplerState {
                 continue;
             }
             match measure(object) {
-                Some(size) => self.records[id.0 as usize].size = size,
+                Some(size) => {
+                    let retain = self.allocation_retain_rate;
+                    let record = &mut self.records[id.0 as usize];
+                    record.size = size;
+                    if retain < 1.0 && !record.alloc_dropped {
+                        if uniform() < retain {
+                            record.alloc_weight = record.weight / retain;
+                        } else {
+                            record.alloc_dropped = true;
+                            dropped_any = true;
+                        }
+                    }
+                }
                 None => {
                     self.record_free(object);
                 }
             }
         }
+        if dropped_any {
+            self.release_dropped_allocations();
+        }
         // Keep the buffer's capacity for the next batch.
         self.pending_sizes = pending;
         self.pending_sizes.clear();
+    }
+
+    /// Takes thinned-out samples off the allocation list.
+    fn release_dropped_allocations(&mut self) {
+        let mut list = std::mem::take(&mut self.allocations);
+        let mut released = Vec::new();
+        list.retain(|&id| {
+            let keep = !self.records[id.0 as usize].alloc_dropped;
+            if !keep {
+                released.push(id);
+            }
+            keep
+        });
+        self.allocations = list;
+        for id in released {
+            self.release(id);
+        }
     }
 
     /// After GC compaction: `new_address` maps each tracked object's old
@@ -277,6 +356,7 @@ impl SamplerState {
         &mut self,
         mut measure: impl FnMut(ObjectAddress) -> Option<u64>,
     ) -> FlushSnapshot {
+        self.flush_in_progress = true;
         let mut snapshot = FlushSnapshot {
             samples: Vec::with_capacity(self.allocations.len() + self.live.len()),
             ..FlushSnapshot::default()
@@ -309,7 +389,12 @@ impl SamplerState {
             let record = &self.records[id.0 as usize];
             snapshot.samples.push(FlushedSample {
                 stack: record.stack,
-                values: [record.weight, record.weight * record.size as f64, 0.0, 0.0],
+                values: [
+                    record.alloc_weight,
+                    record.alloc_weight * record.size as f64,
+                    0.0,
+                    0.0,
+                ],
             });
             self.release(id);
         }
@@ -326,7 +411,12 @@ impl SamplerState {
 
     /// Ends a flush: forgets stacks no sample uses any more.
     pub fn finish_flush(&mut self) {
+        self.flush_in_progress = false;
         self.stacks.prune();
+    }
+
+    pub fn flush_in_progress(&self) -> bool {
+        self.flush_in_progress
     }
 
     /// Forgets every sample and counter (what `start!` does).
@@ -340,7 +430,10 @@ impl SamplerState {
         }
         self.pending_sizes.clear();
         self.drops = DropCounters::default();
-        self.stacks.prune();
+        // A flush still resolving frames prunes when it finishes.
+        if !self.flush_in_progress {
+            self.stacks.prune();
+        }
     }
 
     pub fn live_count(&self) -> usize {
@@ -534,6 +627,45 @@ mod tests {
         let live: Vec<_> = snap.samples.iter().filter(|s| s.values[2] > 0.0).collect();
         assert_eq!(live.len(), 1);
         assert_eq!(&snap.stacks[&live[0].stack][..], &frames(&[8])[..]);
+    }
+
+    #[test]
+    fn allocation_retain_rate_thins_the_allocation_list_and_reweights() {
+        let mut st = state(1_000, 1_000);
+        st.set_allocation_retain_rate(0.5);
+        for i in 0..1_000 {
+            record(&mut st, 0x1000 + i * 40, &[8]);
+        }
+        let mut toggle = 0u32;
+        // Alternating draws: exactly half are kept.
+        st.measure_pending_with(&mut |_| Some(40), &mut || {
+            toggle += 1;
+            if toggle % 2 == 0 {
+                0.25
+            } else {
+                0.75
+            }
+        });
+        assert_eq!(st.allocation_count(), 500);
+        assert_eq!(st.live_count(), 1_000, "live tracking is not thinned");
+        let snap = st.take_snapshot(|_| Some(40));
+        st.finish_flush();
+        let t = totals(&snap);
+        assert_eq!(t[0], 1_000.0, "kept samples count double");
+        assert_eq!(t[2], 1_000.0);
+    }
+
+    #[test]
+    fn stacks_are_not_pruned_while_a_flush_resolves_them() {
+        let mut st = state(100, 100);
+        record(&mut st, 0x1000, &[8]);
+        let snap = st.take_snapshot(|_| Some(40));
+        assert!(st.flush_in_progress());
+        st.clear(); // e.g. start! from another thread mid-flush
+        assert_eq!(st.stacks().live_frames().collect::<Vec<_>>(), vec![8]);
+        assert_eq!(snap.stacks.len(), 1);
+        st.finish_flush();
+        assert!(st.stacks().is_empty());
     }
 
     #[test]

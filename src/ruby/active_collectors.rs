@@ -1,25 +1,29 @@
 //! The collectors whose hooks are enabled, process-wide. Used to
 //! - measure freshly sampled objects from one postponed job (Ruby runs a
 //!   postponed job at its next safe point, when new objects are filled in);
-//! - switch every hook off at exit, before Ruby frees objects wholesale.
+//! - switch every hook off at exit, before Ruby frees objects wholesale;
+//! - take every sampler lock around fork(), so a child never inherits a lock
+//!   held by a thread it does not have;
+//! - pause allocation sampling while non-main Ractors exist.
 
 use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::Mutex;
+use std::sync::{LazyLock, Once};
 
 use super::collector::Collector;
+use crate::core::lock::SamplerLock;
 
 /// Addresses of `Collector`s (their Box, which does not move). A collector
 /// removes itself before it is dropped, so every address here is valid.
-static ACTIVE: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+/// A SamplerLock (not std's Mutex) so the fork handlers can hold it.
+static ACTIVE: LazyLock<SamplerLock<Vec<usize>>> = LazyLock::new(|| SamplerLock::new(Vec::new()));
 
 fn with_active<R>(f: impl FnOnce(&mut Vec<usize>) -> R) -> R {
-    // A poisoned lock only means a panic happened while it was held; the
-    // Vec itself is always in a consistent state.
-    let mut guard = ACTIVE
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
-    f(&mut guard)
+    match ACTIVE.lock() {
+        Ok(mut guard) => f(&mut guard),
+        // Only this module takes the lock, never while holding it.
+        Err(_) => f(&mut Vec::new()),
+    }
 }
 
 pub fn add(collector: &Collector) {
@@ -117,6 +121,46 @@ mod postponed {
     }
 }
 
+/// Pauses allocation sampling on every collector (see `Collector::pause_for_ractors`).
+pub fn pause_all_for_ractors() {
+    for_each(|collector| collector.pause_for_ractors());
+}
+
+// ----- fork ---------------------------------------------------------------
+
+static FORK_HANDLERS: Once = Once::new();
+
+unsafe extern "C" fn before_fork() {
+    // Registry first, then each collector's lock; released in reverse.
+    ACTIVE.lock_for_fork();
+    // SAFETY: the registry lock is held by this thread, so the list cannot
+    // change; every address is a live collector (see ACTIVE).
+    let collectors: &Vec<usize> = unsafe { &*ACTIVE.data_ptr() };
+    for &address in collectors {
+        // SAFETY: as above.
+        unsafe { &*(address as *const Collector) }
+            .sampler
+            .lock_for_fork();
+    }
+}
+
+unsafe extern "C" fn after_fork() {
+    // SAFETY: `before_fork` ran on this thread and still holds the registry.
+    let collectors: &Vec<usize> = unsafe { &*ACTIVE.data_ptr() };
+    for &address in collectors.iter().rev() {
+        // SAFETY: as in `before_fork`.
+        unsafe { &*(address as *const Collector) }
+            .sampler
+            .unlock_after_fork();
+    }
+    ACTIVE.unlock_after_fork();
+}
+
 pub fn init() {
     postponed::init();
+    FORK_HANDLERS.call_once(|| {
+        // SAFETY: plain function pointers that only take and release locks;
+        // the same handler releases them in the parent and in the child.
+        unsafe { libc::pthread_atfork(Some(before_fork), Some(after_fork), Some(after_fork)) };
+    });
 }

@@ -1,23 +1,24 @@
 //! The collector behind a `MemprofilerPprof::Collector` object: the sampler
-//! state under its lock, the two tracepoints, and what the hooks and
-//! `flush` do with them.
+//! state under its lock, the tracepoints, and what the hooks and `flush` do
+//! with them.
 
 use std::cell::Cell;
 use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use rb_sys::{
     rb_event_flag_t, rb_gc_location, rb_gc_mark, rb_gc_register_address, rb_gc_unregister_address,
-    rb_tracearg_event_flag, rb_tracearg_from_tracepoint, rb_tracearg_object, rb_tracepoint_disable,
-    rb_tracepoint_enable, rb_tracepoint_new, Qfalse, Qnil, RUBY_INTERNAL_EVENT_FREEOBJ,
+    rb_thread_call_without_gvl, rb_thread_schedule, rb_tracearg_event_flag,
+    rb_tracearg_from_tracepoint, rb_tracearg_object, rb_tracepoint_disable, rb_tracepoint_enable,
+    rb_tracepoint_new, Qfalse, Qnil, RUBY_EVENT_C_RETURN, RUBY_INTERNAL_EVENT_FREEOBJ,
     RUBY_INTERNAL_EVENT_NEWOBJ, VALUE,
 };
 
 use super::active_collectors;
 use super::errors::{protect, RbError, RbResult};
-use super::frames::{resolve_frames, BacktraceBuffer};
+use super::frames::{resolve_frames, BacktraceBuffer, BacktraceMethod};
 use super::heap;
 use crate::core::lock::{LockError, SamplerLock};
 use crate::core::profile_builder::{build_profile, encode_gzipped, ProfileMeta};
@@ -28,9 +29,22 @@ pub const DEFAULT_SAMPLE_RATE: f64 = 0.01;
 pub const DEFAULT_MAX_ALLOCATION_SAMPLES: usize = 10_000;
 pub const DEFAULT_MAX_HEAP_SAMPLES: usize = 50_000;
 
+/// When freshly sampled objects get measured (their size is only known once
+/// the allocating code has filled them in).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SizeMeasurement {
+    /// From a postponed job that the NEWOBJ hook asks for: runs at Ruby's
+    /// next safe point, costs nothing while no sample is pending.
+    PostponedJob,
+    /// From a C_RETURN hook, as the C gem does: exact but costly (every
+    /// return from a C method pays for the hook).
+    CReturn,
+}
+
 /// What lives behind the sampler lock.
 pub struct Sampler {
     pub state: SamplerState,
+    pub backtrace_method: BacktraceMethod,
     backtrace: BacktraceBuffer,
     interval_started_at: SystemTime,
 }
@@ -48,26 +62,107 @@ pub struct FlushResult {
     pub serialization_nanos: u64,
 }
 
+#[derive(Debug, Clone, Copy, Default)]
+pub struct FlushOptions {
+    /// Build and compress the profile without holding the GVL.
+    pub yield_gvl: bool,
+    /// Also let other threads run between the phases that need the GVL.
+    pub proactively_yield_gvl: bool,
+}
+
+/// One TracePoint. Registered as a GC root while it exists, so that it
+/// outlives the collector's own Ruby object in any sweep order. Boxed:
+/// rb_gc_register_address keeps the slot's address.
+struct Hook {
+    event: u32,
+    tracepoint: Box<Cell<VALUE>>,
+    enabled: AtomicBool,
+}
+
+impl Hook {
+    fn new(event: u32) -> Self {
+        Hook {
+            event,
+            tracepoint: Box::new(Cell::new(Qnil as VALUE)),
+            enabled: AtomicBool::new(false),
+        }
+    }
+
+    /// Creates the TracePoint on first use (allocates: outside the lock).
+    fn ensure_created(&self, data: *mut c_void) -> RbResult<()> {
+        if self.tracepoint.get() != Qnil as VALUE {
+            return Ok(());
+        }
+        let event = self.event;
+        // SAFETY: the hook function matches the tracepoint callback type;
+        // `data` is the collector, which disables every tracepoint before it
+        // is dropped (see `Drop for Collector`).
+        let tracepoint = protect(|| unsafe {
+            rb_tracepoint_new(
+                Qfalse as VALUE,
+                event as rb_event_flag_t,
+                Some(tracepoint_hook),
+                data,
+            )
+        })?;
+        self.tracepoint.set(tracepoint);
+        // SAFETY: the slot is boxed and lives until `release` unregisters it.
+        unsafe { rb_gc_register_address(self.tracepoint.as_ptr()) };
+        Ok(())
+    }
+
+    fn set(&self, on: bool) -> RbResult<()> {
+        let tracepoint = self.tracepoint.get();
+        if tracepoint == Qnil as VALUE || self.enabled.load(Ordering::Relaxed) == on {
+            return Ok(());
+        }
+        protect(|| {
+            // SAFETY: `tracepoint` is a live TracePoint (a registered GC root).
+            unsafe {
+                if on {
+                    rb_tracepoint_enable(tracepoint)
+                } else {
+                    rb_tracepoint_disable(tracepoint)
+                }
+            }
+        })?;
+        self.enabled.store(on, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Disables and unregisters; the TracePoint object is then ordinary
+    /// garbage.
+    fn release(&self) {
+        let _ = self.set(false);
+        if self.tracepoint.get() != Qnil as VALUE {
+            // SAFETY: registered in `ensure_created`.
+            unsafe { rb_gc_unregister_address(self.tracepoint.as_ptr()) };
+            self.tracepoint.set(Qnil as VALUE);
+        }
+    }
+}
+
 pub struct Collector {
     pub sampler: SamplerLock<Sampler>,
     countdown: SkipCountdown,
     /// Allocations not sampled because the lock was taken; outside the lock
     /// by necessity.
     nolock_drops: AtomicU64,
-    /// Set while this collector's own flush calls into Ruby, so that the
-    /// profiler does not sample its own allocations.
-    suppress_sampling: AtomicBool,
+    /// pthread_self() of a thread whose allocations must not be sampled (this
+    /// collector's own flush while it calls into Ruby), or 0.
+    suppressed_thread: AtomicUsize,
+    /// Samples wait to be measured (read by the C_RETURN hook).
+    has_pending: AtomicBool,
+    size_measurement: Cell<SizeMeasurement>,
     flushing: AtomicBool,
     running: AtomicBool,
+    /// NEWOBJ is off while non-main Ractors exist (see `pause_for_ractors`).
+    paused_for_ractors: AtomicBool,
     /// Hook or GC-callback failures (caught panics, refused re-entry).
     internal_errors: AtomicU64,
-    // The TracePoint objects, registered as GC roots while they exist so that
-    // they outlive the collector's own Ruby object in any sweep order. Boxed:
-    // rb_gc_register_address keeps the slot's address.
-    newobj_tracepoint: Box<Cell<VALUE>>,
-    freeobj_tracepoint: Box<Cell<VALUE>>,
-    newobj_enabled: AtomicBool,
-    freeobj_enabled: AtomicBool,
+    newobj: Hook,
+    freeobj: Hook,
+    creturn: Hook,
 }
 
 impl Collector {
@@ -80,19 +175,22 @@ impl Collector {
                     DEFAULT_MAX_ALLOCATION_SAMPLES,
                     DEFAULT_MAX_HEAP_SAMPLES,
                 ),
+                backtrace_method: BacktraceMethod::Cfp,
                 backtrace: BacktraceBuffer::default(),
                 interval_started_at: SystemTime::now(),
             }),
             countdown: SkipCountdown::default(),
             nolock_drops: AtomicU64::new(0),
-            suppress_sampling: AtomicBool::new(false),
+            suppressed_thread: AtomicUsize::new(0),
+            has_pending: AtomicBool::new(false),
+            size_measurement: Cell::new(SizeMeasurement::PostponedJob),
             flushing: AtomicBool::new(false),
             running: AtomicBool::new(false),
+            paused_for_ractors: AtomicBool::new(false),
             internal_errors: AtomicU64::new(0),
-            newobj_tracepoint: Box::new(Cell::new(Qnil as VALUE)),
-            freeobj_tracepoint: Box::new(Cell::new(Qnil as VALUE)),
-            newobj_enabled: AtomicBool::new(false),
-            freeobj_enabled: AtomicBool::new(false),
+            newobj: Hook::new(RUBY_INTERNAL_EVENT_NEWOBJ),
+            freeobj: Hook::new(RUBY_INTERNAL_EVENT_FREEOBJ),
+            creturn: Hook::new(RUBY_EVENT_C_RETURN),
         }
     }
 
@@ -112,8 +210,22 @@ impl Collector {
         Ok(())
     }
 
+    /// Switches the sizing mechanism, also while running.
+    pub fn set_size_measurement(&self, mode: SizeMeasurement) -> RbResult<()> {
+        self.size_measurement.set(mode);
+        if self.is_running() {
+            self.measure_pending();
+            self.creturn.set(mode == SizeMeasurement::CReturn)?;
+        }
+        Ok(())
+    }
+
     pub fn is_running(&self) -> bool {
         self.running.load(Ordering::Relaxed)
+    }
+
+    pub fn is_paused_for_ractors(&self) -> bool {
+        self.paused_for_ractors.load(Ordering::Relaxed)
     }
 
     fn count_internal_error(&self) {
@@ -124,10 +236,19 @@ impl Collector {
         self.internal_errors.load(Ordering::Relaxed)
     }
 
+    fn data_pointer(&self) -> *mut c_void {
+        self as *const Collector as *mut c_void
+    }
+
     // ----- hooks -------------------------------------------------------------
 
+    #[inline]
     fn on_newobj(&self, object: VALUE) {
-        if self.suppress_sampling.load(Ordering::Relaxed) || self.countdown.skip() {
+        if self.countdown.skip() {
+            return;
+        }
+        let suppressed = self.suppressed_thread.load(Ordering::Relaxed);
+        if suppressed != 0 && suppressed == current_thread() {
             return;
         }
         let mut sampler = match self.sampler.try_lock() {
@@ -141,7 +262,10 @@ impl Collector {
             }
         };
         let Sampler {
-            state, backtrace, ..
+            state,
+            backtrace,
+            backtrace_method,
+            ..
         } = &mut *sampler;
         self.countdown.set(state.gaps.next_gap());
         let admission = state.admission();
@@ -150,10 +274,13 @@ impl Collector {
         }
         let weight = state.gaps.weight();
         // SAFETY: we are in the NEWOBJ hook, on a Ruby thread with the GVL.
-        let frames = unsafe { backtrace.capture() };
+        let frames = unsafe { backtrace.capture(*backtrace_method) };
         state.record_allocation(object as usize, frames, weight, admission);
         drop(sampler);
-        active_collectors::request_measurement();
+        self.has_pending.store(true, Ordering::Relaxed);
+        if self.size_measurement.get() == SizeMeasurement::PostponedJob {
+            active_collectors::request_measurement();
+        }
     }
 
     fn on_freeobj(&self, object: VALUE) {
@@ -161,19 +288,24 @@ impl Collector {
             Ok(mut sampler) => {
                 sampler.state.record_free(object as usize);
             }
-            Err(_) => {
-                // Only possible if the collector's own locked code triggered
-                // a GC, which it is written never to do.
-                self.count_internal_error();
-            }
+            // Only possible if the collector's own locked code triggered a
+            // GC, which it is written never to do.
+            Err(_) => self.count_internal_error(),
         }
     }
 
-    /// Sizes newly sampled objects (from a postponed job: a safe point where
-    /// the allocating code has filled them in). Holds the lock but calls
-    /// nothing that allocates.
+    #[inline]
+    fn on_c_return(&self) {
+        if self.has_pending.load(Ordering::Relaxed) {
+            self.measure_pending();
+        }
+    }
+
+    /// Sizes newly sampled objects (at a safe point where the allocating code
+    /// has filled them in). Holds the lock but calls nothing that allocates.
     pub fn measure_pending(&self) {
         if let Ok(mut sampler) = self.sampler.try_lock() {
+            self.has_pending.store(false, Ordering::Relaxed);
             sampler
                 .state
                 .measure_pending(|object| heap::object_size(object as VALUE));
@@ -182,41 +314,16 @@ impl Collector {
 
     // ----- start / stop ------------------------------------------------------
 
-    /// Creates the tracepoints on first use. Allocates Ruby objects, so it
-    /// runs outside the lock and under protect.
-    fn ensure_tracepoints(&self) -> RbResult<()> {
-        let data = self as *const Collector as *mut c_void;
-        for (slot, event) in [
-            (&self.newobj_tracepoint, RUBY_INTERNAL_EVENT_NEWOBJ),
-            (&self.freeobj_tracepoint, RUBY_INTERNAL_EVENT_FREEOBJ),
-        ] {
-            if slot.get() != Qnil as VALUE {
-                continue;
-            }
-            // SAFETY: the hook function matches the tracepoint callback type;
-            // `data` is this collector, which disables the tracepoints before
-            // it is dropped (see `Drop`).
-            let tracepoint = protect(|| unsafe {
-                rb_tracepoint_new(
-                    Qfalse as VALUE,
-                    event as rb_event_flag_t,
-                    Some(tracepoint_hook),
-                    data,
-                )
-            })?;
-            slot.set(tracepoint);
-            // SAFETY: the slot is boxed and lives until `Drop` unregisters it.
-            unsafe { rb_gc_register_address(slot.as_ptr()) };
-        }
-        Ok(())
-    }
-
-    /// Returns false if already running.
-    pub fn start(&self) -> RbResult<bool> {
+    /// Returns false if already running. `paused_for_ractors`: start with
+    /// allocation sampling paused because non-main Ractors exist.
+    pub fn start(&self, paused_for_ractors: bool) -> RbResult<bool> {
         if self.is_running() {
             return Ok(false);
         }
-        self.ensure_tracepoints()?;
+        let data = self.data_pointer();
+        self.newobj.ensure_created(data)?;
+        self.freeobj.ensure_created(data)?;
+        self.creturn.ensure_created(data)?;
         let gap = self.with_sampler(|s| {
             s.state.clear();
             s.interval_started_at = SystemTime::now();
@@ -224,9 +331,13 @@ impl Collector {
         })?;
         self.countdown.set(gap);
         self.nolock_drops.store(0, Ordering::Relaxed);
+        self.paused_for_ractors
+            .store(paused_for_ractors, Ordering::Relaxed);
         active_collectors::add(self);
-        self.set_freeobj_hook(true)?;
-        self.set_newobj_hook(true)?;
+        self.freeobj.set(true)?;
+        self.creturn
+            .set(self.size_measurement.get() == SizeMeasurement::CReturn)?;
+        self.newobj.set(!paused_for_ractors)?;
         self.running.store(true, Ordering::Relaxed);
         Ok(true)
     }
@@ -238,8 +349,10 @@ impl Collector {
         if !self.is_running() {
             return Ok(false);
         }
-        self.set_newobj_hook(false)?;
+        self.newobj.set(false)?;
+        self.creturn.set(false)?;
         self.running.store(false, Ordering::Relaxed);
+        self.paused_for_ractors.store(false, Ordering::Relaxed);
         // Size what was sampled just before stopping, while it is alive.
         self.measure_pending();
         self.release_freeobj_hook_if_idle()?;
@@ -252,38 +365,54 @@ impl Collector {
         }
         let live = self.with_sampler(|s| s.state.live_count())?;
         if live == 0 {
-            self.set_freeobj_hook(false)?;
+            self.freeobj.set(false)?;
             active_collectors::remove(self);
         }
         Ok(())
     }
 
-    fn set_newobj_hook(&self, on: bool) -> RbResult<()> {
-        set_tracepoint(self.newobj_tracepoint.get(), &self.newobj_enabled, on)
+    /// Ruby's NEWOBJ hooks are not safe while non-main Ractors allocate
+    /// (Ruby 3.1 crashes inside its own allocator, with or without this gem's
+    /// code running), and they are per-Ractor anyway. So allocation sampling
+    /// pauses while other Ractors exist; frees are still tracked.
+    pub fn pause_for_ractors(&self) {
+        if self.is_running() && !self.is_paused_for_ractors() {
+            if self.newobj.set(false).is_err() {
+                self.count_internal_error();
+            }
+            self.paused_for_ractors.store(true, Ordering::Relaxed);
+        }
     }
 
-    fn set_freeobj_hook(&self, on: bool) -> RbResult<()> {
-        set_tracepoint(self.freeobj_tracepoint.get(), &self.freeobj_enabled, on)
+    /// Resumes sampling paused by `pause_for_ractors` (the caller checked
+    /// that only the main Ractor is left).
+    pub fn resume_after_ractors(&self) -> RbResult<()> {
+        if self.is_running() && self.is_paused_for_ractors() {
+            self.newobj.set(true)?;
+            self.paused_for_ractors.store(false, Ordering::Relaxed);
+        }
+        Ok(())
     }
 
     /// At interpreter exit: hooks off, without raising (nothing could catch it).
     pub fn disable_hooks_at_exit(&self) {
-        let _ = self.set_newobj_hook(false);
-        let _ = self.set_freeobj_hook(false);
+        let _ = self.newobj.set(false);
+        let _ = self.creturn.set(false);
+        let _ = self.freeobj.set(false);
         self.running.store(false, Ordering::Relaxed);
         active_collectors::remove(self);
     }
 
     // ----- flush -------------------------------------------------------------
 
-    pub fn flush(&self) -> RbResult<FlushResult> {
+    pub fn flush(&self, options: FlushOptions) -> RbResult<FlushResult> {
         if self.flushing.swap(true, Ordering::Acquire) {
             return Err(RbError::runtime(
                 "flush is already in progress on this collector (flush called from within a flush?)",
             ));
         }
-        let result = self.flush_inner();
-        self.suppress_sampling.store(false, Ordering::Relaxed);
+        let result = self.flush_inner(options);
+        self.suppressed_thread.store(0, Ordering::Relaxed);
         // Whatever happened, forget stacks that no sample uses any more.
         if let Ok(mut sampler) = self.sampler.lock() {
             sampler.state.finish_flush();
@@ -295,10 +424,11 @@ impl Collector {
         result
     }
 
-    fn flush_inner(&self) -> RbResult<FlushResult> {
+    fn flush_inner(&self, options: FlushOptions) -> RbResult<FlushResult> {
         let began = Instant::now();
         let finished_at = SystemTime::now();
         // 1. Under the lock, with no Ruby allocation: read the samples out.
+        //    Allocations from here on belong to the next flush.
         let (mut snapshot, sample_rate, started_at) = self.with_sampler(|s| {
             let measure = |object: usize| heap::object_size(object as VALUE);
             s.state.measure_pending(measure);
@@ -307,14 +437,21 @@ impl Collector {
             (snapshot, s.state.gaps.rate(), started_at)
         })?;
         snapshot.drops.nolock += self.nolock_drops.swap(0, Ordering::Relaxed);
+        if options.proactively_yield_gvl {
+            yield_to_other_threads()?;
+        }
 
-        // 2. Without the lock: name the frames (allocates Ruby strings; the
-        //    frames stay marked until `finish_flush` prunes them).
-        self.suppress_sampling.store(true, Ordering::Relaxed);
-        let frames = resolve_frames(&snapshot.stacks)?;
-        self.suppress_sampling.store(false, Ordering::Relaxed);
+        // 2. Without the lock: name the frames (allocates Ruby strings, which
+        //    this thread must not sample; the frames stay marked until
+        //    `finish_flush` prunes them).
+        self.suppressed_thread
+            .store(current_thread(), Ordering::Relaxed);
+        let yield_every = options.proactively_yield_gvl.then_some(256);
+        let frames = resolve_frames(&snapshot.stacks, yield_every)?;
+        self.suppressed_thread.store(0, Ordering::Relaxed);
 
-        // 3. Pure Rust: build and compress the profile.
+        // 3. Pure Rust: build and compress the profile, without the GVL if
+        //    asked.
         let serialization_began = Instant::now();
         let meta = ProfileMeta {
             time_nanos: unix_nanos(finished_at),
@@ -330,8 +467,12 @@ impl Collector {
                 vec!["object sizes unavailable on this Ruby (no rb_obj_memsize_of)".into()]
             },
         };
-        let profile = build_profile(&snapshot, &frames, &meta);
-        let pprof = encode_gzipped(&profile);
+        let build = || encode_gzipped(&build_profile(&snapshot, &frames, &meta));
+        let pprof = if options.yield_gvl {
+            without_gvl(build)?
+        } else {
+            build()
+        };
         Ok(FlushResult {
             pprof,
             allocation_samples: snapshot.allocation_samples,
@@ -350,14 +491,13 @@ impl Collector {
     /// Marks every frame a stored stack refers to (pinned: they are also
     /// held as raw handles inside the stack table).
     pub fn mark(&self) {
-        let mark_frames = |sampler: &Sampler| {
-            for frame in sampler.state.stacks().live_frames() {
-                // SAFETY: called from the dmark callback, during GC marking.
-                unsafe { rb_gc_mark(frame as VALUE) };
-            }
-        };
         match self.sampler.lock() {
-            Ok(sampler) => mark_frames(&sampler),
+            Ok(sampler) => {
+                for frame in sampler.state.stacks().live_frames() {
+                    // SAFETY: called from the dmark callback, during GC marking.
+                    unsafe { rb_gc_mark(frame as VALUE) };
+                }
+            }
             Err(_) => self.count_internal_error(),
         }
     }
@@ -380,7 +520,7 @@ impl Collector {
             .lock()
             .map(|s| s.state.memory_bytes())
             .unwrap_or(0);
-        std::mem::size_of::<Self>() + state + (super::frames::MAX_FRAMES + 1) * 16
+        std::mem::size_of::<Self>() + state + BacktraceBuffer::memory_bytes()
     }
 }
 
@@ -390,33 +530,65 @@ impl Drop for Collector {
         // deferred free (GVL held, outside GC), so Ruby calls are allowed; the
         // TracePoint objects are GC roots, hence still valid here.
         active_collectors::remove(self);
-        let _ = self.set_newobj_hook(false);
-        let _ = self.set_freeobj_hook(false);
-        for slot in [&self.newobj_tracepoint, &self.freeobj_tracepoint] {
-            if slot.get() != Qnil as VALUE {
-                // SAFETY: registered in `ensure_tracepoints`.
-                unsafe { rb_gc_unregister_address(slot.as_ptr()) };
-            }
-        }
+        self.newobj.release();
+        self.creturn.release();
+        self.freeobj.release();
     }
 }
 
-fn set_tracepoint(tracepoint: VALUE, enabled: &AtomicBool, on: bool) -> RbResult<()> {
-    if tracepoint == Qnil as VALUE || enabled.load(Ordering::Relaxed) == on {
-        return Ok(());
-    }
+fn current_thread() -> usize {
+    // SAFETY: pthread_self has no preconditions.
+    unsafe { libc::pthread_self() as usize }
+}
+
+/// Lets other Ruby threads run. Interrupts (Thread#raise, signal traps) can
+/// raise here, hence protect.
+pub fn yield_to_other_threads() -> RbResult<()> {
     protect(|| {
-        // SAFETY: `tracepoint` is a live TracePoint (a registered GC root).
-        unsafe {
-            if on {
-                rb_tracepoint_enable(tracepoint)
-            } else {
-                rb_tracepoint_disable(tracepoint)
-            }
-        }
+        // SAFETY: called with the GVL held, outside any lock of ours.
+        unsafe { rb_thread_schedule() };
+        Qnil as VALUE
     })?;
-    enabled.store(on, Ordering::Relaxed);
     Ok(())
+}
+
+/// Runs `work` with the GVL released. `work` must not touch Ruby.
+fn without_gvl<T, F: FnOnce() -> T>(work: F) -> RbResult<T> {
+    struct Job<T, F> {
+        work: Option<F>,
+        result: Option<std::thread::Result<T>>,
+    }
+
+    unsafe extern "C" fn run<T, F: FnOnce() -> T>(data: *mut c_void) -> *mut c_void {
+        // SAFETY: `data` is the Job below, alive for the whole call.
+        let job = unsafe { &mut *(data as *mut Job<T, F>) };
+        if let Some(work) = job.work.take() {
+            job.result = Some(catch_unwind(AssertUnwindSafe(work)));
+        }
+        std::ptr::null_mut()
+    }
+
+    let mut job = Job {
+        work: Some(work),
+        result: None,
+    };
+    let job_ptr = &mut job as *mut Job<T, F> as *mut c_void;
+    // Re-taking the GVL checks interrupts, which may raise: protect.
+    protect(|| {
+        // SAFETY: `run` never calls into Ruby and catches panics; no unblock
+        // function is needed because the work is short and CPU-bound.
+        unsafe {
+            rb_thread_call_without_gvl(Some(run::<T, F>), job_ptr, None, std::ptr::null_mut())
+        };
+        Qnil as VALUE
+    })?;
+    match job.result {
+        Some(Ok(value)) => Ok(value),
+        Some(Err(_)) => Err(RbError::runtime(
+            "memprofiler_pprof_rs internal error while building the profile",
+        )),
+        None => Err(RbError::runtime("profile was not built")),
+    }
 }
 
 fn lock_failure(error: LockError) -> RbError {
@@ -438,7 +610,7 @@ fn program_path() -> String {
         .unwrap_or_else(|| "ruby".to_string())
 }
 
-/// The single callback of both tracepoints. Never raises, never allocates a
+/// The single callback of every tracepoint. Never raises, never allocates a
 /// Ruby object, never releases the GVL.
 unsafe extern "C" fn tracepoint_hook(tracepoint: VALUE, data: *mut c_void) {
     // SAFETY: `data` is the collector that created this tracepoint; it
@@ -447,14 +619,18 @@ unsafe extern "C" fn tracepoint_hook(tracepoint: VALUE, data: *mut c_void) {
     let outcome = catch_unwind(AssertUnwindSafe(|| {
         // SAFETY: inside a tracepoint callback the trace arg is available;
         // these accessors only read it.
-        let (event, object) = unsafe {
+        let (event, arg) = unsafe {
             let arg = rb_tracearg_from_tracepoint(tracepoint);
-            (rb_tracearg_event_flag(arg), rb_tracearg_object(arg))
+            (rb_tracearg_event_flag(arg), arg)
         };
         if event & RUBY_INTERNAL_EVENT_NEWOBJ as rb_event_flag_t != 0 {
-            collector.on_newobj(object);
+            // SAFETY: NEWOBJ/FREEOBJ trace args carry the object.
+            collector.on_newobj(unsafe { rb_tracearg_object(arg) });
         } else if event & RUBY_INTERNAL_EVENT_FREEOBJ as rb_event_flag_t != 0 {
-            collector.on_freeobj(object);
+            // SAFETY: as above.
+            collector.on_freeobj(unsafe { rb_tracearg_object(arg) });
+        } else {
+            collector.on_c_return();
         }
     }));
     if outcome.is_err() {

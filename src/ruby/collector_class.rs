@@ -10,11 +10,13 @@ use rb_sys::{
     rb_ary_new_capa, rb_ary_push, rb_data_type_struct, rb_data_type_struct__bindgen_ty_1,
     rb_data_type_t, rb_data_typed_object_wrap, rb_float_new, rb_str_new, rb_ull2inum, Qfalse, Qnil,
     Qtrue, FIX2LONG, FIXNUM_P, NUM2DBL, RB_FLOAT_TYPE_P, RTYPEDDATA_GET_DATA, RTYPEDDATA_P,
-    RTYPEDDATA_TYPE, VALUE,
+    RTYPEDDATA_TYPE, TEST, VALUE,
 };
 
-use super::collector::{Collector, FlushResult};
+use super::active_collectors;
+use super::collector::{Collector, FlushOptions, FlushResult, SizeMeasurement};
 use super::errors::{method_entry, protect, RbError, RbResult};
+use super::frames::BacktraceMethod;
 
 struct DataType(rb_data_type_t);
 
@@ -116,14 +118,18 @@ fn float_arg(value: VALUE, name: &str) -> RbResult<f64> {
     }
 }
 
-fn rate_arg(value: VALUE) -> RbResult<f64> {
-    let rate = float_arg(value, "sample_rate")?;
+fn fraction_arg(value: VALUE, name: &str) -> RbResult<f64> {
+    let rate = float_arg(value, name)?;
     if !(0.0..=1.0).contains(&rate) {
         return Err(RbError::argument(format!(
-            "sample_rate must be between 0.0 and 1.0, got {rate:?}"
+            "{name} must be between 0.0 and 1.0, got {rate:?}"
         )));
     }
     Ok(rate)
+}
+
+fn rate_arg(value: VALUE) -> RbResult<f64> {
+    fraction_arg(value, "sample_rate")
 }
 
 fn count_arg(value: VALUE, name: &str) -> RbResult<usize> {
@@ -216,8 +222,77 @@ unsafe extern "C" fn max_heap_samples(rb_self: VALUE) -> VALUE {
     })
 }
 
-unsafe extern "C" fn native_start(rb_self: VALUE) -> VALUE {
-    method_entry(|| Ok(ruby_bool(collector_of(rb_self)?.start()?)))
+unsafe extern "C" fn native_set_allocation_retain_rate(rb_self: VALUE, value: VALUE) -> VALUE {
+    method_entry(|| {
+        let rate = fraction_arg(value, "allocation_retain_rate")?;
+        collector_of(rb_self)?.with_sampler(|s| s.state.set_allocation_retain_rate(rate))?;
+        Ok(value)
+    })
+}
+
+unsafe extern "C" fn allocation_retain_rate(rb_self: VALUE) -> VALUE {
+    method_entry(|| {
+        let rate = collector_of(rb_self)?.with_sampler(|s| s.state.allocation_retain_rate())?;
+        // SAFETY: may allocate a Float; under protect.
+        protect(|| unsafe { rb_float_new(rate) })
+    })
+}
+
+/// bt_method as a small integer chosen by collector.rb: 0 = :cfp, 1 = :slowrb.
+unsafe extern "C" fn native_set_bt_method(rb_self: VALUE, code: VALUE) -> VALUE {
+    method_entry(|| {
+        let method = match count_arg(code, "bt_method code")? {
+            0 => BacktraceMethod::Cfp,
+            1 => BacktraceMethod::SlowRb,
+            n => return Err(RbError::argument(format!("unknown bt_method code {n}"))),
+        };
+        collector_of(rb_self)?.with_sampler(|s| s.backtrace_method = method)?;
+        Ok(code)
+    })
+}
+
+/// size_measurement as a small integer: 0 = :postponed_job, 1 = :c_return.
+unsafe extern "C" fn native_set_size_measurement(rb_self: VALUE, code: VALUE) -> VALUE {
+    method_entry(|| {
+        let mode = match count_arg(code, "size_measurement code")? {
+            0 => SizeMeasurement::PostponedJob,
+            1 => SizeMeasurement::CReturn,
+            n => {
+                return Err(RbError::argument(format!(
+                    "unknown size_measurement code {n}"
+                )))
+            }
+        };
+        collector_of(rb_self)?.set_size_measurement(mode)?;
+        Ok(code)
+    })
+}
+
+unsafe extern "C" fn native_start(rb_self: VALUE, paused_for_ractors: VALUE) -> VALUE {
+    method_entry(|| {
+        Ok(ruby_bool(
+            collector_of(rb_self)?.start(TEST(paused_for_ractors))?,
+        ))
+    })
+}
+
+unsafe extern "C" fn native_resume_after_ractors(rb_self: VALUE) -> VALUE {
+    method_entry(|| {
+        collector_of(rb_self)?.resume_after_ractors()?;
+        Ok(Qnil as VALUE)
+    })
+}
+
+unsafe extern "C" fn sampling_paused_for_ractors_p(rb_self: VALUE) -> VALUE {
+    method_entry(|| Ok(ruby_bool(collector_of(rb_self)?.is_paused_for_ractors())))
+}
+
+/// Collector._native_pause_all_for_ractors: called just before a Ractor is created.
+pub unsafe extern "C" fn native_pause_all_for_ractors(_klass: VALUE) -> VALUE {
+    method_entry(|| {
+        active_collectors::pause_all_for_ractors();
+        Ok(Qnil as VALUE)
+    })
 }
 
 unsafe extern "C" fn native_stop(rb_self: VALUE) -> VALUE {
@@ -250,9 +325,17 @@ fn nanos_since_epoch(time: std::time::SystemTime) -> u64 {
 /// dropped_samples_nolock, dropped_samples_allocation_bufsize,
 /// dropped_samples_heap_bufsize, flush_duration_nsecs,
 /// pprof_serialization_nsecs, sample_rate, started_at_ns, finished_at_ns].
-unsafe extern "C" fn native_flush(rb_self: VALUE) -> VALUE {
+unsafe extern "C" fn native_flush(
+    rb_self: VALUE,
+    yield_gvl: VALUE,
+    proactively_yield_gvl: VALUE,
+) -> VALUE {
     method_entry(|| {
-        let result: FlushResult = collector_of(rb_self)?.flush()?;
+        let options = FlushOptions {
+            yield_gvl: TEST(yield_gvl),
+            proactively_yield_gvl: TEST(proactively_yield_gvl),
+        };
+        let result: FlushResult = collector_of(rb_self)?.flush(options)?;
         let numbers = [
             result.allocation_samples as u64,
             result.heap_samples as u64,
@@ -333,7 +416,33 @@ pub fn methods() -> Vec<MethodDef> {
             true
         ),
         method_def!(c"max_heap_samples", max_heap_samples, 0, false),
-        method_def!(c"_native_start", native_start, 0, true),
+        method_def!(
+            c"_native_set_allocation_retain_rate",
+            native_set_allocation_retain_rate,
+            1,
+            true
+        ),
+        method_def!(c"allocation_retain_rate", allocation_retain_rate, 0, false),
+        method_def!(c"_native_set_bt_method", native_set_bt_method, 1, true),
+        method_def!(
+            c"_native_set_size_measurement",
+            native_set_size_measurement,
+            1,
+            true
+        ),
+        method_def!(c"_native_start", native_start, 1, true),
+        method_def!(
+            c"_native_resume_after_ractors",
+            native_resume_after_ractors,
+            0,
+            true
+        ),
+        method_def!(
+            c"sampling_paused_for_ractors?",
+            sampling_paused_for_ractors_p,
+            0,
+            false
+        ),
         method_def!(c"_native_stop", native_stop, 0, true),
         method_def!(c"running?", running_p, 0, false),
         method_def!(
@@ -348,6 +457,6 @@ pub fn methods() -> Vec<MethodDef> {
             0,
             true
         ),
-        method_def!(c"_native_flush", native_flush, 0, true),
+        method_def!(c"_native_flush", native_flush, 2, true),
     ]
 }

@@ -18,6 +18,18 @@ use crate::core::stack_table::{Frame, FrameRef, StackId, TRUNCATION_FRAME};
 /// Deepest stack kept; deeper ones end in a "(truncated stack)" frame.
 pub const MAX_FRAMES: usize = 1024;
 
+/// How backtraces are read from the VM (the C gem's `bt_method`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BacktraceMethod {
+    /// One `rb_profile_frames` call walks the control frames into a buffer.
+    Cfp,
+    /// One frame per call, each walking from the top again: quadratic in
+    /// the stack depth, but it never needs a buffer as deep as the stack.
+    /// Kept for compatibility with ruby_memprofiler_pprof's `:slowrb`; it
+    /// yields exactly the same stacks as `Cfp`.
+    SlowRb,
+}
+
 /// Preallocated buffers for one capture, reused under the sampler lock so
 /// the hook does no allocation of its own in the common case.
 pub struct BacktraceBuffer {
@@ -37,22 +49,50 @@ impl Default for BacktraceBuffer {
 }
 
 impl BacktraceBuffer {
+    pub fn memory_bytes() -> usize {
+        (MAX_FRAMES + 1) * (std::mem::size_of::<VALUE>() + std::mem::size_of::<c_int>())
+            + (MAX_FRAMES + 1) * std::mem::size_of::<Frame>()
+    }
+
     /// The current thread's Ruby backtrace, leaf first.
     ///
     /// # Safety
     /// Must run on a Ruby thread holding the GVL (e.g. inside a NEWOBJ hook).
-    pub unsafe fn capture(&mut self) -> &[Frame] {
+    pub unsafe fn capture(&mut self, method: BacktraceMethod) -> &[Frame] {
         // One slot more than kept, to tell a stack of exactly MAX_FRAMES from
         // a deeper one.
-        // SAFETY: both buffers hold MAX_FRAMES + 1 elements, the limit passed;
-        // rb_profile_frames only reads the VM stack and allocates nothing.
-        let depth = unsafe {
-            rb_profile_frames(
-                0,
-                (MAX_FRAMES + 1) as c_int,
-                self.values.as_mut_ptr(),
-                self.lines.as_mut_ptr(),
-            )
+        let depth = match method {
+            // SAFETY: both buffers hold MAX_FRAMES + 1 elements, the limit
+            // passed; rb_profile_frames only reads the VM stack, allocating
+            // nothing.
+            BacktraceMethod::Cfp => unsafe {
+                rb_profile_frames(
+                    0,
+                    (MAX_FRAMES + 1) as c_int,
+                    self.values.as_mut_ptr(),
+                    self.lines.as_mut_ptr(),
+                )
+            },
+            BacktraceMethod::SlowRb => {
+                let mut depth = 0;
+                while depth < MAX_FRAMES + 1 {
+                    // SAFETY: one element written at index `depth`, within
+                    // both buffers; same guarantees as above.
+                    let got = unsafe {
+                        rb_profile_frames(
+                            depth as c_int,
+                            1,
+                            self.values.as_mut_ptr().add(depth),
+                            self.lines.as_mut_ptr().add(depth),
+                        )
+                    };
+                    if got <= 0 {
+                        break;
+                    }
+                    depth += 1;
+                }
+                depth as c_int
+            }
         };
         let depth = usize::try_from(depth).unwrap_or(0);
         self.frames.clear();
@@ -91,14 +131,21 @@ fn rust_string(value: VALUE) -> Option<String> {
 /// Names, files and first lines of every frame in `stacks`. Calls into Ruby
 /// (which allocates), so it must run without the sampler lock held; the
 /// frames stay alive because the stack table still holds (and marks) them.
+/// With `yield_every`, lets other threads run after that many frames.
 pub fn resolve_frames(
     stacks: &FastHashMap<StackId, Arc<[Frame]>>,
+    yield_every: Option<usize>,
 ) -> RbResult<FastHashMap<FrameRef, FrameInfo>> {
     let mut resolved: FastHashMap<FrameRef, FrameInfo> = FastHashMap::default();
     for frames in stacks.values() {
         for frame in frames.iter() {
             if frame.frame == TRUNCATION_FRAME || resolved.contains_key(&frame.frame) {
                 continue;
+            }
+            if let Some(every) = yield_every {
+                if !resolved.is_empty() && resolved.len() % every == 0 {
+                    super::collector::yield_to_other_threads()?;
+                }
             }
             let value = frame.frame as VALUE;
             // SAFETY (all three): `value` is a frame from rb_profile_frames,

@@ -11,7 +11,7 @@ mod heap;
 
 use rb_sys::{
     rb_cObject, rb_define_alloc_func, rb_define_class_under, rb_define_method, rb_define_module,
-    rb_define_private_method, rb_set_end_proc, Qnil, VALUE,
+    rb_define_private_method, rb_define_singleton_method, rb_set_end_proc, Qnil, VALUE,
 };
 
 use errors::{method_entry, protect};
@@ -30,6 +30,17 @@ pub unsafe extern "C" fn Init_memprofiler_pprof_rs() {
                 let module = rb_define_module(c"MemprofilerPprof".as_ptr());
                 let collector = rb_define_class_under(module, c"Collector".as_ptr(), rb_cObject);
                 rb_define_alloc_func(collector, Some(collector_class::collector_alloc));
+                rb_define_singleton_method(
+                    collector,
+                    c"_native_pause_all_for_ractors".as_ptr(),
+                    Some(std::mem::transmute::<
+                        *const (),
+                        unsafe extern "C" fn() -> VALUE,
+                    >(
+                        collector_class::native_pause_all_for_ractors as *const ()
+                    )),
+                    0,
+                );
                 for method in &methods {
                     let define = if method.private {
                         rb_define_private_method
