@@ -9,10 +9,12 @@ module MemprofilerPprof
   #   ... run code ...
   #   File.binwrite("heap.pprof", collector.flush.pprof_data)
   class Collector
-    # How backtraces are read: :cfp walks the VM's frames in one call; :slowrb
-    # walks them one frame per call (same stacks, slower; kept for
-    # ruby_memprofiler_pprof compatibility).
-    BT_METHODS = { cfp: 0, slowrb: 1 }.freeze
+    # ruby_memprofiler_pprof's backtrace methods. There, :cfp read the VM's
+    # internal frame structs and :slowrb used the public rb_profile_frames.
+    # This gem never reads internal structs (their layout changes between
+    # Ruby versions), so both capture through rb_profile_frames, without
+    # allocating, and give identical stacks.
+    BT_METHODS = %i[cfp slowrb].freeze
 
     # When new samples are measured: :postponed_job (default) at Ruby's next
     # safe point after the allocation; :c_return on the next return from a C
@@ -57,10 +59,10 @@ module MemprofilerPprof
     end
 
     def bt_method=(method)
-      code = BT_METHODS.fetch(method) do
-        raise ArgumentError, "bt_method must be one of #{BT_METHODS.keys.inspect}, got #{method.inspect}"
+      unless BT_METHODS.include?(method)
+        raise ArgumentError, "bt_method must be one of #{BT_METHODS.inspect}, got #{method.inspect}"
       end
-      _native_set_bt_method(code)
+
       @bt_method = method
     end
 
@@ -76,7 +78,7 @@ module MemprofilerPprof
     # Starts sampling. Clears samples and drop counters of any earlier run.
     # Does nothing (returns false) if already running.
     def start!
-      _native_start(RactorSafety.other_ractors_alive?)
+      _native_start(RactorSafety.ractors_used?)
     end
 
     # Stops sampling. What was collected stays readable and flushable.
@@ -98,7 +100,6 @@ module MemprofilerPprof
       self.class.validate_flag(yield_gvl, :yield_gvl)
       self.class.validate_flag(proactively_yield_gvl, :proactively_yield_gvl)
       @flush_lock.synchronize do
-        _native_resume_after_ractors unless RactorSafety.other_ractors_alive?
         ProfileData.from_native(_native_flush(yield_gvl, proactively_yield_gvl))
       end
     end
@@ -154,20 +155,33 @@ module MemprofilerPprof
     end
   end
 
-  # Ruby's NEWOBJ hooks are not safe while a non-main Ractor allocates (on
-  # Ruby 3.1 the interpreter itself crashes, with any such hook), and they
-  # only ever see the Ractor that enabled them. So allocation sampling pauses
-  # from the moment a Ractor is created until only the main Ractor is left
-  # (checked at start! and flush); frees are still tracked meanwhile.
+  # Ruby's GC event hooks (NEWOBJ, FREEOBJ) are not safe once Ractors run:
+  # on Ruby 3.1 an allocation or GC in a Ractor's thread crashes inside the
+  # interpreter whenever any such hook is enabled (ObjectSpace's allocation
+  # tracing crashes the same way), even while a finished Ractor's thread is
+  # still winding down after Ractor.count is back to 1. The hooks only ever
+  # see the Ractor that enabled them anyway. So from the first Ractor.new on,
+  # every collector's hooks are off for the rest of the process:
+  # `sampling_paused_for_ractors?` says so, and data collected before stays
+  # flushable.
   module RactorSafety
-    def self.other_ractors_alive?
-      defined?(Ractor) ? Ractor.count > 1 : false
+    @ractors_used = false
+
+    class << self
+      def ractors_used?
+        @ractors_used || (defined?(Ractor) ? Ractor.count > 1 : false)
+      end
+
+      def ractor_created!
+        @ractors_used = true
+        MemprofilerPprof::Collector.__send__(:_native_pause_all_for_ractors)
+      end
     end
 
     # Prepended to Ractor's singleton class.
     module PauseSamplingOnNew
       def new(*args, **kwargs, &block)
-        MemprofilerPprof::Collector.__send__(:_native_pause_all_for_ractors)
+        MemprofilerPprof::RactorSafety.ractor_created!
         super
       end
     end

@@ -45,17 +45,8 @@ impl<T> SamplerLock<T> {
         // SAFETY: an all-zero pthread_mutex_t is a valid value to pass to
         // pthread_mutex_init, which fully initialises it.
         let mutex = Box::new(UnsafeCell::new(unsafe { std::mem::zeroed() }));
-        // SAFETY: attr is initialised before use and destroyed after; the
-        // mutex pointer is valid and not yet shared.
-        unsafe {
-            let mut attr: libc::pthread_mutexattr_t = std::mem::zeroed();
-            let rc = libc::pthread_mutexattr_init(&mut attr);
-            assert_eq!(rc, 0, "pthread_mutexattr_init failed");
-            libc::pthread_mutexattr_settype(&mut attr, libc::PTHREAD_MUTEX_ERRORCHECK);
-            let rc = libc::pthread_mutex_init(mutex.get(), &attr);
-            libc::pthread_mutexattr_destroy(&mut attr);
-            assert_eq!(rc, 0, "pthread_mutex_init failed");
-        }
+        // SAFETY: the mutex pointer is valid and not yet shared.
+        unsafe { init_errorcheck_mutex(mutex.get()) };
         SamplerLock {
             mutex,
             owner: AtomicUsize::new(0),
@@ -112,8 +103,22 @@ impl<T> SamplerLock<T> {
         self.owner.store(current_thread(), Ordering::Relaxed);
     }
 
-    /// Releases the lock taken by `lock_for_fork`, in the parent and the child
-    /// alike (in the child the forking thread is the owner).
+    /// In the child after fork: the lock taken by `lock_for_fork` cannot be
+    /// unlocked there (an error-checking mutex records the owner's kernel
+    /// thread id, and the child's thread has a new one), so it is initialised
+    /// afresh. Nothing else runs in the child at that point.
+    pub fn reinit_in_child(&self) {
+        self.owner.store(0, Ordering::Relaxed);
+        // SAFETY: only the forking thread exists in the child and it holds no
+        // guard (the lock was taken guard-less by `lock_for_fork`), so no one
+        // can be using the mutex while it is re-initialised.
+        unsafe {
+            std::ptr::write(self.mutex.get(), std::mem::zeroed());
+            init_errorcheck_mutex(self.mutex.get());
+        }
+    }
+
+    /// Releases the lock taken by `lock_for_fork` (in the parent).
     pub fn unlock_after_fork(&self) {
         self.owner.store(0, Ordering::Relaxed);
         // SAFETY: called only after `lock_for_fork` on this thread.
@@ -132,6 +137,22 @@ impl<T> SamplerLock<T> {
     /// exclusively (e.g. when the collector is being freed).
     pub fn get_mut(&mut self) -> &mut T {
         self.data.get_mut()
+    }
+}
+
+/// # Safety
+/// `mutex` must be valid for writes and not in use by any thread.
+unsafe fn init_errorcheck_mutex(mutex: *mut libc::pthread_mutex_t) {
+    // SAFETY: attr is initialised before use and destroyed after; the caller
+    // guarantees `mutex` is valid and unused.
+    unsafe {
+        let mut attr: libc::pthread_mutexattr_t = std::mem::zeroed();
+        let rc = libc::pthread_mutexattr_init(&mut attr);
+        assert_eq!(rc, 0, "pthread_mutexattr_init failed");
+        libc::pthread_mutexattr_settype(&mut attr, libc::PTHREAD_MUTEX_ERRORCHECK);
+        let rc = libc::pthread_mutex_init(mutex, &attr);
+        libc::pthread_mutexattr_destroy(&mut attr);
+        assert_eq!(rc, 0, "pthread_mutex_init failed");
     }
 }
 
@@ -219,6 +240,27 @@ mod tests {
             t.join().expect("thread");
         }
         assert_eq!(*lock.lock().expect("lock"), 40_000);
+    }
+
+    #[test]
+    fn a_forked_child_gets_a_usable_lock() {
+        let lock = SamplerLock::new(7u32);
+        lock.lock_for_fork();
+        // SAFETY: the child only touches the lock and exits at once.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork failed");
+        if pid == 0 {
+            lock.reinit_in_child();
+            let ok = matches!(lock.try_lock(), Ok(ref g) if **g == 7);
+            // SAFETY: _exit is async-signal-safe and skips Rust teardown.
+            unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+        }
+        lock.unlock_after_fork();
+        let mut status = 0;
+        // SAFETY: waiting for the child we just forked.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
+        assert!(lock.try_lock().is_ok());
     }
 
     #[test]

@@ -144,7 +144,7 @@ unsafe extern "C" fn before_fork() {
     }
 }
 
-unsafe extern "C" fn after_fork() {
+unsafe extern "C" fn after_fork_in_parent() {
     // SAFETY: `before_fork` ran on this thread and still holds the registry.
     let collectors: &Vec<usize> = unsafe { &*ACTIVE.data_ptr() };
     for &address in collectors.iter().rev() {
@@ -156,11 +156,29 @@ unsafe extern "C" fn after_fork() {
     ACTIVE.unlock_after_fork();
 }
 
+unsafe extern "C" fn after_fork_in_child() {
+    // SAFETY: as in the parent; the child has only this thread.
+    let collectors: &Vec<usize> = unsafe { &*ACTIVE.data_ptr() };
+    for &address in collectors.iter().rev() {
+        // SAFETY: as in `before_fork`.
+        unsafe { &*(address as *const Collector) }
+            .sampler
+            .reinit_in_child();
+    }
+    ACTIVE.reinit_in_child();
+}
+
 pub fn init() {
     postponed::init();
     FORK_HANDLERS.call_once(|| {
-        // SAFETY: plain function pointers that only take and release locks;
-        // the same handler releases them in the parent and in the child.
-        unsafe { libc::pthread_atfork(Some(before_fork), Some(after_fork), Some(after_fork)) };
+        // SAFETY: plain function pointers that only take, release and
+        // re-initialise locks.
+        unsafe {
+            libc::pthread_atfork(
+                Some(before_fork),
+                Some(after_fork_in_parent),
+                Some(after_fork_in_child),
+            )
+        };
     });
 }

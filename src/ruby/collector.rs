@@ -18,7 +18,7 @@ use rb_sys::{
 
 use super::active_collectors;
 use super::errors::{protect, RbError, RbResult};
-use super::frames::{resolve_frames, BacktraceBuffer, BacktraceMethod};
+use super::frames::{resolve_frames, BacktraceBuffer};
 use super::heap;
 use crate::core::lock::{LockError, SamplerLock};
 use crate::core::profile_builder::{build_profile, encode_gzipped, ProfileMeta};
@@ -44,7 +44,6 @@ pub enum SizeMeasurement {
 /// What lives behind the sampler lock.
 pub struct Sampler {
     pub state: SamplerState,
-    pub backtrace_method: BacktraceMethod,
     backtrace: BacktraceBuffer,
     interval_started_at: SystemTime,
 }
@@ -156,7 +155,7 @@ pub struct Collector {
     size_measurement: Cell<SizeMeasurement>,
     flushing: AtomicBool,
     running: AtomicBool,
-    /// NEWOBJ is off while non-main Ractors exist (see `pause_for_ractors`).
+    /// Every hook is off while non-main Ractors exist (see `pause_for_ractors`).
     paused_for_ractors: AtomicBool,
     /// Hook or GC-callback failures (caught panics, refused re-entry).
     internal_errors: AtomicU64,
@@ -175,7 +174,6 @@ impl Collector {
                     DEFAULT_MAX_ALLOCATION_SAMPLES,
                     DEFAULT_MAX_HEAP_SAMPLES,
                 ),
-                backtrace_method: BacktraceMethod::Cfp,
                 backtrace: BacktraceBuffer::default(),
                 interval_started_at: SystemTime::now(),
             }),
@@ -213,11 +211,8 @@ impl Collector {
     /// Switches the sizing mechanism, also while running.
     pub fn set_size_measurement(&self, mode: SizeMeasurement) -> RbResult<()> {
         self.size_measurement.set(mode);
-        if self.is_running() {
-            self.measure_pending();
-            self.creturn.set(mode == SizeMeasurement::CReturn)?;
-        }
-        Ok(())
+        self.measure_pending();
+        self.apply_hooks()
     }
 
     pub fn is_running(&self) -> bool {
@@ -262,10 +257,7 @@ impl Collector {
             }
         };
         let Sampler {
-            state,
-            backtrace,
-            backtrace_method,
-            ..
+            state, backtrace, ..
         } = &mut *sampler;
         self.countdown.set(state.gaps.next_gap());
         let admission = state.admission();
@@ -274,7 +266,7 @@ impl Collector {
         }
         let weight = state.gaps.weight();
         // SAFETY: we are in the NEWOBJ hook, on a Ruby thread with the GVL.
-        let frames = unsafe { backtrace.capture(*backtrace_method) };
+        let frames = unsafe { backtrace.capture() };
         state.record_allocation(object as usize, frames, weight, admission);
         drop(sampler);
         self.has_pending.store(true, Ordering::Relaxed);
@@ -315,7 +307,7 @@ impl Collector {
     // ----- start / stop ------------------------------------------------------
 
     /// Returns false if already running. `paused_for_ractors`: start with
-    /// allocation sampling paused because non-main Ractors exist.
+    /// the hooks paused because non-main Ractors exist.
     pub fn start(&self, paused_for_ractors: bool) -> RbResult<bool> {
         if self.is_running() {
             return Ok(false);
@@ -333,12 +325,12 @@ impl Collector {
         self.nolock_drops.store(0, Ordering::Relaxed);
         self.paused_for_ractors
             .store(paused_for_ractors, Ordering::Relaxed);
-        active_collectors::add(self);
-        self.freeobj.set(true)?;
-        self.creturn
-            .set(self.size_measurement.get() == SizeMeasurement::CReturn)?;
-        self.newobj.set(!paused_for_ractors)?;
         self.running.store(true, Ordering::Relaxed);
+        if let Err(error) = self.apply_hooks() {
+            self.running.store(false, Ordering::Relaxed);
+            let _ = self.apply_hooks();
+            return Err(error);
+        }
         Ok(true)
     }
 
@@ -349,57 +341,65 @@ impl Collector {
         if !self.is_running() {
             return Ok(false);
         }
-        self.newobj.set(false)?;
-        self.creturn.set(false)?;
         self.running.store(false, Ordering::Relaxed);
-        self.paused_for_ractors.store(false, Ordering::Relaxed);
         // Size what was sampled just before stopping, while it is alive.
         self.measure_pending();
-        self.release_freeobj_hook_if_idle()?;
+        self.apply_hooks()?;
         Ok(true)
     }
 
-    fn release_freeobj_hook_if_idle(&self) -> RbResult<()> {
-        if self.is_running() {
-            return Ok(());
-        }
+    /// Sets every tracepoint to what the collector's state calls for:
+    /// NEWOBJ (and C_RETURN, if chosen) while running; FREEOBJ while running
+    /// or while live samples remain; nothing while paused for Ractors.
+    /// Sampling hooks go off before FREEOBJ and on after it, so no sample is
+    /// ever recorded without its free being tracked.
+    fn apply_hooks(&self) -> RbResult<()> {
+        let running = self.is_running();
+        let paused = self.is_paused_for_ractors();
         let live = self.with_sampler(|s| s.state.live_count())?;
-        if live == 0 {
-            self.freeobj.set(false)?;
+        let tracking = running || live > 0;
+        let sample = running && !paused;
+        let c_return = sample && self.size_measurement.get() == SizeMeasurement::CReturn;
+        if !sample {
+            self.newobj.set(false)?;
+        }
+        self.creturn.set(c_return)?;
+        self.freeobj.set(tracking && !paused)?;
+        if sample {
+            self.newobj.set(true)?;
+        }
+        if tracking {
+            active_collectors::add(self);
+        } else {
             active_collectors::remove(self);
         }
         Ok(())
     }
 
-    /// Ruby's NEWOBJ hooks are not safe while non-main Ractors allocate
-    /// (Ruby 3.1 crashes inside its own allocator, with or without this gem's
-    /// code running), and they are per-Ractor anyway. So allocation sampling
-    /// pauses while other Ractors exist; frees are still tracked.
+    /// Ruby's GC event hooks are not safe while non-main Ractors run: on
+    /// Ruby 3.1 a GC or allocation in a Ractor's thread crashes inside the
+    /// interpreter whenever any NEWOBJ or FREEOBJ hook is enabled, with or
+    /// without this gem's code running (ObjectSpace's allocation tracing
+    /// crashes the same way), and even after `Ractor.count` is back to 1 a
+    /// finished Ractor's thread can still be allocating on its way out. They
+    /// are per-Ractor anyway. So once a process creates a Ractor, every hook
+    /// stays off for good; data collected before stays flushable.
     pub fn pause_for_ractors(&self) {
-        if self.is_running() && !self.is_paused_for_ractors() {
-            if self.newobj.set(false).is_err() {
-                self.count_internal_error();
-            }
-            self.paused_for_ractors.store(true, Ordering::Relaxed);
+        if self.is_paused_for_ractors() {
+            return;
         }
-    }
-
-    /// Resumes sampling paused by `pause_for_ractors` (the caller checked
-    /// that only the main Ractor is left).
-    pub fn resume_after_ractors(&self) -> RbResult<()> {
-        if self.is_running() && self.is_paused_for_ractors() {
-            self.newobj.set(true)?;
-            self.paused_for_ractors.store(false, Ordering::Relaxed);
+        self.paused_for_ractors.store(true, Ordering::Relaxed);
+        if self.apply_hooks().is_err() {
+            self.count_internal_error();
         }
-        Ok(())
     }
 
     /// At interpreter exit: hooks off, without raising (nothing could catch it).
     pub fn disable_hooks_at_exit(&self) {
+        self.running.store(false, Ordering::Relaxed);
         let _ = self.newobj.set(false);
         let _ = self.creturn.set(false);
         let _ = self.freeobj.set(false);
-        self.running.store(false, Ordering::Relaxed);
         active_collectors::remove(self);
     }
 
@@ -419,7 +419,8 @@ impl Collector {
         }
         self.flushing.store(false, Ordering::Release);
         if result.is_ok() {
-            self.release_freeobj_hook_if_idle()?;
+            // FREEOBJ off once a stopped collector has no live samples left.
+            self.apply_hooks()?;
         }
         result
     }

@@ -16,7 +16,6 @@ use rb_sys::{
 use super::active_collectors;
 use super::collector::{Collector, FlushOptions, FlushResult, SizeMeasurement};
 use super::errors::{method_entry, protect, RbError, RbResult};
-use super::frames::BacktraceMethod;
 
 struct DataType(rb_data_type_t);
 
@@ -238,19 +237,6 @@ unsafe extern "C" fn allocation_retain_rate(rb_self: VALUE) -> VALUE {
     })
 }
 
-/// bt_method as a small integer chosen by collector.rb: 0 = :cfp, 1 = :slowrb.
-unsafe extern "C" fn native_set_bt_method(rb_self: VALUE, code: VALUE) -> VALUE {
-    method_entry(|| {
-        let method = match count_arg(code, "bt_method code")? {
-            0 => BacktraceMethod::Cfp,
-            1 => BacktraceMethod::SlowRb,
-            n => return Err(RbError::argument(format!("unknown bt_method code {n}"))),
-        };
-        collector_of(rb_self)?.with_sampler(|s| s.backtrace_method = method)?;
-        Ok(code)
-    })
-}
-
 /// size_measurement as a small integer: 0 = :postponed_job, 1 = :c_return.
 unsafe extern "C" fn native_set_size_measurement(rb_self: VALUE, code: VALUE) -> VALUE {
     method_entry(|| {
@@ -273,13 +259,6 @@ unsafe extern "C" fn native_start(rb_self: VALUE, paused_for_ractors: VALUE) -> 
         Ok(ruby_bool(
             collector_of(rb_self)?.start(TEST(paused_for_ractors))?,
         ))
-    })
-}
-
-unsafe extern "C" fn native_resume_after_ractors(rb_self: VALUE) -> VALUE {
-    method_entry(|| {
-        collector_of(rb_self)?.resume_after_ractors()?;
-        Ok(Qnil as VALUE)
     })
 }
 
@@ -423,7 +402,6 @@ pub fn methods() -> Vec<MethodDef> {
             true
         ),
         method_def!(c"allocation_retain_rate", allocation_retain_rate, 0, false),
-        method_def!(c"_native_set_bt_method", native_set_bt_method, 1, true),
         method_def!(
             c"_native_set_size_measurement",
             native_set_size_measurement,
@@ -431,12 +409,6 @@ pub fn methods() -> Vec<MethodDef> {
             true
         ),
         method_def!(c"_native_start", native_start, 1, true),
-        method_def!(
-            c"_native_resume_after_ractors",
-            native_resume_after_ractors,
-            0,
-            true
-        ),
         method_def!(
             c"sampling_paused_for_ractors?",
             sampling_paused_for_ractors_p,

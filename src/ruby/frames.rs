@@ -18,18 +18,6 @@ use crate::core::stack_table::{Frame, FrameRef, StackId, TRUNCATION_FRAME};
 /// Deepest stack kept; deeper ones end in a "(truncated stack)" frame.
 pub const MAX_FRAMES: usize = 1024;
 
-/// How backtraces are read from the VM (the C gem's `bt_method`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BacktraceMethod {
-    /// One `rb_profile_frames` call walks the control frames into a buffer.
-    Cfp,
-    /// One frame per call, each walking from the top again: quadratic in
-    /// the stack depth, but it never needs a buffer as deep as the stack.
-    /// Kept for compatibility with ruby_memprofiler_pprof's `:slowrb`; it
-    /// yields exactly the same stacks as `Cfp`.
-    SlowRb,
-}
-
 /// Preallocated buffers for one capture, reused under the sampler lock so
 /// the hook does no allocation of its own in the common case.
 pub struct BacktraceBuffer {
@@ -58,41 +46,18 @@ impl BacktraceBuffer {
     ///
     /// # Safety
     /// Must run on a Ruby thread holding the GVL (e.g. inside a NEWOBJ hook).
-    pub unsafe fn capture(&mut self, method: BacktraceMethod) -> &[Frame] {
+    pub unsafe fn capture(&mut self) -> &[Frame] {
         // One slot more than kept, to tell a stack of exactly MAX_FRAMES from
         // a deeper one.
-        let depth = match method {
-            // SAFETY: both buffers hold MAX_FRAMES + 1 elements, the limit
-            // passed; rb_profile_frames only reads the VM stack, allocating
-            // nothing.
-            BacktraceMethod::Cfp => unsafe {
-                rb_profile_frames(
-                    0,
-                    (MAX_FRAMES + 1) as c_int,
-                    self.values.as_mut_ptr(),
-                    self.lines.as_mut_ptr(),
-                )
-            },
-            BacktraceMethod::SlowRb => {
-                let mut depth = 0;
-                while depth < MAX_FRAMES + 1 {
-                    // SAFETY: one element written at index `depth`, within
-                    // both buffers; same guarantees as above.
-                    let got = unsafe {
-                        rb_profile_frames(
-                            depth as c_int,
-                            1,
-                            self.values.as_mut_ptr().add(depth),
-                            self.lines.as_mut_ptr().add(depth),
-                        )
-                    };
-                    if got <= 0 {
-                        break;
-                    }
-                    depth += 1;
-                }
-                depth as c_int
-            }
+        // SAFETY: both buffers hold MAX_FRAMES + 1 elements, the limit passed;
+        // rb_profile_frames only reads the VM stack and allocates nothing.
+        let depth = unsafe {
+            rb_profile_frames(
+                0,
+                (MAX_FRAMES + 1) as c_int,
+                self.values.as_mut_ptr(),
+                self.lines.as_mut_ptr(),
+            )
         };
         let depth = usize::try_from(depth).unwrap_or(0);
         self.frames.clear();

@@ -1,0 +1,109 @@
+# frozen_string_literal: true
+
+# What the collector counts, checked against what the process really did.
+RSpec.describe MemprofilerPprof::Collector, "accuracy" do
+  let(:unlimited) { { max_allocation_samples: 10_000_000, max_heap_samples: 10_000_000 } }
+
+  def samples_through(profile, method_name)
+    profile.samples.select { |s| s.frames.any? { |f| f.name == method_name } }
+  end
+
+  def sum(samples, profile, type)
+    samples.sum { |s| s.value(profile, type) }
+  end
+
+  it "at sample_rate 1.0 counts the allocations of a block as GC.stat does (within 3)" do
+    collector = described_class.new(sample_rate: 1.0, **unlimited)
+    allocator = Workload::Allocator.new
+    collector.start!
+    before = GC.stat(:total_allocated_objects)
+    allocator.outer(2_000)
+    after = GC.stat(:total_allocated_objects)
+    data = collector.flush
+    collector.stop!
+    profile = parse_profile(data)
+    counted = sum(samples_through(profile, "Workload::Allocator#outer"), profile, "alloc_objects")
+    expect(after - before).to be > 4_000
+    expect(counted).to be_within(3).of(after - before)
+    expect(data.dropped_samples_count).to eq(0)
+  end
+
+  it "attributes 50 kB and 5 kB strings to the methods that allocated them" do
+    collector = described_class.new(sample_rate: 1.0, **unlimited)
+    allocator = Workload::Allocator.new
+    data = collector.profile do
+      @kept = Array.new(10) { [allocator.fifty_kb, allocator.five_kb] }
+    end
+    profile = parse_profile(data)
+    fifty = sum(samples_through(profile, "Workload::Allocator#fifty_kb"), profile, "alloc_space")
+    five = sum(samples_through(profile, "Workload::Allocator#five_kb"), profile, "alloc_space")
+    expect(fifty).to be_between(10 * 50_000, 10 * 51_000)
+    expect(five).to be_between(10 * 5_000, 10 * 5_100)
+    expect(sum(samples_through(profile, "Workload::Allocator#fifty_kb"), profile, "inuse_space")).to eq(fifty)
+  end
+
+  it "measures the same sizes with size_measurement: :c_return" do
+    collector = described_class.new(sample_rate: 1.0, size_measurement: :c_return, **unlimited)
+    expect(collector.size_measurement).to eq(:c_return)
+    allocator = Workload::Allocator.new
+    data = collector.profile { @kept = Array.new(10) { allocator.fifty_kb } }
+    profile = parse_profile(data)
+    fifty = sum(samples_through(profile, "Workload::Allocator#fifty_kb"), profile, "alloc_space")
+    expect(fifty).to be_between(10 * 50_000, 10 * 51_000)
+  end
+
+  it "gives the same stacks with bt_method: :slowrb as with :cfp" do
+    Workload::Allocator.new.outer(20) # first calls allocate inline caches: warm up
+    stacks = %i[cfp slowrb].map do |method|
+      collector = described_class.new(sample_rate: 1.0, bt_method: method, **unlimited)
+      allocator = Workload::Allocator.new
+      profile = parse_profile(collector.profile { allocator.outer(20) })
+      samples_through(profile, "Workload::Allocator#outer")
+        .map do |s|
+          frames = s.frames.map { |f| [f.name, f.line] }
+          [frames[0..frames.index { |name, _| name == "Workload::Allocator#outer" }], s.values]
+        end
+        .sort
+    end
+    expect(stacks[0]).not_to be_empty
+    expect(stacks[1]).to eq(stacks[0])
+  end
+
+  it "respects max_heap_samples, still recording the allocations, and counts the drops" do
+    collector = described_class.new(sample_rate: 1.0, max_allocation_samples: 1_000, max_heap_samples: 5)
+    kept = nil
+    data = collector.profile { kept = Array.new(100) { |i| i.to_s } }
+    expect(kept.size).to eq(100)
+    expect(data.heap_samples_count).to eq(5)
+    expect(collector.live_heap_samples_count).to eq(5)
+    expect(data.dropped_samples_heap_bufsize).to be >= 95
+    expect(data.allocation_samples_count).to be >= 100
+  end
+
+  it "thins the allocation list with allocation_retain_rate but keeps estimates unbiased" do
+    collector = described_class.new(sample_rate: 1.0, allocation_retain_rate: 0.25, **unlimited)
+    expect(collector.allocation_retain_rate).to eq(0.25)
+    allocator = Workload::Allocator.new
+    kept = nil
+    data = collector.profile { kept = Array.new(20_000) { |i| allocator.two_objects(i) } }
+    profile = parse_profile(data)
+    through = samples_through(profile, "Workload::Allocator#two_objects")
+    expect(data.allocation_samples_count).to be_between(8_000, 12_000) # about a quarter of ~40k
+    expect(sum(through, profile, "alloc_objects")).to be_within(2_000).of(40_000)
+    expect(sum(through, profile, "inuse_objects")).to eq(40_000) # live tracking is not thinned
+    expect(kept.size).to eq(20_000)
+  end
+
+  it "tracks live objects: live_heap_samples_count follows retention" do
+    collector = described_class.new(sample_rate: 1.0, **unlimited)
+    collector.start!
+    kept = Workload::Allocator.big_strings(300, 64)
+    collector.stop!
+    expect(collector.live_heap_samples_count).to be >= 300
+    kept.clear
+    kept = nil
+    GC.start
+    collector.flush
+    expect(collector.live_heap_samples_count).to be < 300
+  end
+end

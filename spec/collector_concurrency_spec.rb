@@ -1,0 +1,138 @@
+# frozen_string_literal: true
+
+# Threads, fork, Ractors and compaction are normal conditions.
+RSpec.describe MemprofilerPprof::Collector, "under concurrency" do
+  let(:unlimited) { { max_allocation_samples: 10_000_000, max_heap_samples: 10_000_000 } }
+
+  def two_objects_allocations(profile)
+    profile.samples
+           .select { |s| s.frames.first(2).any? { |f| f.name == "Workload::Allocator#two_objects" } }
+           .sum { |s| s.value(profile, "alloc_objects") }
+  end
+
+  [false, true].each do |yield_gvl|
+    it "counts every allocation of 4 threads exactly once while another thread flushes (yield_gvl: #{yield_gvl})" do
+      collector = described_class.new(sample_rate: 1.0, **unlimited)
+      allocator = Workload::Allocator.new
+      iterations = 20_000
+      collector.start!
+      flushes = []
+      done = false
+      flusher = Thread.new do
+        until done
+          flushes << collector.flush(yield_gvl: yield_gvl, proactively_yield_gvl: yield_gvl)
+          Thread.pass
+        end
+      end
+      workers = Array.new(4) do |t|
+        Thread.new { iterations.times { |i| allocator.two_objects(t * iterations + i) } }
+      end
+      workers.each(&:join)
+      done = true
+      flusher.join
+      flushes << collector.flush(yield_gvl: yield_gvl)
+      collector.stop!
+
+      expect(flushes.size).to be >= 2
+      profiles = flushes.map { |d| parse_profile(d) }
+      counted = profiles.sum { |p| two_objects_allocations(p) }
+      nolock = flushes.sum(&:dropped_samples_nolock)
+      expect(counted + nolock).to eq(4 * iterations * 2)
+      expect(nolock).to eq(0)
+      expect(collector.internal_error_count).to eq(0)
+      _out, err, status = go_pprof(flushes[flushes.size / 2], "-top")
+      expect(status.exitstatus).to eq(0), err
+    end
+  end
+
+  it "serialises flushes called from two threads at once" do
+    collector = described_class.new(sample_rate: 1.0)
+    collector.start!
+    Workload::Allocator.new.outer(100)
+    results = Array.new(2) { Thread.new { collector.flush(yield_gvl: true) } }.map(&:value)
+    collector.stop!
+    expect(results.map(&:class).uniq).to eq([MemprofilerPprof::ProfileData])
+    expect(results.sum(&:allocation_samples_count)).to be >= 300
+  end
+
+  it "keeps working in a forked child, which flushes its own allocations and the parent's live objects" do
+    collector = described_class.new(sample_rate: 1.0, **unlimited)
+    allocator = Workload::Allocator.new
+    collector.start!
+    kept_by_parent = Workload::Allocator.big_strings(50, 1_000)
+    collector.flush # the parent's allocations so far are reported here
+    reader, writer = IO.pipe
+    pid = fork do
+      reader.close
+      300.times { |i| allocator.two_objects(i) }
+      data = collector.flush
+      writer.binmode
+      writer.write(data.pprof_data)
+      writer.close
+      exit!(0)
+    end
+    writer.close
+    child_pprof = reader.read
+    reader.close
+    _, status = Process.wait2(pid)
+    expect(status.success?).to be(true)
+
+    child = parse_profile(child_pprof)
+    expect(two_objects_allocations(child)).to eq(600)
+    child_kept = child.samples.select { |s| s.frames.first.name == "String#*" && s.frames.any? { |f| f.name == "Workload::Allocator.big_strings" } }
+    expect(child_kept.sum { |s| s.value(child, "inuse_objects") }).to eq(50)
+
+    parent = parse_profile(collector.flush)
+    collector.stop!
+    expect(two_objects_allocations(parent)).to eq(0)
+    expect(kept_by_parent.size).to eq(50)
+  end
+
+  it "lets Ractors run to completion, switching its hooks off for the rest of the process" do
+    code = <<~RUBY
+      Warning[:experimental] = false
+      require "memprofiler_pprof_rs"
+      c = MemprofilerPprof::Collector.new(sample_rate: 1.0)
+      c.start!
+      before = Array.new(50) { |i| i.to_s }
+      ractors = 4.times.map { |n| Ractor.new(n) { |k| 20_000.times.map { |i| "r\#{k}-\#{i}" }.size } }
+      paused = c.sampling_paused_for_ractors?
+      results = ractors.map(&:take)
+      data = c.flush
+      later = MemprofilerPprof::Collector.new(sample_rate: 1.0)
+      later_data = later.profile { 100.times { |i| i.to_s } }
+      puts [results.sum, paused, data.allocation_samples_count >= 50, later.sampling_paused_for_ractors?,
+            later_data.allocation_samples_count, c.internal_error_count].inspect
+    RUBY
+    out, err, status = run_ruby(code)
+    expect(status.exitstatus).to eq(0), err
+    expect(out).to eq("[80000, true, true, true, 0, 0]\n")
+  end
+
+  it "keeps tracking sampled strings that GC compaction moved" do
+    skip "GC compaction unsupported" unless GC.respond_to?(:verify_compaction_references)
+    collector = described_class.new(sample_rate: 1.0, **unlimited)
+    collector.start!
+    @kept = Workload::Allocator.big_strings(2_000, 30)
+    before = parse_profile(collector.flush)
+    # Moves every movable object (toward an emptied heap).
+    GC.verify_compaction_references(double_heap: true, toward: :empty)
+    moved = GC.latest_compact_info[:moved]
+    after = parse_profile(collector.flush)
+    kept_in = lambda do |profile|
+      profile.samples.select { |s| s.frames.first.name == "String#*" && s.frames.any? { |f| f.name == "Workload::Allocator.big_strings" } }
+                     .sum { |s| s.value(profile, "inuse_objects") }
+    end
+    expect(kept_in.call(before)).to eq(2_000)
+    expect(moved.fetch(:T_STRING, 0)).to be >= 2_000
+    expect(kept_in.call(after)).to eq(2_000)
+    expect(@kept.map(&:bytesize).uniq).to eq([30])
+    @kept = nil
+    GC.start
+    gone = parse_profile(collector.flush)
+    expect(kept_in.call(gone)).to eq(0)
+    expect(collector.internal_error_count).to eq(0)
+  ensure
+    collector&.stop!
+  end
+end
