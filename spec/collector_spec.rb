@@ -289,3 +289,79 @@ RSpec.describe MemprofilerPprof::Collector do
     end
   end
 end
+
+RSpec.describe MemprofilerPprof::Collector, "state between runs" do
+  let(:unlimited) { { max_allocation_samples: 10_000_000, max_heap_samples: 10_000_000 } }
+
+  it "start! clears samples and drop counters of an earlier run" do
+    collector = described_class.new(sample_rate: 1.0, max_allocation_samples: 5)
+    collector.start!
+    kept = Array.new(50) { |i| i.to_s }
+    collector.stop!
+    live_before = collector.live_heap_samples_count
+    collector.start!
+    data = collector.flush # nothing allocated since start!
+    collector.stop!
+    expect(live_before).to eq(5) # the allocation cap (5) also bounds what is tracked
+    expect(data.dropped_samples_allocation_bufsize).to eq(0)
+    # Only the few objects flush itself allocates before reading the samples.
+    expect(data.heap_samples_count).to be < 5
+    expect(kept.size).to eq(50)
+  end
+
+  it "flush resets the drop counters" do
+    collector = described_class.new(sample_rate: 1.0, max_allocation_samples: 100)
+    collector.start!
+    Array.new(500) { |i| i.to_s }
+    first = collector.flush
+    second = collector.flush
+    collector.stop!
+    expect(first.dropped_samples_allocation_bufsize).to be > 0
+    expect(second.dropped_samples_allocation_bufsize).to eq(0)
+  end
+
+  it "applies a new sample_rate while running" do
+    collector = described_class.new(sample_rate: 1.0, **unlimited)
+    collector.start!
+    allocator = Workload::Allocator.new
+    5_000.times { |i| allocator.two_objects(i) }
+    full = collector.flush
+    collector.sample_rate = 0.0
+    5_000.times { |i| allocator.two_objects(i) }
+    none = collector.flush
+    collector.stop!
+    through = lambda do |data|
+      profile = parse_profile(data)
+      profile.samples.select { |s| s.frames.any? { |f| f.name == "Workload::Allocator#two_objects" } }
+             .sum { |s| s.value(profile, "alloc_objects") }
+    end
+    expect(through.call(full)).to eq(10_000)
+    expect(through.call(none)).to eq(0)
+    expect(none.sample_rate).to eq(0.0)
+  end
+
+  it "releases stacks and frames nobody refers to, so memory stays bounded" do
+    collector = described_class.new(sample_rate: 1.0, **unlimited)
+    methods = Array.new(300) do |n|
+      eval(<<~RUBY, binding, "generated_#{n}.rb", 1) # rubocop:disable Security/Eval
+        ->(i) { "generated-#{n}-\#{i}" * 2 }
+      RUBY
+    end
+    collector.start!
+    collector.flush
+    baseline = ObjectSpace.memsize_of(collector)
+    garbage = methods.flat_map { |m| Array.new(20) { |i| m.call(i) } }
+    grown = ObjectSpace.memsize_of(collector)
+    garbage = nil
+    GC.start
+    collector.flush
+    collector.flush
+    settled = ObjectSpace.memsize_of(collector)
+    collector.stop!
+    expect(garbage).to be_nil
+    expect(grown).to be > baseline + 300 * 64
+    # Capacity may stay allocated, but the stored stacks are gone: well below
+    # the peak.
+    expect(settled).to be < grown
+  end
+end
