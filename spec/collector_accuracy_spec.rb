@@ -4,14 +4,6 @@
 RSpec.describe MemprofilerPprof::Collector, "accuracy" do
   let(:unlimited) { { max_allocation_samples: 10_000_000, max_heap_samples: 10_000_000 } }
 
-  def samples_through(profile, method_name)
-    profile.samples.select { |s| s.frames.any? { |f| f.name == method_name } }
-  end
-
-  def sum(samples, profile, type)
-    samples.sum { |s| s.value(profile, type) }
-  end
-
   it "at sample_rate 1.0 counts the allocations of a block as GC.stat does (within 3)" do
     collector = described_class.new(sample_rate: 1.0, **unlimited)
     allocator = Workload::Allocator.new
@@ -22,7 +14,7 @@ RSpec.describe MemprofilerPprof::Collector, "accuracy" do
     data = collector.flush
     collector.stop!
     profile = parse_profile(data)
-    counted = sum(samples_through(profile, "Workload::Allocator#outer"), profile, "alloc_objects")
+    counted = total_through(profile, "Workload::Allocator#outer", "alloc_objects")
     expect(after - before).to be > 4_000
     expect(counted).to be_within(3).of(after - before)
     expect(data.dropped_samples_count).to eq(0)
@@ -35,11 +27,11 @@ RSpec.describe MemprofilerPprof::Collector, "accuracy" do
       @kept = Array.new(10) { [allocator.fifty_kb, allocator.five_kb] }
     end
     profile = parse_profile(data)
-    fifty = sum(samples_through(profile, "Workload::Allocator#fifty_kb"), profile, "alloc_space")
-    five = sum(samples_through(profile, "Workload::Allocator#five_kb"), profile, "alloc_space")
+    fifty = total_through(profile, "Workload::Allocator#fifty_kb", "alloc_space")
+    five = total_through(profile, "Workload::Allocator#five_kb", "alloc_space")
     expect(fifty).to be_between(10 * 50_000, 10 * 51_000)
     expect(five).to be_between(10 * 5_000, 10 * 5_100)
-    expect(sum(samples_through(profile, "Workload::Allocator#fifty_kb"), profile, "inuse_space")).to eq(fifty)
+    expect(total_through(profile, "Workload::Allocator#fifty_kb", "inuse_space")).to eq(fifty)
   end
 
   it "measures the same sizes with size_measurement: :c_return" do
@@ -48,7 +40,7 @@ RSpec.describe MemprofilerPprof::Collector, "accuracy" do
     allocator = Workload::Allocator.new
     data = collector.profile { @kept = Array.new(10) { allocator.fifty_kb } }
     profile = parse_profile(data)
-    fifty = sum(samples_through(profile, "Workload::Allocator#fifty_kb"), profile, "alloc_space")
+    fifty = total_through(profile, "Workload::Allocator#fifty_kb", "alloc_space")
     expect(fifty).to be_between(10 * 50_000, 10 * 51_000)
   end
 
@@ -87,10 +79,10 @@ RSpec.describe MemprofilerPprof::Collector, "accuracy" do
     kept = nil
     data = collector.profile { kept = Array.new(20_000) { |i| allocator.two_objects(i) } }
     profile = parse_profile(data)
-    through = samples_through(profile, "Workload::Allocator#two_objects")
+    through = "Workload::Allocator#two_objects"
     expect(data.allocation_samples_count).to be_between(8_000, 12_000) # about a quarter of ~40k
-    expect(sum(through, profile, "alloc_objects")).to be_within(2_000).of(40_000)
-    expect(sum(through, profile, "inuse_objects")).to eq(40_000) # live tracking is not thinned
+    expect(total_through(profile, through, "alloc_objects")).to be_within(2_000).of(40_000)
+    expect(total_through(profile, through, "inuse_objects")).to eq(40_000) # live tracking is not thinned
     expect(kept.size).to eq(20_000)
   end
 

@@ -79,8 +79,7 @@ RSpec.describe MemprofilerPprof::Collector, "under concurrency" do
 
     child = parse_profile(child_pprof)
     expect(two_objects_allocations(child)).to eq(600)
-    child_kept = child.samples.select { |s| s.frames.first.name == "String#*" && s.frames.any? { |f| f.name == "Workload::Allocator.big_strings" } }
-    expect(child_kept.sum { |s| s.value(child, "inuse_objects") }).to eq(50)
+    expect(big_strings_alive(child)).to eq(50)
 
     parent = parse_profile(collector.flush)
     collector.stop!
@@ -119,18 +118,14 @@ RSpec.describe MemprofilerPprof::Collector, "under concurrency" do
     GC.verify_compaction_references(double_heap: true, toward: :empty)
     moved = GC.latest_compact_info[:moved]
     after = parse_profile(collector.flush)
-    kept_in = lambda do |profile|
-      profile.samples.select { |s| s.frames.first.name == "String#*" && s.frames.any? { |f| f.name == "Workload::Allocator.big_strings" } }
-                     .sum { |s| s.value(profile, "inuse_objects") }
-    end
-    expect(kept_in.call(before)).to eq(2_000)
+    expect(big_strings_alive(before)).to eq(2_000)
     expect(moved.fetch(:T_STRING, 0)).to be >= 2_000
-    expect(kept_in.call(after)).to eq(2_000)
+    expect(big_strings_alive(after)).to eq(2_000)
     expect(@kept.map(&:bytesize).uniq).to eq([30])
     @kept = nil
     GC.start
     gone = parse_profile(collector.flush)
-    expect(kept_in.call(gone)).to eq(0)
+    expect(big_strings_alive(gone)).to eq(0)
     expect(collector.internal_error_count).to eq(0)
   ensure
     collector&.stop!

@@ -110,11 +110,8 @@ RSpec.describe MemprofilerPprof::Collector do
       collector = described_class.new(sample_rate: 1.0)
       data = collector.profile { @kept = Workload::Allocator.big_strings(20, 50_000) }
       profile = parse_profile(data)
-      big = profile.samples.select do |s|
-        s.frames.any? { |f| f.name == "Workload::Allocator.big_strings" } && s.frames.first.name == "String#*"
-      end
-      alloc_space = big.sum { |s| s.value(profile, "alloc_space") }
-      inuse_space = big.sum { |s| s.value(profile, "inuse_space") }
+      alloc_space = total_through(profile, "Workload::Allocator.big_strings", "alloc_space", leaf: "String#*")
+      inuse_space = total_through(profile, "Workload::Allocator.big_strings", "inuse_space", leaf: "String#*")
       expect(alloc_space).to be_between(20 * 50_000, 20 * 50_000 * 1.1)
       expect(inuse_space).to eq(alloc_space)
     end
@@ -131,18 +128,14 @@ RSpec.describe MemprofilerPprof::Collector do
       second_data = collector.flush
       first = parse_profile(first_data)
       second = parse_profile(second_data)
-      retained_in = lambda do |profile|
-        profile.samples.select { |s| s.frames.first.name == "String#*" && s.frames.any? { |f| f.name == "Workload::Allocator.big_strings" } }
-                       .sum { |s| s.value(profile, "inuse_objects") }
-      end
-      expect(retained_in.call(first)).to eq(5)
-      expect(retained_in.call(second)).to eq(5) # still alive: in every flush
+      expect(big_strings_alive(first)).to eq(5)
+      expect(big_strings_alive(second)).to eq(5) # still alive: in every flush
       expect(second.total("alloc_objects")).to be < first.total("alloc_objects")
       retained.clear
       retained = nil
       GC.start
       third = parse_profile(collector.flush)
-      expect(retained_in.call(third)).to eq(0)
+      expect(big_strings_alive(third)).to eq(0)
     ensure
       collector.stop!
     end
@@ -231,14 +224,12 @@ RSpec.describe MemprofilerPprof::Collector do
       GC.start
       GC.compact
       kept_after = parse_profile(collector.flush)
-      big = kept_after.samples.select { |s| s.frames.any? { |f| f.name == "Workload::Allocator.big_strings" } && s.frames.first.name == "String#*" }
-      expect(big.sum { |s| s.value(kept_after, "inuse_objects") }).to eq(200)
+      expect(big_strings_alive(kept_after)).to eq(200)
       expect(kept.map(&:bytesize).uniq).to eq([100])
       kept = nil
       GC.start
       after_free = parse_profile(collector.flush)
-      big = after_free.samples.select { |s| s.frames.any? { |f| f.name == "Workload::Allocator.big_strings" } && s.frames.first.name == "String#*" }
-      expect(big.sum { |s| s.value(after_free, "inuse_objects") }).to eq(0)
+      expect(big_strings_alive(after_free)).to eq(0)
     ensure
       collector&.stop!
     end
@@ -330,11 +321,7 @@ RSpec.describe MemprofilerPprof::Collector, "state between runs" do
     5_000.times { |i| allocator.two_objects(i) }
     none = collector.flush
     collector.stop!
-    through = lambda do |data|
-      profile = parse_profile(data)
-      profile.samples.select { |s| s.frames.any? { |f| f.name == "Workload::Allocator#two_objects" } }
-             .sum { |s| s.value(profile, "alloc_objects") }
-    end
+    through = ->(data) { total_through(parse_profile(data), "Workload::Allocator#two_objects", "alloc_objects") }
     expect(through.call(full)).to eq(10_000)
     expect(through.call(none)).to eq(0)
     expect(none.sample_rate).to eq(0.0)

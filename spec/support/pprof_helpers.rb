@@ -9,6 +9,24 @@ module PprofHelpers
     MemprofilerPprof::PprofReader.parse(data.respond_to?(:pprof_data) ? data.pprof_data : data)
   end
 
+  # Samples whose stack passes through `method_name` (and, if given, whose
+  # leaf frame is `leaf`).
+  def samples_through(profile, method_name, leaf: nil)
+    profile.samples.select do |s|
+      s.frames.any? { |f| f.name == method_name } && (leaf.nil? || s.frames.first&.name == leaf)
+    end
+  end
+
+  # Sum of sample type `type` over samples_through(...).
+  def total_through(profile, method_name, type, leaf: nil)
+    samples_through(profile, method_name, leaf: leaf).sum { |s| s.value(profile, type) }
+  end
+
+  # Strings kept by Workload::Allocator.big_strings that are still alive.
+  def big_strings_alive(profile)
+    total_through(profile, "Workload::Allocator.big_strings", "inuse_objects", leaf: "String#*")
+  end
+
   # Frame names of each sample, leaf first.
   def stacks_of(profile)
     profile.samples.map { |s| s.frames.map(&:name) }
