@@ -234,21 +234,25 @@ RSpec.describe MemprofilerPprof::Collector do
       collector&.stop!
     end
 
-    it "survives a collector garbage collected while running, and exit while running" do
+    it "switches the hooks off when a running collector is garbage collected, and at exit" do
       code = <<~RUBY
         require "memprofiler_pprof_rs"
-        3.times { MemprofilerPprof::Collector.new(sample_rate: 1.0).start! }
-        GC.start; GC.start
-        50_000.times { |i| "s\#{i}" }
-        GC.start
+        active_hooks = -> { TracePoint.stat.values.first.first }
+        def start_unreferenced = 3.times { MemprofilerPprof::Collector.new(sample_rate: 1.0).start! }
+        start_unreferenced
+        while_running = active_hooks.call
+        5.times { GC.start; 20_000.times { |i| "s\#{i}" } }
+        after_gc = active_hooks.call
         running = MemprofilerPprof::Collector.new(sample_rate: 0.5)
         running.start!
         10_000.times { |i| [i.to_s] }
-        puts "ok"
+        puts [while_running, after_gc, active_hooks.call].inspect
       RUBY
       out, err, status = run_ruby(code)
       expect(status.exitstatus).to eq(0), err
-      expect(out).to eq("ok\n")
+      # 3 collectors x (NEWOBJ + FREEOBJ); none once collected; 2 for the one
+      # still running when the process exits (cleanly).
+      expect(out).to eq("[6, 0, 2]\n")
     end
 
     it "survives GC.stress during a short profile" do
