@@ -193,6 +193,12 @@ RSpec.describe MemprofilerPprof::Collector do
       expect { described_class.new.flush(yield_gvl: "yes") }.to raise_error(TypeError, /yield_gvl/)
     end
 
+    it "refuses to be copied" do
+      collector = described_class.new(sample_rate: 0.5)
+      expect { collector.dup }.to raise_error(TypeError, /can't be copied/)
+      expect { collector.clone }.to raise_error(TypeError, /can't be copied/)
+    end
+
     it "native methods check types themselves" do
       collector = described_class.new
       expect { collector.send(:_native_set_sample_rate, "x") }.to raise_error(TypeError, /sample_rate/)

@@ -39,6 +39,12 @@ module MemprofilerPprof
       @flush_lock = Mutex.new
     end
 
+    # A copy would share nothing with the original's samples or hooks, so
+    # copying is refused rather than half-done.
+    def initialize_copy(_other)
+      raise TypeError, "#{self.class} can't be copied (create a new one with the same options)"
+    end
+
     def sample_rate=(rate)
       _native_set_sample_rate(self.class.validate_fraction(rate, :sample_rate))
     end
