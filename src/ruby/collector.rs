@@ -105,9 +105,17 @@ impl Hook {
             )
         })?;
         self.tracepoint.set(tracepoint);
-        // SAFETY: the slot is boxed and lives until `release` unregisters it.
-        unsafe { rb_gc_register_address(self.tracepoint.as_ptr()) };
-        Ok(())
+        let slot = self.tracepoint.as_ptr();
+        // Registering allocates a list node, which can raise NoMemoryError.
+        let registered = protect(|| {
+            // SAFETY: the slot is boxed and lives until `release` unregisters it.
+            unsafe { rb_gc_register_address(slot) };
+            Qnil as VALUE
+        });
+        if registered.is_err() {
+            self.tracepoint.set(Qnil as VALUE);
+        }
+        registered.map(|_| ())
     }
 
     fn set(&self, on: bool) -> RbResult<()> {
