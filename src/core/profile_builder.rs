@@ -12,7 +12,7 @@ use prost::Message;
 
 use super::fast_hash::FastHashMap;
 use super::pprof;
-use super::sampler_state::FlushSnapshot;
+use super::sampler_state::{ClassRef, FlushSnapshot};
 use super::stack_table::{Frame, FrameRef, StackId, TRUNCATION_FRAME};
 use super::string_table::StringTable;
 
@@ -48,8 +48,14 @@ pub const SAMPLE_TYPES: [(&str, &str); 4] = [
 
 const MAPPING_ID: u64 = 1;
 
+/// Label keys (no '-': Pyroscope rejects it).
+pub const CLASS_LABEL: &str = "class";
+pub const GC_AGE_LABEL: &str = "gc_age";
+pub const GC_AGE_UNIT: &str = "collections";
+
 struct ProfileBuilder<'a> {
     frames: &'a FastHashMap<FrameRef, FrameInfo>,
+    classes: &'a FastHashMap<ClassRef, String>,
     strings: StringTable,
     functions: FastHashMap<(FrameRef, i64), u64>,
     locations: FastHashMap<(u64, i64), u64>,
@@ -57,9 +63,13 @@ struct ProfileBuilder<'a> {
 }
 
 impl<'a> ProfileBuilder<'a> {
-    fn new(frames: &'a FastHashMap<FrameRef, FrameInfo>) -> Self {
+    fn new(
+        frames: &'a FastHashMap<FrameRef, FrameInfo>,
+        classes: &'a FastHashMap<ClassRef, String>,
+    ) -> Self {
         ProfileBuilder {
             frames,
+            classes,
             strings: StringTable::new(),
             functions: FastHashMap::default(),
             locations: FastHashMap::default(),
@@ -148,25 +158,50 @@ impl<'a> ProfileBuilder<'a> {
             self.profile.sample_type.push(value_type);
         }
 
-        // Merge samples by stack; sort for a deterministic profile.
-        let mut merged: FastHashMap<StackId, [f64; 4]> = FastHashMap::default();
+        // Merge samples with the same stack and labels; sort for a
+        // deterministic profile.
+        type Key = (StackId, ClassRef, Option<u32>);
+        let mut merged: FastHashMap<Key, [f64; 4]> = FastHashMap::default();
         for sample in &snapshot.samples {
-            let sums = merged.entry(sample.stack).or_insert([0.0; 4]);
+            let key = (sample.stack, sample.class, sample.gc_age);
+            let sums = merged.entry(key).or_insert([0.0; 4]);
             for (sum, value) in sums.iter_mut().zip(sample.values) {
                 *sum += value;
             }
         }
         let mut merged: Vec<_> = merged.into_iter().collect();
-        merged.sort_by_key(|(stack, _)| *stack);
-        for (stack, sums) in merged {
+        merged.sort_by_key(|(key, _)| *key);
+        let class_key = self.strings.intern(CLASS_LABEL);
+        let age_key = self.strings.intern(GC_AGE_LABEL);
+        let age_unit = self.strings.intern(GC_AGE_UNIT);
+        for ((stack, class, gc_age), sums) in merged {
             let Some(frames) = snapshot.stacks.get(&stack) else {
                 continue;
             };
             let location_id = self.stack_locations(frames);
+            let class_name = self
+                .classes
+                .get(&class)
+                .map(String::as_str)
+                .unwrap_or("(unknown class)");
+            let mut label = vec![pprof::Label {
+                key: class_key,
+                str: self.strings.intern(class_name),
+                num: 0,
+                num_unit: 0,
+            }];
+            if let Some(age) = gc_age {
+                label.push(pprof::Label {
+                    key: age_key,
+                    str: 0,
+                    num: i64::from(age),
+                    num_unit: age_unit,
+                });
+            }
             self.profile.sample.push(pprof::Sample {
                 location_id,
                 value: sums.iter().map(|v| v.round() as i64).collect(),
-                label: Vec::new(),
+                label,
             });
         }
 
@@ -216,12 +251,15 @@ impl<'a> ProfileBuilder<'a> {
 
 /// Builds the profile for a flush. `frames` must describe every frame of
 /// every stack in the snapshot (a missing one shows as "(unknown frame)").
+/// `classes` names every class handle (a missing one shows as
+/// "(unknown class)").
 pub fn build_profile(
     snapshot: &FlushSnapshot,
     frames: &FastHashMap<FrameRef, FrameInfo>,
+    classes: &FastHashMap<ClassRef, String>,
     meta: &ProfileMeta,
 ) -> pprof::Profile {
-    ProfileBuilder::new(frames).build(snapshot, meta)
+    ProfileBuilder::new(frames, classes).build(snapshot, meta)
 }
 
 /// Serialises and gzips a profile, the form pprof tools read.
@@ -238,7 +276,7 @@ pub fn encode_gzipped(profile: &pprof::Profile) -> Vec<u8> {
 mod tests {
     use super::*;
     use crate::core::sample_gate::GapSampler;
-    use crate::core::sampler_state::SamplerState;
+    use crate::core::sampler_state::{ObjectInfo, SamplerState};
     use flate2::read::GzDecoder;
     use std::io::Read;
 
@@ -262,15 +300,27 @@ mod tests {
         let plain = [frame(8, 14), frame(16, 30)];
         for (i, stack) in [&leaf_c[..], &leaf_c[..], &plain[..]].iter().enumerate() {
             let admission = state.admission();
-            state.record_allocation(0x1000 + i * 40, stack, 1.0, admission);
+            state.record_allocation(
+                0x1000 + i * 40,
+                ObjectInfo::default(),
+                stack,
+                1.0,
+                admission,
+            );
         }
         state.measure_pending(|_| Some(40));
-        let snapshot = state.take_snapshot(|_| Some(40));
+        let snapshot = state.take_snapshot(0, |_| Some(40));
         let mut frames = FastHashMap::default();
         frames.insert(8, info("Foo#bar", Some("app.rb"), 10));
         frames.insert(16, info("<main>", Some("app.rb"), 1));
         frames.insert(24, info("String#*", None, 0));
         (snapshot, frames)
+    }
+
+    fn classes() -> FastHashMap<ClassRef, String> {
+        let mut classes = FastHashMap::default();
+        classes.insert(0, "String".to_string());
+        classes
     }
 
     fn meta() -> ProfileMeta {
@@ -307,7 +357,7 @@ mod tests {
     #[test]
     fn sample_types_and_defaults_are_go_heap_profile_shape() {
         let (snapshot, frames) = example();
-        let profile = build_profile(&snapshot, &frames, &meta());
+        let profile = build_profile(&snapshot, &frames, &classes(), &meta());
         let types: Vec<_> = profile
             .sample_type
             .iter()
@@ -326,14 +376,18 @@ mod tests {
     #[test]
     fn samples_with_the_same_stack_are_merged_and_frames_resolved() {
         let (snapshot, frames) = example();
-        let profile = build_profile(&snapshot, &frames, &meta());
-        assert_eq!(profile.sample.len(), 2);
-        let merged = profile
+        let profile = build_profile(&snapshot, &frames, &classes(), &meta());
+        // Two stacks, each as an allocation sample and an in-use sample (the
+        // latter carries the gc_age label, so they are not merged).
+        assert_eq!(profile.sample.len(), 4);
+        let c_leaf: Vec<_> = profile
             .sample
             .iter()
-            .find(|s| s.location_id.len() == 3)
-            .expect("the C-leaf stack");
-        assert_eq!(merged.value, vec![2, 80, 2, 80]);
+            .filter(|s| s.location_id.len() == 3)
+            .collect();
+        let values: Vec<_> = c_leaf.iter().map(|s| s.value.clone()).collect();
+        assert_eq!(values, vec![vec![2, 80, 0, 0], vec![0, 0, 2, 80]]);
+        let merged = c_leaf[0];
         assert_eq!(
             function_names(&profile, merged),
             vec![
@@ -354,19 +408,58 @@ mod tests {
     }
 
     #[test]
+    fn every_sample_has_a_class_label_and_live_ones_an_age() {
+        let (snapshot, frames) = example();
+        let profile = build_profile(&snapshot, &frames, &classes(), &meta());
+        for sample in &profile.sample {
+            let class = sample
+                .label
+                .iter()
+                .find(|l| string(&profile, l.key) == CLASS_LABEL)
+                .expect("class label");
+            assert_eq!(string(&profile, class.str), "String");
+            let age = sample
+                .label
+                .iter()
+                .find(|l| string(&profile, l.key) == GC_AGE_LABEL);
+            let in_use = sample.value[2] > 0;
+            assert_eq!(age.is_some(), in_use);
+            if let Some(age) = age {
+                assert_eq!(age.num, 0);
+                assert_eq!(string(&profile, age.num_unit), GC_AGE_UNIT);
+            }
+        }
+    }
+
+    #[test]
+    fn label_keys_and_sample_types_have_no_dash() {
+        let (snapshot, frames) = example();
+        let profile = build_profile(&snapshot, &frames, &classes(), &meta());
+        for sample in &profile.sample {
+            for label in &sample.label {
+                assert!(!string(&profile, label.key).contains('-'));
+            }
+        }
+        for t in &profile.sample_type {
+            assert!(!string(&profile, t.r#type).contains('-'));
+        }
+    }
+
+    #[test]
     fn truncated_and_unknown_frames_are_visible() {
         let mut state = SamplerState::new(GapSampler::new(1.0, 1), 10, 10);
         let admission = state.admission();
         state.record_allocation(
             0x1000,
+            ObjectInfo::default(),
             &[frame(8, 1), frame(99, 2), frame(TRUNCATION_FRAME, 0)],
             1.0,
             admission,
         );
-        let snapshot = state.take_snapshot(|_| Some(40));
+        let snapshot = state.take_snapshot(0, |_| Some(40));
         let mut frames = FastHashMap::default();
         frames.insert(8, info("Foo#bar", Some("app.rb"), 1));
-        let profile = build_profile(&snapshot, &frames, &meta());
+        let profile = build_profile(&snapshot, &frames, &classes(), &meta());
         let names = function_names(&profile, &profile.sample[0]);
         assert_eq!(names[1], "(unknown frame)@:0");
         assert_eq!(names[2], "(truncated stack)@:0");
@@ -375,7 +468,7 @@ mod tests {
     #[test]
     fn gzipped_profile_round_trips() {
         let (snapshot, frames) = example();
-        let profile = build_profile(&snapshot, &frames, &meta());
+        let profile = build_profile(&snapshot, &frames, &classes(), &meta());
         let gz = encode_gzipped(&profile);
         assert_eq!(&gz[..2], &[0x1f, 0x8b], "gzip magic");
         let mut raw = Vec::new();
@@ -405,7 +498,12 @@ mod tests {
 
     #[test]
     fn empty_snapshot_still_makes_a_valid_profile() {
-        let profile = build_profile(&FlushSnapshot::default(), &FastHashMap::default(), &meta());
+        let profile = build_profile(
+            &FlushSnapshot::default(),
+            &FastHashMap::default(),
+            &classes(),
+            &meta(),
+        );
         assert!(profile.sample.is_empty());
         assert_eq!(profile.sample_type.len(), 4);
         assert!(!encode_gzipped(&profile).is_empty());

@@ -19,12 +19,25 @@ use super::stack_table::{Frame, StackId, StackTable};
 /// Address of a sampled Ruby object (its VALUE). Never dereferenced here.
 pub type ObjectAddress = usize;
 
+/// An opaque handle to a sampled object's class (in the binding layer: the
+/// class VALUE, or an odd number standing for an internal object type).
+pub type ClassRef = u64;
+
+/// What the binding layer knows about an object when it is sampled.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ObjectInfo {
+    pub class: ClassRef,
+    /// Number of GCs so far (`GC.count`), to tell the object's age later.
+    pub gc_count: u32,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct SampleId(u32);
 
 #[derive(Debug, Clone)]
 struct SampleRecord {
     stack: StackId,
+    info: ObjectInfo,
     /// How many live objects this sample stands for (1 / rate when taken).
     weight: f64,
     /// How many allocations it stands for in the allocation profile: weight
@@ -79,6 +92,9 @@ pub enum Admission {
 #[derive(Debug, Clone, PartialEq)]
 pub struct FlushedSample {
     pub stack: StackId,
+    pub class: ClassRef,
+    /// For live objects: how many GCs they have survived.
+    pub gc_age: Option<u32>,
     pub values: [f64; 4],
 }
 
@@ -113,6 +129,9 @@ pub struct SamplerState {
     flush_in_progress: bool,
     /// Draws for allocation_retain_rate.
     retain_rng: SmallRng,
+    /// Classes of the flush in progress: held until `finish_flush`, since
+    /// the samples that referred to them may already be released.
+    flush_classes: Vec<ClassRef>,
     drops: DropCounters,
 }
 
@@ -132,6 +151,7 @@ impl SamplerState {
             allocation_retain_rate: 1.0,
             flush_in_progress: false,
             retain_rng: SmallRng::seed_from_u64(retain_seed),
+            flush_classes: Vec::new(),
             drops: DropCounters::default(),
         }
     }
@@ -173,6 +193,7 @@ impl SamplerState {
     pub fn record_allocation(
         &mut self,
         object: ObjectAddress,
+        info: ObjectInfo,
         frames: &[Frame],
         weight: f64,
         admission: Admission,
@@ -188,6 +209,7 @@ impl SamplerState {
         let stack = self.stacks.intern(frames);
         let record = SampleRecord {
             stack,
+            info,
             weight,
             alloc_weight: weight,
             alloc_dropped: false,
@@ -354,6 +376,7 @@ impl SamplerState {
     /// `finish_flush`, so the caller can resolve their frames.
     pub fn take_snapshot(
         &mut self,
+        gc_count: u32,
         mut measure: impl FnMut(ObjectAddress) -> Option<u64>,
     ) -> FlushSnapshot {
         self.flush_in_progress = true;
@@ -375,6 +398,8 @@ impl SamplerState {
             }
             snapshot.samples.push(FlushedSample {
                 stack: record.stack,
+                class: record.info.class,
+                gc_age: Some(gc_count.wrapping_sub(record.info.gc_count)),
                 values: [0.0, 0.0, record.weight, record.weight * size as f64],
             });
         }
@@ -389,6 +414,8 @@ impl SamplerState {
             let record = &self.records[id.0 as usize];
             snapshot.samples.push(FlushedSample {
                 stack: record.stack,
+                class: record.info.class,
+                gc_age: None,
                 values: [
                     record.alloc_weight,
                     record.alloc_weight * record.size as f64,
@@ -405,6 +432,10 @@ impl SamplerState {
                 .entry(sample.stack)
                 .or_insert_with(|| Arc::clone(self.stacks.frames(sample.stack)));
         }
+        let mut classes: Vec<ClassRef> = snapshot.samples.iter().map(|s| s.class).collect();
+        classes.sort_unstable();
+        classes.dedup();
+        self.flush_classes = classes;
         snapshot.drops = std::mem::take(&mut self.drops);
         snapshot
     }
@@ -412,6 +443,7 @@ impl SamplerState {
     /// Ends a flush: forgets stacks no sample uses any more.
     pub fn finish_flush(&mut self) {
         self.flush_in_progress = false;
+        self.flush_classes.clear();
         self.stacks.prune();
     }
 
@@ -446,6 +478,21 @@ impl SamplerState {
 
     pub fn drops(&self) -> DropCounters {
         self.drops
+    }
+
+    /// Classes of every sample held, and of the flush in progress: the
+    /// binding layer keeps them alive. May repeat a class.
+    pub fn held_classes(&self) -> impl Iterator<Item = ClassRef> + '_ {
+        self.records
+            .iter()
+            .filter(|r| r.refs > 0)
+            .map(|r| r.info.class)
+            .chain(self.flush_classes.iter().copied())
+    }
+
+    /// Distinct classes of the flush in progress, to be named.
+    pub fn flush_classes(&self) -> &[ClassRef] {
+        &self.flush_classes
     }
 
     pub fn stacks(&self) -> &StackTable {
@@ -489,7 +536,13 @@ mod tests {
 
     fn record(state: &mut SamplerState, object: ObjectAddress, stack: &[u64]) -> Option<SampleId> {
         let admission = state.admission();
-        state.record_allocation(object, &frames(stack), 1.0, admission)
+        state.record_allocation(
+            object,
+            ObjectInfo::default(),
+            &frames(stack),
+            1.0,
+            admission,
+        )
     }
 
     fn totals(snapshot: &FlushSnapshot) -> [f64; 4] {
@@ -509,19 +562,19 @@ mod tests {
         record(&mut st, 0x2000, &[8, 16]);
         st.measure_pending(|_| Some(40));
 
-        let first = st.take_snapshot(|_| Some(40));
+        let first = st.take_snapshot(0, |_| Some(40));
         st.finish_flush();
         assert_eq!(totals(&first), [2.0, 80.0, 2.0, 80.0]);
         assert_eq!(first.allocation_samples, 2);
         assert_eq!(first.stacks.len(), 1);
 
         assert!(st.record_free(0x1000));
-        let second = st.take_snapshot(|_| Some(100));
+        let second = st.take_snapshot(0, |_| Some(100));
         st.finish_flush();
         assert_eq!(totals(&second), [0.0, 0.0, 1.0, 100.0]);
 
         assert!(st.record_free(0x2000));
-        let third = st.take_snapshot(|_| Some(100));
+        let third = st.take_snapshot(0, |_| Some(100));
         st.finish_flush();
         assert!(third.samples.is_empty());
         assert!(st.stacks().is_empty(), "unused stacks are pruned");
@@ -533,7 +586,7 @@ mod tests {
         record(&mut st, 0x1000, &[8]);
         st.measure_pending(|_| Some(5_000));
         st.record_free(0x1000);
-        let snap = st.take_snapshot(|_| panic!("no live object to measure"));
+        let snap = st.take_snapshot(0, |_| panic!("no live object to measure"));
         assert_eq!(totals(&snap), [1.0, 5_000.0, 0.0, 0.0]);
     }
 
@@ -549,7 +602,7 @@ mod tests {
         assert_eq!(drops.allocation_bufsize, 2);
         assert_eq!(drops.heap_bufsize, 1);
 
-        let snap = st.take_snapshot(|_| Some(40));
+        let snap = st.take_snapshot(0, |_| Some(40));
         assert_eq!(snap.drops, drops);
         assert_eq!(st.drops(), DropCounters::default(), "flush resets drops");
         assert_eq!(snap.allocation_samples, 3);
@@ -562,7 +615,7 @@ mod tests {
         record(&mut st, 0x1000, &[8]);
         record(&mut st, 0x1000, &[16]);
         assert_eq!(st.live_count(), 1);
-        let snap = st.take_snapshot(|_| Some(40));
+        let snap = st.take_snapshot(0, |_| Some(40));
         let live: Vec<_> = snap.samples.iter().filter(|s| s.values[2] > 0.0).collect();
         assert_eq!(live.len(), 1);
         assert_eq!(&*snap.stacks[&live[0].stack], &frames(&[16])[..]);
@@ -573,7 +626,7 @@ mod tests {
         let mut st = state(100, 100);
         record(&mut st, 0x1000, &[8]);
         record(&mut st, 0x2000, &[8]);
-        let snap = st.take_snapshot(|addr| (addr == 0x2000).then_some(40));
+        let snap = st.take_snapshot(0, |addr| (addr == 0x2000).then_some(40));
         assert_eq!(snap.heap_samples, 1);
         assert_eq!(st.live_count(), 1);
     }
@@ -597,7 +650,7 @@ mod tests {
         let mut st = state(100, 0);
         record(&mut st, 0x1000, &[8]);
         st.measure_pending(|_| panic!("an untracked object must not be touched"));
-        let snap = st.take_snapshot(|_| panic!("no live object"));
+        let snap = st.take_snapshot(0, |_| panic!("no live object"));
         assert_eq!(totals(&snap), [1.0, 0.0, 0.0, 0.0]);
     }
 
@@ -623,7 +676,7 @@ mod tests {
         measured.sort();
         assert_eq!(measured, vec![0x2000, 0x3000]);
         assert!(st.record_free(0x3000));
-        let snap = st.take_snapshot(|_| Some(40));
+        let snap = st.take_snapshot(0, |_| Some(40));
         let live: Vec<_> = snap.samples.iter().filter(|s| s.values[2] > 0.0).collect();
         assert_eq!(live.len(), 1);
         assert_eq!(&snap.stacks[&live[0].stack][..], &frames(&[8])[..]);
@@ -648,7 +701,7 @@ mod tests {
         });
         assert_eq!(st.allocation_count(), 500);
         assert_eq!(st.live_count(), 1_000, "live tracking is not thinned");
-        let snap = st.take_snapshot(|_| Some(40));
+        let snap = st.take_snapshot(0, |_| Some(40));
         st.finish_flush();
         let t = totals(&snap);
         assert_eq!(t[0], 1_000.0, "kept samples count double");
@@ -659,7 +712,7 @@ mod tests {
     fn stacks_are_not_pruned_while_a_flush_resolves_them() {
         let mut st = state(100, 100);
         record(&mut st, 0x1000, &[8]);
-        let snap = st.take_snapshot(|_| Some(40));
+        let snap = st.take_snapshot(0, |_| Some(40));
         assert!(st.flush_in_progress());
         st.clear(); // e.g. start! from another thread mid-flush
         assert_eq!(st.stacks().live_frames().collect::<Vec<_>>(), vec![8]);
@@ -669,11 +722,52 @@ mod tests {
     }
 
     #[test]
+    fn classes_of_a_flush_stay_held_until_it_finishes() {
+        let mut st = state(100, 100);
+        let info = ObjectInfo {
+            class: 0x5000,
+            gc_count: 3,
+        };
+        let admission = st.admission();
+        st.record_allocation(0x1000, info, &frames(&[8]), 1.0, admission);
+        st.record_free(0x1000);
+        let snap = st.take_snapshot(7, |_| Some(40));
+        assert_eq!(snap.samples[0].class, 0x5000);
+        assert!(
+            st.held_classes().any(|c| c == 0x5000),
+            "held while flushing"
+        );
+        assert_eq!(st.flush_classes(), &[0x5000]);
+        st.finish_flush();
+        assert!(!st.held_classes().any(|c| c == 0x5000));
+    }
+
+    #[test]
+    fn live_samples_carry_their_gc_age() {
+        let mut st = state(100, 100);
+        let admission = st.admission();
+        let info = ObjectInfo {
+            class: 0x5000,
+            gc_count: 3,
+        };
+        st.record_allocation(0x1000, info, &frames(&[8]), 1.0, admission);
+        let snap = st.take_snapshot(10, |_| Some(40));
+        let ages: Vec<_> = snap.samples.iter().map(|s| s.gc_age).collect();
+        assert_eq!(ages, vec![Some(7), None]);
+    }
+
+    #[test]
     fn weights_scale_values() {
         let mut st = SamplerState::new(GapSampler::new(0.5, 1), 10, 10);
         let admission = st.admission();
-        st.record_allocation(0x1000, &frames(&[8]), 100.0, admission);
-        let snap = st.take_snapshot(|_| Some(40));
+        st.record_allocation(
+            0x1000,
+            ObjectInfo::default(),
+            &frames(&[8]),
+            100.0,
+            admission,
+        );
+        let snap = st.take_snapshot(0, |_| Some(40));
         assert_eq!(totals(&snap), [100.0, 4_000.0, 100.0, 4_000.0]);
     }
 

@@ -9,14 +9,15 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use rb_sys::{
-    rb_event_flag_t, rb_gc_location, rb_gc_mark, rb_gc_register_address, rb_gc_unregister_address,
-    rb_thread_call_without_gvl, rb_thread_schedule, rb_tracearg_event_flag,
-    rb_tracearg_from_tracepoint, rb_tracearg_object, rb_tracepoint_disable, rb_tracepoint_enable,
-    rb_tracepoint_new, Qfalse, Qnil, RUBY_EVENT_C_RETURN, RUBY_INTERNAL_EVENT_FREEOBJ,
-    RUBY_INTERNAL_EVENT_NEWOBJ, VALUE,
+    rb_event_flag_t, rb_gc_count, rb_gc_location, rb_gc_mark, rb_gc_register_address,
+    rb_gc_unregister_address, rb_thread_call_without_gvl, rb_thread_schedule,
+    rb_tracearg_event_flag, rb_tracearg_from_tracepoint, rb_tracearg_object, rb_tracepoint_disable,
+    rb_tracepoint_enable, rb_tracepoint_new, Qfalse, Qnil, RUBY_EVENT_C_RETURN,
+    RUBY_INTERNAL_EVENT_FREEOBJ, RUBY_INTERNAL_EVENT_NEWOBJ, VALUE,
 };
 
 use super::active_collectors;
+use super::classes::{is_class_value, object_info, resolve_classes};
 use super::errors::{protect, RbError, RbResult};
 use super::frames::{resolve_frames, BacktraceBuffer};
 use super::heap;
@@ -273,9 +274,10 @@ impl Collector {
             return;
         }
         let weight = state.gaps.weight();
-        // SAFETY: we are in the NEWOBJ hook, on a Ruby thread with the GVL.
-        let frames = unsafe { backtrace.capture() };
-        state.record_allocation(object as usize, frames, weight, admission);
+        // SAFETY: we are in the NEWOBJ hook for `object`, on a Ruby thread
+        // with the GVL.
+        let (info, frames) = unsafe { (object_info(object), backtrace.capture()) };
+        state.record_allocation(object as usize, info, frames, weight, admission);
         drop(sampler);
         self.has_pending.store(true, Ordering::Relaxed);
         if self.size_measurement.get() == SizeMeasurement::PostponedJob {
@@ -438,12 +440,15 @@ impl Collector {
         let finished_at = SystemTime::now();
         // 1. Under the lock, with no Ruby allocation: read the samples out.
         //    Allocations from here on belong to the next flush.
-        let (mut snapshot, sample_rate, started_at) = self.with_sampler(|s| {
+        let (mut snapshot, classes, sample_rate, started_at) = self.with_sampler(|s| {
             let measure = |object: usize| heap::object_size(object as VALUE);
             s.state.measure_pending(measure);
-            let snapshot = s.state.take_snapshot(measure);
+            // SAFETY: reads a counter; no allocation, no raise.
+            let gc_count = unsafe { rb_gc_count() } as u32;
+            let snapshot = s.state.take_snapshot(gc_count, measure);
+            let classes = s.state.flush_classes().to_vec();
             let started_at = std::mem::replace(&mut s.interval_started_at, finished_at);
-            (snapshot, s.state.gaps.rate(), started_at)
+            (snapshot, classes, s.state.gaps.rate(), started_at)
         })?;
         snapshot.drops.nolock += self.nolock_drops.swap(0, Ordering::Relaxed);
         if options.proactively_yield_gvl {
@@ -457,6 +462,7 @@ impl Collector {
             .store(current_thread(), Ordering::Relaxed);
         let yield_every = options.proactively_yield_gvl.then_some(256);
         let frames = resolve_frames(&snapshot.stacks, yield_every)?;
+        let class_names = resolve_classes(&classes)?;
         self.suppressed_thread.store(0, Ordering::Relaxed);
 
         // 3. Pure Rust: build and compress the profile, without the GVL if
@@ -476,7 +482,7 @@ impl Collector {
                 vec!["object sizes unavailable on this Ruby (no rb_obj_memsize_of)".into()]
             },
         };
-        let build = || encode_gzipped(&build_profile(&snapshot, &frames, &meta));
+        let build = || encode_gzipped(&build_profile(&snapshot, &frames, &class_names, &meta));
         let pprof = if options.yield_gvl {
             without_gvl(build)?
         } else {
@@ -505,6 +511,11 @@ impl Collector {
                 for frame in sampler.state.stacks().live_frames() {
                     // SAFETY: called from the dmark callback, during GC marking.
                     unsafe { rb_gc_mark(frame as VALUE) };
+                }
+                // Classes too (an anonymous class may have no other owner).
+                for class in sampler.state.held_classes().filter(|&c| is_class_value(c)) {
+                    // SAFETY: as above.
+                    unsafe { rb_gc_mark(class as VALUE) };
                 }
             }
             Err(_) => self.count_internal_error(),

@@ -79,7 +79,7 @@ impl BacktraceBuffer {
 
 /// Copies a Ruby String's bytes into a Rust String, replacing invalid UTF-8
 /// (method names and paths can be arbitrary bytes).
-fn rust_string(value: VALUE) -> Option<String> {
+pub fn rust_string(value: VALUE) -> Option<String> {
     // SAFETY: RB_TYPE_P only reads the object's flags; `value` came from a
     // Ruby API call that returns a String or nil.
     if NIL_P(value) || !unsafe { RB_TYPE_P(value, ruby_value_type::RUBY_T_STRING) } {

@@ -3,6 +3,7 @@
 //! callbacks, and converts between Ruby values and the core's plain data.
 
 mod active_collectors;
+mod classes;
 mod collector;
 mod collector_class;
 mod errors;

@@ -1,0 +1,148 @@
+//! Which class a sampled object belongs to: read in the allocation hook
+//! without allocating (the object's RBasic header), named at flush time.
+
+use rb_sys::{
+    rb_class_name, rb_class_real, rb_class_superclass, rb_gc_count, ruby_value_type, RBasic, NIL_P,
+    VALUE,
+};
+
+use super::errors::{protect, RbResult};
+use super::frames::rust_string;
+use crate::core::fast_hash::FastHashMap;
+use crate::core::sampler_state::{ClassRef, ObjectInfo};
+
+const T_MASK: VALUE = 0x1f;
+
+// Class handles are class VALUEs (heap addresses, so even) or, for objects
+// without a usable class, an odd number encoding the VM type.
+const INTERNAL_TAG: u64 = 0b001;
+const HIDDEN_TAG: u64 = 0b101;
+
+fn type_name(kind: u64) -> &'static str {
+    use ruby_value_type::*;
+    const NAMES: [(ruby_value_type, &str); 22] = [
+        (RUBY_T_OBJECT, "T_OBJECT"),
+        (RUBY_T_CLASS, "T_CLASS"),
+        (RUBY_T_MODULE, "T_MODULE"),
+        (RUBY_T_FLOAT, "T_FLOAT"),
+        (RUBY_T_STRING, "T_STRING"),
+        (RUBY_T_REGEXP, "T_REGEXP"),
+        (RUBY_T_ARRAY, "T_ARRAY"),
+        (RUBY_T_HASH, "T_HASH"),
+        (RUBY_T_STRUCT, "T_STRUCT"),
+        (RUBY_T_BIGNUM, "T_BIGNUM"),
+        (RUBY_T_FILE, "T_FILE"),
+        (RUBY_T_DATA, "T_DATA"),
+        (RUBY_T_MATCH, "T_MATCH"),
+        (RUBY_T_COMPLEX, "T_COMPLEX"),
+        (RUBY_T_RATIONAL, "T_RATIONAL"),
+        (RUBY_T_SYMBOL, "T_SYMBOL"),
+        (RUBY_T_IMEMO, "T_IMEMO"),
+        (RUBY_T_NODE, "T_NODE"),
+        (RUBY_T_ICLASS, "T_ICLASS"),
+        (RUBY_T_ZOMBIE, "T_ZOMBIE"),
+        (RUBY_T_MOVED, "T_MOVED"),
+        (RUBY_T_NONE, "T_NONE"),
+    ];
+    NAMES
+        .iter()
+        .find(|(t, _)| *t as u64 == kind)
+        .map(|(_, name)| *name)
+        .unwrap_or("T_UNKNOWN")
+}
+
+/// Types whose RBasic `klass` field holds the object's class. (For others,
+/// e.g. T_IMEMO, that word holds other data.)
+fn has_class(kind: u64) -> bool {
+    use ruby_value_type::*;
+    (RUBY_T_OBJECT as u64..=RUBY_T_RATIONAL as u64).contains(&kind) || kind == RUBY_T_SYMBOL as u64
+}
+
+/// What the NEWOBJ hook records about `object`. Reads two words of the
+/// object's header and calls rb_gc_count; allocates nothing.
+///
+/// # Safety
+/// `object` must be the object the NEWOBJ hook was called for.
+pub unsafe fn object_info(object: VALUE) -> ObjectInfo {
+    // SAFETY: a new object's RBasic header (flags, klass) is written before
+    // the NEWOBJ hook runs; RBasic's layout is the same in every Ruby.
+    let (flags, klass) = unsafe {
+        let basic = &*(object as *const RBasic);
+        (basic.flags, basic.klass)
+    };
+    #[allow(clippy::unnecessary_cast)] // VALUE is 32 bits on 32-bit targets
+    let kind = (flags & T_MASK) as u64;
+    let class = if !has_class(kind) {
+        (kind << 3) | INTERNAL_TAG
+    } else if klass == 0 {
+        (kind << 3) | HIDDEN_TAG
+    } else {
+        klass as ClassRef
+    };
+    ObjectInfo {
+        class,
+        // SAFETY: reads a counter; no allocation, no raise.
+        gc_count: unsafe { rb_gc_count() } as u32,
+    }
+}
+
+/// Class handles that are real class VALUEs (to be marked).
+pub fn is_class_value(class: ClassRef) -> bool {
+    class != 0 && class & 1 == 0
+}
+
+fn class_name(klass: VALUE) -> RbResult<Option<String>> {
+    // SAFETY: `klass` is a live class; rb_class_name may allocate, so it
+    // runs under protect.
+    let name = protect(|| unsafe { rb_class_name(klass) })?;
+    Ok(rust_string(name).filter(|n| !n.starts_with("#<")))
+}
+
+/// The class's name; for an anonymous class (`Class.new(Foo)`), its nearest
+/// named ancestor, so one label value stands for all such classes instead of
+/// one per `#<Class:0x...>`.
+fn class_label(klass: VALUE) -> RbResult<String> {
+    if let Some(name) = class_name(klass)? {
+        return Ok(name);
+    }
+    let mut ancestor = klass;
+    for _ in 0..32 {
+        let current = ancestor;
+        // SAFETY: `current` is a live class; rb_class_superclass only reads
+        // it, but raises for an uninitialized class, hence protect.
+        ancestor = protect(|| unsafe { rb_class_superclass(current) })?;
+        if NIL_P(ancestor) || ancestor == 0 {
+            break;
+        }
+        if let Some(name) = class_name(ancestor)? {
+            return Ok(format!("(anonymous subclass of {name})"));
+        }
+    }
+    Ok("(anonymous class)".to_string())
+}
+
+/// Names for the classes of a flush. Calls into Ruby (allocates), so it runs
+/// without the sampler lock; the classes are kept alive (marked) by the
+/// collector until the flush finishes.
+pub fn resolve_classes(classes: &[ClassRef]) -> RbResult<FastHashMap<ClassRef, String>> {
+    let mut names = FastHashMap::default();
+    for &class in classes {
+        let name = if is_class_value(class) {
+            let klass = class as VALUE;
+            // SAFETY: `klass` is a live class (marked); rb_class_real skips
+            // singleton and include classes without allocating.
+            let real = unsafe { rb_class_real(klass) };
+            if real == 0 {
+                "(anonymous class)".to_string()
+            } else {
+                class_label(real)?
+            }
+        } else if class & 0b111 == HIDDEN_TAG {
+            format!("(hidden {})", type_name(class >> 3))
+        } else {
+            format!("({})", type_name(class >> 3))
+        };
+        names.insert(class, name);
+    }
+    Ok(names)
+}
