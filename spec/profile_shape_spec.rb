@@ -1,0 +1,99 @@
+# frozen_string_literal: true
+
+# The shape of every profile: what pprof tools (and Pyroscope) rely on.
+RSpec.describe "profile shape" do
+  let(:unlimited) { { max_allocation_samples: 10_000_000, max_heap_samples: 10_000_000 } }
+
+  class ShapeWidget
+    def initialize(payload)
+      @payload = payload
+    end
+  end
+
+  def labels_of(sample)
+    sample.labels.to_h { |l| [l.key, l.str.empty? ? [l.num, l.num_unit] : l.str] }
+  end
+
+  it "labels every sample with its class, and live ones with their GC age" do
+    collector = MemprofilerPprof::Collector.new(sample_rate: 1.0, **unlimited)
+    collector.start!
+    @widgets = Array.new(30) { |i| ShapeWidget.new("payload #{i}") }
+    @anonymous = Array.new(5) { Class.new(ShapeWidget).new(nil) }
+    GC.start
+    GC.start
+    data = collector.flush
+    collector.stop!
+    profile = parse_profile(data)
+
+    expect(profile.samples).to all(satisfy { |s| labels_of(s).key?("class") })
+    widget_samples = profile.samples.select { |s| labels_of(s)["class"] == "ShapeWidget" }
+    expect(widget_samples.sum { |s| s.value(profile, "alloc_objects") }).to eq(30)
+    live = widget_samples.select { |s| s.value(profile, "inuse_objects").positive? }
+    expect(live.sum { |s| s.value(profile, "inuse_objects") }).to eq(30)
+    expect(live.map { |s| labels_of(s)["gc_age"] }.uniq).to eq([[2, "collections"]])
+    allocated_only = widget_samples - live
+    expect(allocated_only.map { |s| labels_of(s)["gc_age"] }.uniq).to eq([nil])
+
+    classes = profile.samples.map { |s| labels_of(s)["class"] }.uniq
+    expect(classes).to include("String", "(anonymous subclass of ShapeWidget)")
+    expect(classes.grep(/#<Class:/)).to be_empty
+  end
+
+  it "is read by go tool pprof: -tags, -tagfocus, every -sample_index, and -base" do
+    collector = MemprofilerPprof::Collector.new(sample_rate: 1.0, **unlimited)
+    collector.start!
+    @first = Array.new(20) { |i| ShapeWidget.new(i.to_s) }
+    first = collector.flush
+    @second = Array.new(40) { |i| ShapeWidget.new(i.to_s) }
+    second = collector.flush
+    collector.stop!
+
+    out, err, status = go_pprof(second, "-tags")
+    expect(status.exitstatus).to eq(0), err
+    expect(out).to include("class:", "ShapeWidget", "gc_age:")
+
+    out, err, status = go_pprof(second, "-top", "-sample_index=inuse_objects", "-tagfocus=class=ShapeWidget")
+    expect(status.exitstatus).to eq(0), err
+    expect(out).to match(/accounting for 60,/)
+
+    Dir.mktmpdir do |dir|
+      base = File.join(dir, "base.pb.gz")
+      File.binwrite(base, first.pprof_data)
+      out, err, status = go_pprof(second, "-top", "-sample_index=inuse_objects",
+                                  "-tagfocus=class=ShapeWidget", "-base=#{base}")
+      expect(status.exitstatus).to eq(0), err
+      # What grew between the flushes: the 40 new widgets.
+      expect(out).to match(/accounting for 40,/)
+    end
+  end
+
+  it "has no '-' in sample type names or label keys, and valid UTF-8 strings" do
+    bad_name = "weird\xFF\xFEname".b
+    klass = Class.new { define_method(:make) { "x" * 10 } }
+    Object.const_set(:ShapeBadPath, klass) unless defined?(ShapeBadPath)
+    eval("def shape_bad_path_method = ShapeBadPath.new.make", binding, "/tmp/#{bad_name.force_encoding('UTF-8')}.rb", 1) # rubocop:disable Security/Eval
+    collector = MemprofilerPprof::Collector.new(sample_rate: 1.0)
+    data = collector.profile { shape_bad_path_method }
+    profile = parse_profile(data)
+    expect(profile.sample_type_names.grep(/-/)).to be_empty
+    expect(profile.samples.flat_map { |s| s.labels.map(&:key) }.grep(/-/)).to be_empty
+    expect(profile.strings).to all(satisfy(&:valid_encoding?))
+    expect(profile.strings.grep(/weird.*name/)).not_to be_empty
+  end
+
+  it "stays well under 1 MB with 50,000 live samples over thousands of stacks" do
+    methods = Array.new(2_000) do |n|
+      eval("->(x) { [x, #{n}] }", binding, "stacks_#{n}.rb", 1) # rubocop:disable Security/Eval
+    end
+    collector = MemprofilerPprof::Collector.new(sample_rate: 1.0, max_allocation_samples: 100_000,
+                                                max_heap_samples: 100_000)
+    collector.start!
+    @kept = Array.new(50_000) { |i| methods[i % 2_000].call(i) }
+    data = collector.flush
+    collector.stop!
+    expect(data.heap_samples_count).to be >= 50_000
+    expect(data.pprof_data.bytesize).to be < 1_000_000
+    _out, err, status = go_pprof(data, "-top")
+    expect(status.exitstatus).to eq(0), err
+  end
+end
