@@ -26,8 +26,11 @@ module MemprofilerPprof
 
     private_class_method :_native_pause_all_for_ractors
 
+    # seed: an Integer makes the sampling reproducible (same allocations, same
+    # samples); nil (the default) seeds from the clock and process id.
     def initialize(sample_rate: 0.01, max_allocation_samples: 10_000, max_heap_samples: 50_000,
-                   bt_method: :cfp, allocation_retain_rate: 1.0, size_measurement: :postponed_job)
+                   bt_method: :cfp, allocation_retain_rate: 1.0, size_measurement: :postponed_job,
+                   seed: nil)
       _native_configure(
         self.class.validate_fraction(sample_rate, :sample_rate),
         self.class.validate_count(max_allocation_samples, :max_allocation_samples),
@@ -36,6 +39,7 @@ module MemprofilerPprof
       self.bt_method = bt_method
       self.allocation_retain_rate = allocation_retain_rate
       self.size_measurement = size_measurement
+      _native_set_seed(self.class.validate_seed(seed)) unless seed.nil?
       @flush_lock = Mutex.new
     end
 
@@ -152,6 +156,15 @@ module MemprofilerPprof
       raise ArgumentError, "#{name} must be >= 0, got #{count}" if count.negative?
 
       [count, MAX_CAP].min
+    end
+
+    def self.validate_seed(seed)
+      raise TypeError, "seed must be an Integer or nil, got #{seed.inspect}" unless seed.is_a?(Integer)
+      unless seed >= 0 && seed <= MAX_CAP
+        raise ArgumentError, "seed must be between 0 and #{MAX_CAP}, got #{seed}"
+      end
+
+      seed
     end
 
     def self.validate_flag(value, name)

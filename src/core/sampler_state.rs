@@ -156,6 +156,12 @@ impl SamplerState {
         }
     }
 
+    /// Restarts every random draw from `seed`, for reproducible runs.
+    pub fn reseed(&mut self, seed: u64) {
+        self.gaps = GapSampler::new(self.gaps.rate(), seed);
+        self.retain_rng = SmallRng::seed_from_u64(seed.wrapping_add(1));
+    }
+
     /// Sets the fraction (0..=1) of samples kept in the allocation profile
     /// once measured; the rest only count while alive (inuse_*). Kept
     /// samples are re-weighted by 1 / rate so totals stay unbiased.

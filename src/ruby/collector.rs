@@ -224,6 +224,15 @@ impl Collector {
         self.apply_hooks()
     }
 
+    pub fn reseed(&self, seed: u64) -> RbResult<()> {
+        let gap = self.with_sampler(|s| {
+            s.state.reseed(seed);
+            s.state.gaps.next_gap()
+        })?;
+        self.countdown.set(gap);
+        Ok(())
+    }
+
     pub fn is_running(&self) -> bool {
         self.running.load(Ordering::Relaxed)
     }

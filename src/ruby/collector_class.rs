@@ -175,6 +175,15 @@ unsafe extern "C" fn native_configure(
     })
 }
 
+/// Seeds the sampler's random draws (collector.rb passes `seed:`).
+unsafe extern "C" fn native_set_seed(rb_self: VALUE, seed: VALUE) -> VALUE {
+    method_entry(|| {
+        let seed = count_arg(seed, "seed")? as u64;
+        collector_of(rb_self)?.reseed(seed)?;
+        Ok(Qnil as VALUE)
+    })
+}
+
 unsafe extern "C" fn native_set_sample_rate(rb_self: VALUE, sample_rate: VALUE) -> VALUE {
     method_entry(|| {
         let rate = rate_arg(sample_rate)?;
@@ -380,6 +389,7 @@ pub fn methods() -> Vec<MethodDef> {
     vec![
         method_def!(c"_native_configure", native_configure, 3, true),
         method_def!(c"_native_set_sample_rate", native_set_sample_rate, 1, true),
+        method_def!(c"_native_set_seed", native_set_seed, 1, true),
         method_def!(c"sample_rate", sample_rate, 0, false),
         method_def!(
             c"_native_set_max_allocation_samples",

@@ -1,0 +1,63 @@
+# frozen_string_literal: true
+
+# Sampled profiles estimate the true totals: every sample counts for
+# 1 / sample_rate objects. Checked against ground truth computed in the same
+# process, with fixed seeds so that the checks are deterministic.
+RSpec.describe "estimates at sample_rate 0.01" do
+  let(:unlimited) { { max_allocation_samples: 10_000_000, max_heap_samples: 10_000_000 } }
+  let(:allocator) { Workload::Allocator.new }
+
+  it "estimates the total allocation count within 3% over 2.5 million allocations" do
+    collector = MemprofilerPprof::Collector.new(sample_rate: 0.01, seed: 20_261_129, **unlimited)
+    allocator.temporary(0) # warm up inline caches
+    collector.start!
+    before = GC.stat(:total_allocated_objects)
+    2_500_000.times { |i| allocator.temporary(i) }
+    truth = GC.stat(:total_allocated_objects) - before
+    data = collector.flush
+    collector.stop!
+    estimate = total_through(parse_profile(data), "Workload::Allocator#temporary", "alloc_objects")
+    expect(truth).to be >= 2_500_000
+    expect(estimate).to be_within(truth * 0.03).of(truth)
+    expect(data.allocation_samples_count).to be_within(2_500).of(25_000)
+  end
+
+  it "estimates 200,000 retained objects among millions of temporary ones within 5%" do
+    collector = MemprofilerPprof::Collector.new(sample_rate: 0.01, seed: 7, **unlimited)
+    collector.start!
+    kept = []
+    200_000.times do |i|
+      kept << allocator.retained(i)
+      10.times { |j| allocator.temporary(j) }
+    end
+    GC.start
+    data = collector.flush
+    collector.stop!
+    profile = parse_profile(data)
+    inuse = total_through(profile, "Workload::Allocator#retained", "inuse_objects")
+    temporaries_alive = total_through(profile, "Workload::Allocator#temporary", "inuse_objects")
+    expect(kept.size).to eq(200_000)
+    expect(inuse).to be_within(10_000).of(200_000)
+    expect(temporaries_alive).to be < 2_000 # garbage, collected
+  end
+
+  it "samples the same allocations again with the same seed" do
+    runs = Array.new(2) do
+      collector = MemprofilerPprof::Collector.new(sample_rate: 0.01, seed: 42, **unlimited)
+      allocator.temporary(0)
+      collector.start!
+      20_000.times { |i| allocator.temporary(i) }
+      data = collector.flush
+      collector.stop!
+      total_through(parse_profile(data), "Workload::Allocator#temporary", "alloc_objects")
+    end
+    expect(runs[0]).to be_positive
+    expect(runs[1]).to eq(runs[0])
+  end
+
+  it "rejects a bad seed" do
+    expect { MemprofilerPprof::Collector.new(seed: -1) }.to raise_error(ArgumentError, /seed.*-1/)
+    expect { MemprofilerPprof::Collector.new(seed: "1") }.to raise_error(TypeError, /seed.*"1"/)
+    expect { MemprofilerPprof::Collector.new(seed: 2**64) }.to raise_error(ArgumentError, /seed/)
+  end
+end
