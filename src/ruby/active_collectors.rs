@@ -10,7 +10,7 @@ use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{LazyLock, Once};
 
-use super::collector::Collector;
+use super::collector::{Collector, Sampler};
 use crate::core::lock::SamplerLock;
 
 /// Addresses of `Collector`s (their Box, which does not move). A collector
@@ -130,41 +130,44 @@ pub fn pause_all_for_ractors() {
 
 static FORK_HANDLERS: Once = Once::new();
 
+/// Each registered collector's sampler lock, for the fork handlers, which
+/// hold the registry lock without a guard between `before_fork` and the
+/// after-fork handlers.
+///
+/// # Safety
+/// The calling thread must hold the registry lock (taken by `before_fork`).
+unsafe fn sampler_locks_while_forking(
+) -> impl DoubleEndedIterator<Item = &'static SamplerLock<Sampler>> {
+    // SAFETY: the registry lock is held by this thread, so the list cannot
+    // change; every address is a live collector (see ACTIVE).
+    let collectors: &'static Vec<usize> = unsafe { &*ACTIVE.data_ptr() };
+    collectors.iter().map(|&address| {
+        // SAFETY: as above.
+        &unsafe { &*(address as *const Collector) }.sampler
+    })
+}
+
 unsafe extern "C" fn before_fork() {
     // Registry first, then each collector's lock; released in reverse.
     ACTIVE.lock_for_fork();
-    // SAFETY: the registry lock is held by this thread, so the list cannot
-    // change; every address is a live collector (see ACTIVE).
-    let collectors: &Vec<usize> = unsafe { &*ACTIVE.data_ptr() };
-    for &address in collectors {
-        // SAFETY: as above.
-        unsafe { &*(address as *const Collector) }
-            .sampler
-            .lock_for_fork();
-    }
+    // SAFETY: the registry lock was just taken by this thread.
+    unsafe { sampler_locks_while_forking() }.for_each(|lock| lock.lock_for_fork());
 }
 
 unsafe extern "C" fn after_fork_in_parent() {
     // SAFETY: `before_fork` ran on this thread and still holds the registry.
-    let collectors: &Vec<usize> = unsafe { &*ACTIVE.data_ptr() };
-    for &address in collectors.iter().rev() {
-        // SAFETY: as in `before_fork`.
-        unsafe { &*(address as *const Collector) }
-            .sampler
-            .unlock_after_fork();
-    }
+    unsafe { sampler_locks_while_forking() }
+        .rev()
+        .for_each(|lock| lock.unlock_after_fork());
     ACTIVE.unlock_after_fork();
 }
 
 unsafe extern "C" fn after_fork_in_child() {
-    // SAFETY: as in the parent; the child has only this thread.
-    let collectors: &Vec<usize> = unsafe { &*ACTIVE.data_ptr() };
-    for &address in collectors.iter().rev() {
-        // SAFETY: as in `before_fork`.
-        unsafe { &*(address as *const Collector) }
-            .sampler
-            .reinit_in_child();
-    }
+    // SAFETY: as in the parent; the child has only this thread. Error-checking
+    // mutexes cannot be unlocked here (see SamplerLock::reinit_in_child).
+    unsafe { sampler_locks_while_forking() }
+        .rev()
+        .for_each(|lock| lock.reinit_in_child());
     ACTIVE.reinit_in_child();
 }
 
