@@ -303,7 +303,7 @@ RSpec.describe MemprofilerPprof::Collector, "state between runs" do
     collector.start!
     data = collector.flush # nothing allocated since start!
     collector.stop!
-    expect(live_before).to eq(5) # the allocation cap (5) also bounds what is tracked
+    expect(live_before).to be >= 50 # the allocation cap does not limit live tracking
     expect(data.dropped_samples_allocation_bufsize).to eq(0)
     # Only the few objects flush itself allocates before reading the samples.
     expect(data.heap_samples_count).to be < 5

@@ -61,3 +61,41 @@ RSpec.describe "estimates at sample_rate 0.01" do
     expect { MemprofilerPprof::Collector.new(seed: 2**64) }.to raise_error(ArgumentError, /seed/)
   end
 end
+
+RSpec.describe "estimates when the caps are reached" do
+  let(:allocator) { Workload::Allocator.new }
+
+  it "shows an allocation spike late in the interval although the allocation list filled early" do
+    collector = MemprofilerPprof::Collector.new(sample_rate: 1.0, max_allocation_samples: 1_000,
+                                                max_heap_samples: 10_000_000, seed: 3)
+    allocator.temporary(0)
+    allocator.retained(0)
+    collector.start!
+    30_000.times { |i| allocator.temporary(i) } # fills the list within the first 1,000
+    10_000.times { |i| allocator.retained(i) }  # the late spike: 2 objects a call
+    data = collector.flush
+    collector.stop!
+    profile = parse_profile(data)
+    expect(data.allocation_samples_count).to eq(1_000)
+    expect(data.dropped_samples_allocation_bufsize).to be > 39_000
+    late = total_through(profile, "Workload::Allocator#retained", "alloc_objects")
+    early = total_through(profile, "Workload::Allocator#temporary", "alloc_objects")
+    expect(late).to be_within(2_500).of(20_000)
+    expect(early).to be_within(2_500).of(30_000)
+  end
+
+  it "keeps the allocation estimate within 7% at sample_rate 0.01 with a small allocation cap" do
+    collector = MemprofilerPprof::Collector.new(sample_rate: 0.01, max_allocation_samples: 2_000,
+                                                max_heap_samples: 10_000_000, seed: 11)
+    allocator.temporary(0)
+    collector.start!
+    before = GC.stat(:total_allocated_objects)
+    2_500_000.times { |i| allocator.temporary(i) }
+    truth = GC.stat(:total_allocated_objects) - before
+    data = collector.flush
+    collector.stop!
+    estimate = total_through(parse_profile(data), "Workload::Allocator#temporary", "alloc_objects")
+    expect(data.allocation_samples_count).to eq(2_000)
+    expect(estimate).to be_within(truth * 0.07).of(truth)
+  end
+end

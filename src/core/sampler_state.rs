@@ -76,16 +76,36 @@ pub struct DropCounters {
     pub heap_bufsize: u64,
 }
 
-/// Where a new sample may go, given the caps.
+/// Where a new sample goes in the allocation list.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Admission {
-    /// Both lists have room.
-    AllocationAndLive,
-    /// Only the allocation list has room; the object will not be tracked.
-    AllocationOnly,
-    /// No room: the sample is dropped (and counted).
-    Dropped,
+pub enum AllocationSlot {
+    /// The list has room.
+    Append,
+    /// The list is full: reservoir sampling chose this entry to replace.
+    Replace(usize),
+    /// The list is full and the sample lost the draw.
+    Skip,
 }
+
+/// Where a new sample goes, given the caps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Admission {
+    pub allocation: AllocationSlot,
+    /// Tracked in the live map (false when it is full).
+    pub live: bool,
+}
+
+impl Admission {
+    /// In neither list: nothing to record (no backtrace needed).
+    pub fn is_dropped(&self) -> bool {
+        self.allocation == AllocationSlot::Skip && !self.live
+    }
+}
+
+/// An allocation-list entry whose sample was thinned out by
+/// allocation_retain_rate: it keeps its reservoir slot (so the reservoir's
+/// odds stay right) but contributes nothing.
+const TOMBSTONE: SampleId = SampleId(u32::MAX);
 
 /// One sample's contribution to a flushed profile, already weighted:
 /// [alloc_objects, alloc_space, inuse_objects, inuse_space].
@@ -115,7 +135,11 @@ pub struct SamplerState {
     records: Vec<SampleRecord>,
     free_records: Vec<u32>,
     live: FastHashMap<ObjectAddress, SampleId>,
+    /// The allocation list: a reservoir of at most max_allocation_samples
+    /// of this interval's samples, uniformly chosen among all of them.
     allocations: Vec<SampleId>,
+    /// Samples offered to the allocation list this interval.
+    allocations_seen: u64,
     /// Samples taken but not yet measured (sizes are known only once the
     /// allocating method has filled the object in).
     pending_sizes: Vec<(SampleId, ObjectAddress)>,
@@ -144,6 +168,7 @@ impl SamplerState {
             free_records: Vec::new(),
             live: FastHashMap::default(),
             allocations: Vec::new(),
+            allocations_seen: 0,
             pending_sizes: Vec::new(),
             gaps,
             max_allocation_samples,
@@ -177,18 +202,30 @@ impl SamplerState {
         self.allocation_retain_rate
     }
 
-    /// Decides, before any backtrace is captured, whether a sample fits; counts
-    /// the drop if it does not.
+    /// Decides, before any backtrace is captured, where a sample goes, and
+    /// counts what the caps keep out. When the allocation list is full it
+    /// becomes a reservoir: the n-th sample of the interval replaces a
+    /// random entry with probability cap / n, so what is kept stays a
+    /// uniform sample of the whole interval (a late spike shows up) and
+    /// `take_snapshot` scales it back up to the whole interval.
     pub fn admission(&mut self) -> Admission {
-        if self.allocations.len() >= self.max_allocation_samples {
+        self.allocations_seen += 1;
+        let cap = self.max_allocation_samples;
+        let allocation = if self.allocations.len() < cap {
+            AllocationSlot::Append
+        } else {
             self.drops.allocation_bufsize += 1;
-            return Admission::Dropped;
-        }
-        if self.live.len() >= self.max_heap_samples {
+            let draw = (self.retain_rng.random::<f64>() * self.allocations_seen as f64) as u64;
+            match usize::try_from(draw) {
+                Ok(index) if index < self.allocations.len() => AllocationSlot::Replace(index),
+                _ => AllocationSlot::Skip,
+            }
+        };
+        let live = self.live.len() < self.max_heap_samples;
+        if !live {
             self.drops.heap_bufsize += 1;
-            return Admission::AllocationOnly;
         }
-        Admission::AllocationAndLive
+        Admission { allocation, live }
     }
 
     pub fn count_nolock_drop(&mut self, count: u64) {
@@ -207,11 +244,11 @@ impl SamplerState {
         // A slot can be reused without a FREEOBJ for its previous object
         // (Ruby frees some internal objects silently): the old sample is dead.
         self.record_free(object);
-        let (in_allocations, in_live) = match admission {
-            Admission::Dropped => return None,
-            Admission::AllocationOnly => (true, false),
-            Admission::AllocationAndLive => (true, true),
-        };
+        if admission.is_dropped() {
+            return None;
+        }
+        let in_allocations = admission.allocation != AllocationSlot::Skip;
+        let in_live = admission.live;
         let stack = self.stacks.intern(frames);
         let record = SampleRecord {
             stack,
@@ -239,8 +276,15 @@ impl SamplerState {
                 SampleId(slot)
             }
         };
-        if in_allocations {
-            self.allocations.push(id);
+        match admission.allocation {
+            AllocationSlot::Append => self.allocations.push(id),
+            AllocationSlot::Replace(index) => {
+                let evicted = std::mem::replace(&mut self.allocations[index], id);
+                if evicted != TOMBSTONE {
+                    self.release(evicted);
+                }
+            }
+            AllocationSlot::Skip => {}
         }
         if in_live {
             self.live.insert(object, id);
@@ -319,18 +363,14 @@ impl SamplerState {
         self.pending_sizes.clear();
     }
 
-    /// Takes thinned-out samples off the allocation list.
+    /// Turns thinned-out samples' allocation-list entries into tombstones.
     fn release_dropped_allocations(&mut self) {
-        let mut list = std::mem::take(&mut self.allocations);
         let mut released = Vec::new();
-        list.retain(|&id| {
-            let keep = !self.records[id.0 as usize].alloc_dropped;
-            if !keep {
-                released.push(id);
+        for entry in self.allocations.iter_mut() {
+            if *entry != TOMBSTONE && self.records[entry.0 as usize].alloc_dropped {
+                released.push(std::mem::replace(entry, TOMBSTONE));
             }
-            keep
-        });
-        self.allocations = list;
+        }
         for id in released {
             self.release(id);
         }
@@ -415,20 +455,23 @@ impl SamplerState {
         snapshot.heap_samples = snapshot.samples.len();
 
         let allocations = std::mem::take(&mut self.allocations);
-        snapshot.allocation_samples = allocations.len();
-        for &id in &allocations {
+        // Reservoir scaling: each entry stands for seen / kept samples.
+        let seen = std::mem::take(&mut self.allocations_seen);
+        let scale = if !allocations.is_empty() && seen > allocations.len() as u64 {
+            seen as f64 / allocations.len() as f64
+        } else {
+            1.0
+        };
+        for &id in allocations.iter().filter(|&&id| id != TOMBSTONE) {
             let record = &self.records[id.0 as usize];
+            let weight = record.alloc_weight * scale;
             snapshot.samples.push(FlushedSample {
                 stack: record.stack,
                 class: record.info.class,
                 gc_age: None,
-                values: [
-                    record.alloc_weight,
-                    record.alloc_weight * record.size as f64,
-                    0.0,
-                    0.0,
-                ],
+                values: [weight, weight * record.size as f64, 0.0, 0.0],
             });
+            snapshot.allocation_samples += 1;
             self.release(id);
         }
 
@@ -464,8 +507,11 @@ impl SamplerState {
             self.record_free(object);
         }
         for id in std::mem::take(&mut self.allocations) {
-            self.release(id);
+            if id != TOMBSTONE {
+                self.release(id);
+            }
         }
+        self.allocations_seen = 0;
         self.pending_sizes.clear();
         self.drops = DropCounters::default();
         // A flush still resolving frames prunes when it finishes.
@@ -478,8 +524,12 @@ impl SamplerState {
         self.live.len()
     }
 
+    /// Samples in the allocation list (not counting thinned-out ones).
     pub fn allocation_count(&self) -> usize {
-        self.allocations.len()
+        self.allocations
+            .iter()
+            .filter(|&&id| id != TOMBSTONE)
+            .count()
     }
 
     pub fn drops(&self) -> DropCounters {
@@ -605,14 +655,76 @@ mod tests {
         assert_eq!(st.allocation_count(), 3);
         assert_eq!(st.live_count(), 2);
         let drops = st.drops();
+        // 2 samples beyond the allocation cap (rejected or evicting another),
+        // 3 beyond the live cap.
         assert_eq!(drops.allocation_bufsize, 2);
-        assert_eq!(drops.heap_bufsize, 1);
+        assert_eq!(drops.heap_bufsize, 3);
 
         let snap = st.take_snapshot(0, |_| Some(40));
         assert_eq!(snap.drops, drops);
         assert_eq!(st.drops(), DropCounters::default(), "flush resets drops");
         assert_eq!(snap.allocation_samples, 3);
         assert_eq!(snap.heap_samples, 2);
+        // The 3 kept allocation samples stand for all 5.
+        assert!((totals(&snap)[0] - 5.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_full_allocation_list_keeps_a_uniform_sample_of_the_whole_interval() {
+        // 1,000 early allocations from one stack, then 1,000 late ones from
+        // another, through a list of 100: the late ones must not be lost.
+        let mut late_share = Vec::new();
+        for seed in 0..20 {
+            let mut st = SamplerState::new(GapSampler::new(1.0, seed), 100, 0);
+            for i in 0..2_000usize {
+                let stack = if i < 1_000 { [8] } else { [16] };
+                let admission = st.admission();
+                st.record_allocation(
+                    0x1000 + i * 40,
+                    ObjectInfo::default(),
+                    &frames(&stack),
+                    1.0,
+                    admission,
+                );
+            }
+            let snap = st.take_snapshot(0, |_| None);
+            let late: f64 = snap
+                .samples
+                .iter()
+                .filter(|s| snap.stacks[&s.stack][0].frame == 16)
+                .map(|s| s.values[0])
+                .sum();
+            let total: f64 = snap.samples.iter().map(|s| s.values[0]).sum();
+            assert!(
+                (total - 2_000.0).abs() < 1e-6,
+                "estimate of the total is exact"
+            );
+            late_share.push(late / total);
+        }
+        let mean = late_share.iter().sum::<f64>() / late_share.len() as f64;
+        assert!((mean - 0.5).abs() < 0.05, "late allocations' share {mean}");
+    }
+
+    #[test]
+    fn thinned_samples_keep_their_reservoir_slot() {
+        let mut st = state(10, 100);
+        st.set_allocation_retain_rate(0.5);
+        for i in 0..10 {
+            record(&mut st, 0x1000 + i * 40, &[8]);
+        }
+        let mut toggle = 0u32;
+        st.measure_pending_with(&mut |_| Some(40), &mut || {
+            toggle += 1;
+            if toggle % 2 == 0 {
+                0.25
+            } else {
+                0.75
+            }
+        });
+        assert_eq!(st.allocation_count(), 5);
+        // The list is still full: the next sample goes through the reservoir.
+        let admission = st.admission();
+        assert_ne!(admission.allocation, AllocationSlot::Append);
     }
 
     #[test]

@@ -24,7 +24,7 @@ use super::heap;
 use crate::core::lock::{LockError, SamplerLock};
 use crate::core::profile_builder::{build_profile, encode_gzipped, ProfileMeta};
 use crate::core::sample_gate::{entropy_seed, GapSampler, SkipCountdown};
-use crate::core::sampler_state::{Admission, DropCounters, SamplerState};
+use crate::core::sampler_state::{DropCounters, SamplerState};
 
 pub const DEFAULT_SAMPLE_RATE: f64 = 0.01;
 pub const DEFAULT_MAX_ALLOCATION_SAMPLES: usize = 10_000;
@@ -279,7 +279,7 @@ impl Collector {
         } = &mut *sampler;
         self.countdown.set(state.gaps.next_gap());
         let admission = state.admission();
-        if admission == Admission::Dropped {
+        if admission.is_dropped() {
             return;
         }
         let weight = state.gaps.weight();
