@@ -18,12 +18,15 @@ RSpec.describe MemprofilerPprof::Collector, "under concurrency" do
       collector.start!
       flushes = []
       done = false
+      flushing = Queue.new
       flusher = Thread.new do
         until done
           flushes << collector.flush(yield_gvl: yield_gvl, proactively_yield_gvl: yield_gvl)
+          flushing << true if flushes.size == 1
           Thread.pass
         end
       end
+      flushing.pop # the workers start once the flusher is under way
       workers = Array.new(4) do |t|
         Thread.new { iterations.times { |i| allocator.two_objects(t * iterations + i) } }
       end
