@@ -61,15 +61,25 @@ RSpec.describe MemprofilerPprof::Collector, "accuracy" do
     expect(stacks[1]).to eq(stacks[0])
   end
 
-  it "respects max_heap_samples, still recording the allocations, and counts the drops" do
-    collector = described_class.new(sample_rate: 1.0, max_allocation_samples: 1_000, max_heap_samples: 5)
-    kept = nil
-    data = collector.profile { kept = Array.new(100) { |i| i.to_s } }
-    expect(kept.size).to eq(100)
-    expect(data.heap_samples_count).to eq(5)
-    expect(collector.live_heap_samples_count).to eq(5)
-    expect(data.dropped_samples_heap_bufsize).to be >= 95
-    expect(data.allocation_samples_count).to be >= 100
+  it "respects max_heap_samples by thinning, still estimating the live heap, and counts the drops" do
+    collector = described_class.new(sample_rate: 1.0, max_allocation_samples: 100_000,
+                                    max_heap_samples: 4_000, seed: 5)
+    allocator = Workload::Allocator.new
+    collector.start!
+    kept = Array.new(20_000) { |i| allocator.retained(i) }
+    GC.start # the temporary half of each call dies here
+    data = collector.flush
+    collector.stop!
+    profile = parse_profile(data)
+    expect(kept.size).to eq(20_000)
+    expect(data.heap_samples_count).to be <= 4_000
+    expect(collector.live_heap_samples_count).to be <= 4_000
+    expect(data.dropped_samples_heap_bufsize).to be > 15_000
+    # Every allocation is still in the allocation profile...
+    expect(total_through(profile, "Workload::Allocator#retained", "alloc_objects")).to be_within(20).of(40_000)
+    # ...and the thinned live map still estimates the 20,000 kept strings.
+    inuse = samples_through(profile, "Workload::Allocator#retained").select { |s| s.frames.first.name == "Workload::Allocator#retained" }
+    expect(inuse.sum { |s| s.value(profile, "inuse_objects") }).to be_within(2_000).of(20_000)
   end
 
   it "thins the allocation list with allocation_retain_rate but keeps estimates unbiased" do

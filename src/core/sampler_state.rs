@@ -140,6 +140,10 @@ pub struct SamplerState {
     allocations: Vec<SampleId>,
     /// Samples offered to the allocation list this interval.
     allocations_seen: u64,
+    /// Probability that a new sample is tracked in the live map: halved
+    /// each time the map fills (existing samples are thinned to match),
+    /// raised again once it has room. Kept samples count 1 / keep_rate.
+    live_keep_rate: f64,
     /// Samples taken but not yet measured (sizes are known only once the
     /// allocating method has filled the object in).
     pending_sizes: Vec<(SampleId, ObjectAddress)>,
@@ -169,6 +173,7 @@ impl SamplerState {
             live: FastHashMap::default(),
             allocations: Vec::new(),
             allocations_seen: 0,
+            live_keep_rate: 1.0,
             pending_sizes: Vec::new(),
             gaps,
             max_allocation_samples,
@@ -221,11 +226,49 @@ impl SamplerState {
                 _ => AllocationSlot::Skip,
             }
         };
-        let live = self.live.len() < self.max_heap_samples;
+        let live = self.admit_live();
         if !live {
             self.drops.heap_bufsize += 1;
         }
         Admission { allocation, live }
+    }
+
+    /// Whether a new sample is tracked live. When the live map is full, the
+    /// tracking rate halves and every tracked sample survives with
+    /// probability 1/2, counting double: a hard memory bound that still
+    /// represents the whole live heap, new objects included.
+    fn admit_live(&mut self) -> bool {
+        let cap = self.max_heap_samples;
+        if cap == 0 {
+            return false;
+        }
+        if self.live_keep_rate < 1.0 && self.live.len() < cap / 4 {
+            // Room again: track new objects at a higher rate. (Samples keep
+            // the weight they were admitted with, so mixing rates is fine.)
+            self.live_keep_rate = (self.live_keep_rate * 2.0).min(1.0);
+        }
+        while self.live.len() >= cap && self.live_keep_rate > f64::MIN_POSITIVE {
+            self.thin_live_samples();
+        }
+        self.live_keep_rate >= 1.0 || self.retain_rng.random::<f64>() < self.live_keep_rate
+    }
+
+    fn thin_live_samples(&mut self) {
+        self.live_keep_rate /= 2.0;
+        let mut dropped = Vec::new();
+        let mut rng = self.retain_rng.clone();
+        for (&object, &id) in &self.live {
+            if rng.random::<bool>() {
+                self.records[id.0 as usize].weight *= 2.0;
+            } else {
+                dropped.push(object);
+            }
+        }
+        self.retain_rng = rng;
+        self.drops.heap_bufsize += dropped.len() as u64;
+        for object in dropped {
+            self.record_free(object);
+        }
     }
 
     pub fn count_nolock_drop(&mut self, count: u64) {
@@ -250,10 +293,15 @@ impl SamplerState {
         let in_allocations = admission.allocation != AllocationSlot::Skip;
         let in_live = admission.live;
         let stack = self.stacks.intern(frames);
+        let live_weight = if in_live {
+            weight / self.live_keep_rate
+        } else {
+            weight
+        };
         let record = SampleRecord {
             stack,
             info,
-            weight,
+            weight: live_weight,
             alloc_weight: weight,
             alloc_dropped: false,
             size: 0,
@@ -343,7 +391,7 @@ impl SamplerState {
                     record.size = size;
                     if retain < 1.0 && !record.alloc_dropped {
                         if uniform() < retain {
-                            record.alloc_weight = record.weight / retain;
+                            record.alloc_weight /= retain;
                         } else {
                             record.alloc_dropped = true;
                             dropped_any = true;
@@ -512,6 +560,7 @@ impl SamplerState {
             }
         }
         self.allocations_seen = 0;
+        self.live_keep_rate = 1.0;
         self.pending_sizes.clear();
         self.drops = DropCounters::default();
         // A flush still resolving frames prunes when it finishes.
@@ -653,20 +702,77 @@ mod tests {
             record(&mut st, 0x1000 + i * 40, &[8]);
         }
         assert_eq!(st.allocation_count(), 3);
-        assert_eq!(st.live_count(), 2);
+        assert!(st.live_count() <= 2);
         let drops = st.drops();
-        // 2 samples beyond the allocation cap (rejected or evicting another),
-        // 3 beyond the live cap.
+        // 2 samples beyond the allocation cap (rejected or evicting another).
         assert_eq!(drops.allocation_bufsize, 2);
-        assert_eq!(drops.heap_bufsize, 3);
+        // Every sample not tracked live, or thinned out of the live map.
+        assert!(drops.heap_bufsize >= 3);
 
         let snap = st.take_snapshot(0, |_| Some(40));
         assert_eq!(snap.drops, drops);
         assert_eq!(st.drops(), DropCounters::default(), "flush resets drops");
         assert_eq!(snap.allocation_samples, 3);
-        assert_eq!(snap.heap_samples, 2);
+        assert!(snap.heap_samples <= 2);
         // The 3 kept allocation samples stand for all 5.
         assert!((totals(&snap)[0] - 5.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_full_live_map_thins_but_still_estimates_the_whole_live_heap() {
+        let mut errors = Vec::new();
+        for seed in 0..20 {
+            let mut st = SamplerState::new(GapSampler::new(1.0, seed), 1_000_000, 500);
+            for i in 0..20_000usize {
+                let admission = st.admission();
+                st.record_allocation(
+                    0x1000 + i * 40,
+                    ObjectInfo::default(),
+                    &frames(&[8]),
+                    1.0,
+                    admission,
+                );
+                assert!(st.live_count() <= 500);
+            }
+            let snap = st.take_snapshot(0, |_| Some(40));
+            let inuse = totals(&snap)[2];
+            errors.push((inuse - 20_000.0) / 20_000.0);
+        }
+        let mean = errors.iter().sum::<f64>() / errors.len() as f64;
+        let worst = errors.iter().fold(0.0f64, |m, e| m.max(e.abs()));
+        assert!(mean.abs() < 0.03, "mean error {mean}");
+        assert!(worst < 0.25, "worst error {worst}");
+    }
+
+    #[test]
+    fn the_live_map_recovers_its_rate_once_objects_die() {
+        let mut st = SamplerState::new(GapSampler::new(1.0, 1), 1_000_000, 100);
+        for i in 0..1_000usize {
+            let admission = st.admission();
+            st.record_allocation(
+                0x1000 + i * 40,
+                ObjectInfo::default(),
+                &frames(&[8]),
+                1.0,
+                admission,
+            );
+        }
+        let objects: Vec<_> = st.live_objects().collect();
+        for object in objects {
+            st.record_free(object);
+        }
+        // Room again: the rate climbs back to 1 over the next samples.
+        for i in 0..50usize {
+            let admission = st.admission();
+            st.record_allocation(
+                0x9_0000 + i * 40,
+                ObjectInfo::default(),
+                &frames(&[8]),
+                1.0,
+                admission,
+            );
+        }
+        assert!(st.live_count() >= 40, "tracked {}", st.live_count());
     }
 
     #[test]
