@@ -5,8 +5,14 @@ require "open3"
 
 # Helpers to read profiles and to check them with `go tool pprof`.
 module PprofHelpers
+  # Every profile a spec reads is also checked by `go tool pprof`, which
+  # exits non-zero on a malformed profile.
   def parse_profile(data)
-    MemprofilerPprof::PprofReader.parse(data.respond_to?(:pprof_data) ? data.pprof_data : data)
+    bytes = data.respond_to?(:pprof_data) ? data.pprof_data : data
+    _out, err, status = go_pprof(bytes, "-top", "-nodecount=1")
+    raise "go tool pprof rejected a profile: #{err}" unless status.success?
+
+    MemprofilerPprof::PprofReader.parse(bytes)
   end
 
   # Samples whose stack passes through `method_name` (and, if given, whose
