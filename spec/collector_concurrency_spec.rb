@@ -90,6 +90,38 @@ RSpec.describe MemprofilerPprof::Collector, "under concurrency" do
     expect(kept_by_parent.size).to eq(50)
   end
 
+  it "lets a child forked while another thread is flushing flush on its own" do
+    collector = described_class.new(sample_rate: 1.0, **unlimited)
+    collector.start!
+    stop = false
+    flusher = Thread.new { collector.flush(yield_gvl: true, proactively_yield_gvl: true) until stop }
+    results = Array.new(5) do
+      Workload::Allocator.new.outer(200)
+      reader, writer = IO.pipe
+      pid = fork do
+        reader.close
+        outcome = begin
+          data = collector.flush
+          "ok #{data.pprof_data.bytesize.positive?}"
+        rescue StandardError => e
+          "#{e.class}: #{e.message}"
+        end
+        writer.write(outcome)
+        writer.close
+        exit!(0)
+      end
+      writer.close
+      outcome = reader.read
+      reader.close
+      Process.wait(pid)
+      outcome
+    end
+    stop = true
+    flusher.join
+    collector.stop!
+    expect(results).to all(eq("ok true"))
+  end
+
   it "lets Ractors run to completion, switching its hooks off for the rest of the process" do
     code = <<~RUBY
       Warning[:experimental] = false

@@ -60,7 +60,10 @@ enum Liveness {
     Live,
     /// Was in the live map; its object has been freed.
     Freed,
-    /// Never tracked (the live map was full): whether it lives is unknown.
+    /// Not in the live map, but its free is watched until it is measured
+    /// (so the measurement never touches a freed object).
+    Watched,
+    /// Not tracked: whether it lives is unknown.
     Untracked,
 }
 
@@ -147,6 +150,9 @@ pub struct SamplerState {
     /// Samples taken but not yet measured (sizes are known only once the
     /// allocating method has filled the object in).
     pending_sizes: Vec<(SampleId, ObjectAddress)>,
+    /// Objects of pending samples that are not in the live map, watched for
+    /// their free until measured.
+    watched: FastHashMap<ObjectAddress, SampleId>,
     pub gaps: GapSampler,
     pub max_allocation_samples: usize,
     pub max_heap_samples: usize,
@@ -175,6 +181,7 @@ impl SamplerState {
             allocations_seen: 0,
             live_keep_rate: 1.0,
             pending_sizes: Vec::new(),
+            watched: FastHashMap::default(),
             gaps,
             max_allocation_samples,
             max_heap_samples,
@@ -242,7 +249,7 @@ impl SamplerState {
         if cap == 0 {
             return false;
         }
-        if self.live_keep_rate < 1.0 && self.live.len() < cap / 4 {
+        if self.live_keep_rate < 1.0 && self.live.len() * 4 < cap {
             // Room again: track new objects at a higher rate. (Samples keep
             // the weight they were admitted with, so mixing rates is fine.)
             self.live_keep_rate = (self.live_keep_rate * 2.0).min(1.0);
@@ -267,7 +274,42 @@ impl SamplerState {
         self.retain_rng = rng;
         self.drops.heap_bufsize += dropped.len() as u64;
         for object in dropped {
-            self.record_free(object);
+            self.stop_tracking(object);
+        }
+    }
+
+    /// Takes an object that is still alive out of the live map; if it has not
+    /// been measured yet, its free stays watched until it is.
+    fn stop_tracking(&mut self, object: ObjectAddress) {
+        let Some(id) = self.live.remove(&object) else {
+            return;
+        };
+        let record = &mut self.records[id.0 as usize];
+        if record.size == 0 {
+            record.liveness = Liveness::Watched;
+            self.watched.insert(object, id);
+        } else {
+            record.liveness = Liveness::Untracked;
+        }
+        self.release(id);
+    }
+
+    /// Stops tracking every live object (when frees can no longer be seen,
+    /// e.g. hooks paused for Ractors): their addresses would go stale.
+    pub fn stop_tracking_live(&mut self) {
+        let objects: Vec<ObjectAddress> = self.live.keys().copied().collect();
+        for object in objects {
+            self.stop_tracking(object);
+        }
+        self.forget_watched();
+    }
+
+    fn forget_watched(&mut self) {
+        for (_, id) in std::mem::take(&mut self.watched) {
+            let record = &mut self.records[id.0 as usize];
+            if record.liveness == Liveness::Watched {
+                record.liveness = Liveness::Untracked;
+            }
         }
     }
 
@@ -309,7 +351,7 @@ impl SamplerState {
             liveness: if in_live {
                 Liveness::Live
             } else {
-                Liveness::Untracked
+                Liveness::Watched
             },
             refs: u8::from(in_allocations) + u8::from(in_live),
         };
@@ -336,6 +378,8 @@ impl SamplerState {
         }
         if in_live {
             self.live.insert(object, id);
+        } else {
+            self.watched.insert(object, id);
         }
         self.pending_sizes.push((id, object));
         Some(id)
@@ -343,6 +387,9 @@ impl SamplerState {
 
     /// The object at `object` was freed. Returns true if it was sampled.
     pub fn record_free(&mut self, object: ObjectAddress) -> bool {
+        if let Some(id) = self.watched.remove(&object) {
+            self.records[id.0 as usize].liveness = Liveness::Freed;
+        }
         match self.live.remove(&object) {
             Some(id) => {
                 self.records[id.0 as usize].liveness = Liveness::Freed;
@@ -378,10 +425,10 @@ impl SamplerState {
             if record.refs == 0 || record.object != object || record.size != 0 {
                 continue;
             }
-            // Only objects in the live map are known to be alive (their
-            // FREEOBJ has not fired); an untracked one may sit on a heap page
-            // that is gone, so it is never touched.
-            if record.liveness != Liveness::Live {
+            // Only objects whose free is watched (live map, or watched until
+            // measured) are known to be alive; an untracked one may sit on a
+            // heap page that is gone, so it is never touched.
+            if record.liveness != Liveness::Live && record.liveness != Liveness::Watched {
                 continue;
             }
             match measure(object) {
@@ -403,6 +450,8 @@ impl SamplerState {
                 }
             }
         }
+        // Every pending sample has now been measured (or found gone).
+        self.forget_watched();
         if dropped_any {
             self.release_dropped_allocations();
         }
@@ -445,11 +494,33 @@ impl SamplerState {
             .collect();
         for (id, new) in moved {
             self.records[id.0 as usize].object = new;
-            self.live.insert(new, id);
+            if let Some(stale) = self.live.insert(new, id) {
+                // A key left over at the new address (its free was missed):
+                // that object is gone.
+                self.records[stale.0 as usize].liveness = Liveness::Freed;
+                self.release(stale);
+            }
+        }
+        let watched_moved: Vec<(ObjectAddress, ObjectAddress)> = self
+            .watched
+            .keys()
+            .filter_map(|&old| {
+                let new = new_address(old);
+                (new != old).then_some((old, new))
+            })
+            .collect();
+        let watched_moved: Vec<(SampleId, ObjectAddress)> = watched_moved
+            .into_iter()
+            .filter_map(|(old, new)| Some((self.watched.remove(&old)?, new)))
+            .collect();
+        for (id, new) in watched_moved {
+            self.records[id.0 as usize].object = new;
+            self.watched.insert(new, id);
         }
         for (id, object) in &mut self.pending_sizes {
             if let Some(record) = self.records.get(id.0 as usize) {
-                if record.refs > 0 && record.liveness == Liveness::Live {
+                let watched = matches!(record.liveness, Liveness::Live | Liveness::Watched);
+                if record.refs > 0 && watched {
                     *object = record.object;
                 }
             }
@@ -479,6 +550,7 @@ impl SamplerState {
             ..FlushSnapshot::default()
         };
         self.pending_sizes.clear();
+        self.forget_watched();
 
         let mut gone = Vec::new();
         for (&object, &id) in &self.live {
@@ -562,6 +634,7 @@ impl SamplerState {
         self.allocations_seen = 0;
         self.live_keep_rate = 1.0;
         self.pending_sizes.clear();
+        self.forget_watched();
         self.drops = DropCounters::default();
         // A flush still resolving frames prunes when it finishes.
         if !self.flush_in_progress {
@@ -613,6 +686,7 @@ impl SamplerState {
             + self.live.capacity() * (size_of::<ObjectAddress>() + size_of::<SampleId>() + 8)
             + self.allocations.capacity() * size_of::<SampleId>()
             + self.pending_sizes.capacity() * size_of::<(SampleId, ObjectAddress)>()
+            + self.watched.capacity() * (size_of::<ObjectAddress>() + size_of::<SampleId>() + 8)
     }
 
     fn release(&mut self, id: SampleId) {
@@ -870,12 +944,49 @@ mod tests {
     }
 
     #[test]
-    fn untracked_samples_are_never_measured() {
+    fn samples_outside_the_live_map_are_measured_while_their_free_is_watched() {
         let mut st = state(100, 0);
         record(&mut st, 0x1000, &[8]);
-        st.measure_pending(|_| panic!("an untracked object must not be touched"));
-        let snap = st.take_snapshot(0, |_| panic!("no live object"));
-        assert_eq!(totals(&snap), [1.0, 0.0, 0.0, 0.0]);
+        record(&mut st, 0x2000, &[8]);
+        st.record_free(0x2000); // freed before it was measured: never touched
+        let mut measured = Vec::new();
+        st.measure_pending(|address| {
+            measured.push(address);
+            Some(500)
+        });
+        assert_eq!(measured, vec![0x1000]);
+        // Once measured they are no longer watched (nor touched again).
+        let snap = st.take_snapshot(0, |_| panic!("no live object to measure"));
+        assert_eq!(totals(&snap), [2.0, 500.0, 0.0, 0.0]);
+    }
+
+    #[test]
+    fn thinned_out_samples_are_still_measured() {
+        let mut st = SamplerState::new(GapSampler::new(1.0, 9), 1_000, 10);
+        for i in 0..100 {
+            record(&mut st, 0x1000 + i * 40, &[8]);
+        }
+        let mut measured = 0;
+        st.measure_pending(|_| {
+            measured += 1;
+            Some(40)
+        });
+        assert_eq!(measured, 100, "every sample is sized, tracked or not");
+        let snap = st.take_snapshot(0, |_| Some(40));
+        assert!((totals(&snap)[1] - 4_000.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn stop_tracking_live_forgets_addresses_but_keeps_allocations() {
+        let mut st = state(100, 100);
+        record(&mut st, 0x1000, &[8]);
+        record(&mut st, 0x2000, &[8]);
+        st.measure_pending(|_| Some(40));
+        st.stop_tracking_live();
+        assert_eq!(st.live_count(), 0);
+        assert!(!st.record_free(0x1000));
+        let snap = st.take_snapshot(0, |_| panic!("nothing is tracked"));
+        assert_eq!(totals(&snap), [2.0, 80.0, 0.0, 0.0]);
     }
 
     #[test]

@@ -10,7 +10,7 @@ use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{LazyLock, Once};
 
-use super::collector::{Collector, Sampler};
+use super::collector::Collector;
 use crate::core::lock::SamplerLock;
 
 /// Addresses of `Collector`s (their Box, which does not move). A collector
@@ -130,20 +130,18 @@ pub fn pause_all_for_ractors() {
 
 static FORK_HANDLERS: Once = Once::new();
 
-/// Each registered collector's sampler lock, for the fork handlers, which
-/// hold the registry lock without a guard between `before_fork` and the
-/// after-fork handlers.
+/// Each registered collector, for the fork handlers, which hold the registry
+/// lock without a guard between `before_fork` and the after-fork handlers.
 ///
 /// # Safety
 /// The calling thread must hold the registry lock (taken by `before_fork`).
-unsafe fn sampler_locks_while_forking(
-) -> impl DoubleEndedIterator<Item = &'static SamplerLock<Sampler>> {
+unsafe fn collectors_while_forking() -> impl DoubleEndedIterator<Item = &'static Collector> {
     // SAFETY: the registry lock is held by this thread, so the list cannot
     // change; every address is a live collector (see ACTIVE).
     let collectors: &'static Vec<usize> = unsafe { &*ACTIVE.data_ptr() };
     collectors.iter().map(|&address| {
         // SAFETY: as above.
-        &unsafe { &*(address as *const Collector) }.sampler
+        unsafe { &*(address as *const Collector) }
     })
 }
 
@@ -151,23 +149,26 @@ unsafe extern "C" fn before_fork() {
     // Registry first, then each collector's lock; released in reverse.
     ACTIVE.lock_for_fork();
     // SAFETY: the registry lock was just taken by this thread.
-    unsafe { sampler_locks_while_forking() }.for_each(|lock| lock.lock_for_fork());
+    unsafe { collectors_while_forking() }.for_each(|c| c.sampler.lock_for_fork());
 }
 
 unsafe extern "C" fn after_fork_in_parent() {
     // SAFETY: `before_fork` ran on this thread and still holds the registry.
-    unsafe { sampler_locks_while_forking() }
+    unsafe { collectors_while_forking() }
         .rev()
-        .for_each(|lock| lock.unlock_after_fork());
+        .for_each(|c| c.sampler.unlock_after_fork());
     ACTIVE.unlock_after_fork();
 }
 
 unsafe extern "C" fn after_fork_in_child() {
-    // SAFETY: as in the parent; the child has only this thread. Error-checking
-    // mutexes cannot be unlocked here (see SamplerLock::reinit_in_child).
-    unsafe { sampler_locks_while_forking() }
+    // SAFETY (both calls): as in the parent; the child has only this thread.
+    // Error-checking mutexes cannot be unlocked here (see
+    // SamplerLock::reinit_in_child), so they are re-initialised.
+    unsafe { collectors_while_forking() }
         .rev()
-        .for_each(|lock| lock.reinit_in_child());
+        .for_each(|c| c.sampler.reinit_in_child());
+    // A flush another thread was running will never finish in the child.
+    unsafe { collectors_while_forking() }.for_each(|c| c.reset_after_fork_in_child());
     ACTIVE.reinit_in_child();
 }
 

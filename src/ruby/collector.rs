@@ -93,30 +93,36 @@ impl Hook {
         if self.tracepoint.get() != Qnil as VALUE {
             return Ok(());
         }
+        // Register the (empty) slot first: registering allocates, and a GC
+        // then must not find an unregistered TracePoint held only by Rust.
+        let slot = self.tracepoint.as_ptr();
+        protect(|| {
+            // SAFETY: the slot is boxed, holds Qnil (always valid), and lives
+            // until `release` unregisters it.
+            unsafe { rb_gc_register_address(slot) };
+            Qnil as VALUE
+        })?;
         let event = self.event;
         // SAFETY: the hook function matches the tracepoint callback type;
         // `data` is the collector, which disables every tracepoint before it
         // is dropped (see `Drop for Collector`).
-        let tracepoint = protect(|| unsafe {
-            rb_tracepoint_new(
+        let created = protect(|| unsafe {
+            let tracepoint = rb_tracepoint_new(
                 Qfalse as VALUE,
                 event as rb_event_flag_t,
                 Some(tracepoint_hook),
                 data,
-            )
-        })?;
-        self.tracepoint.set(tracepoint);
-        let slot = self.tracepoint.as_ptr();
-        // Registering allocates a list node, which can raise NoMemoryError.
-        let registered = protect(|| {
-            // SAFETY: the slot is boxed and lives until `release` unregisters it.
-            unsafe { rb_gc_register_address(slot) };
-            Qnil as VALUE
+            );
+            // Stored into the registered root before anything else allocates.
+            *slot = tracepoint;
+            tracepoint
         });
-        if registered.is_err() {
+        if created.is_err() {
+            // SAFETY: registered just above.
+            unsafe { rb_gc_unregister_address(slot) };
             self.tracepoint.set(Qnil as VALUE);
         }
-        registered.map(|_| ())
+        created.map(|_| ())
     }
 
     fn set(&self, on: bool) -> RbResult<()> {
@@ -280,6 +286,8 @@ impl Collector {
         self.countdown.set(state.gaps.next_gap());
         let admission = state.admission();
         if admission.is_dropped() {
+            // Still forget a sample whose address was reused without a free.
+            state.record_free(object as usize);
             return;
         }
         let weight = state.gaps.weight();
@@ -407,6 +415,13 @@ impl Collector {
         if self.is_paused_for_ractors() {
             return;
         }
+        // Frees will not be seen any more, so tracked addresses would go
+        // stale: size what is pending, then stop tracking live objects.
+        self.measure_pending();
+        match self.sampler.lock() {
+            Ok(mut sampler) => sampler.state.stop_tracking_live(),
+            Err(_) => self.count_internal_error(),
+        }
         self.paused_for_ractors.store(true, Ordering::Relaxed);
         if self.apply_hooks().is_err() {
             self.count_internal_error();
@@ -430,18 +445,35 @@ impl Collector {
                 "flush is already in progress on this collector (flush called from within a flush?)",
             ));
         }
-        let result = self.flush_inner(options);
-        self.suppressed_thread.store(0, Ordering::Relaxed);
-        // Whatever happened, forget stacks that no sample uses any more.
-        if let Ok(mut sampler) = self.sampler.lock() {
-            sampler.state.finish_flush();
-        }
-        self.flushing.store(false, Ordering::Release);
+        let result = {
+            // Resets the flush state however flush_inner ends (even by panic).
+            let _end = FlushEnd(self);
+            self.flush_inner(options)
+        };
         if result.is_ok() {
             // FREEOBJ off once a stopped collector has no live samples left.
             self.apply_hooks()?;
         }
         result
+    }
+
+    /// Ends a flush: no thread is suppressed any more, stacks and classes no
+    /// sample uses are forgotten, and the next flush may start.
+    fn end_flush(&self) {
+        self.suppressed_thread.store(0, Ordering::Relaxed);
+        if let Ok(mut sampler) = self.sampler.lock() {
+            sampler.state.finish_flush();
+        }
+        self.flushing.store(false, Ordering::Release);
+    }
+
+    /// In a forked child: a flush that was running in another thread of the
+    /// parent will never finish here, so its state is cleared. Runs in the
+    /// atfork child handler, after the lock was re-initialised.
+    pub fn reset_after_fork_in_child(&self) {
+        if self.flushing.load(Ordering::Relaxed) {
+            self.end_flush();
+        }
     }
 
     fn flush_inner(&self, options: FlushOptions) -> RbResult<FlushResult> {
@@ -562,6 +594,14 @@ impl Drop for Collector {
         self.newobj.release();
         self.creturn.release();
         self.freeobj.release();
+    }
+}
+
+struct FlushEnd<'a>(&'a Collector);
+
+impl Drop for FlushEnd<'_> {
+    fn drop(&mut self) {
+        self.0.end_flush();
     }
 }
 
