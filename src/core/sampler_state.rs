@@ -724,6 +724,20 @@ mod tests {
         )
     }
 
+    /// Uniform draws alternating above and below 0.5: at retain rate 0.5,
+    /// exactly every other sample is kept.
+    fn alternating_draws() -> impl FnMut() -> f64 {
+        let mut n = 0u32;
+        move || {
+            n += 1;
+            if n % 2 == 0 {
+                0.25
+            } else {
+                0.75
+            }
+        }
+    }
+
     fn totals(snapshot: &FlushSnapshot) -> [f64; 4] {
         let mut sum = [0.0; 4];
         for sample in &snapshot.samples {
@@ -892,15 +906,7 @@ mod tests {
         for i in 0..10 {
             record(&mut st, 0x1000 + i * 40, &[8]);
         }
-        let mut toggle = 0u32;
-        st.measure_pending_with(&mut |_| Some(40), &mut || {
-            toggle += 1;
-            if toggle % 2 == 0 {
-                0.25
-            } else {
-                0.75
-            }
-        });
+        st.measure_pending_with(&mut |_| Some(40), &mut alternating_draws());
         assert_eq!(st.allocation_count(), 5);
         // The list is still full: the next sample goes through the reservoir.
         let admission = st.admission();
@@ -1024,16 +1030,8 @@ mod tests {
         for i in 0..1_000 {
             record(&mut st, 0x1000 + i * 40, &[8]);
         }
-        let mut toggle = 0u32;
         // Alternating draws: exactly half are kept.
-        st.measure_pending_with(&mut |_| Some(40), &mut || {
-            toggle += 1;
-            if toggle % 2 == 0 {
-                0.25
-            } else {
-                0.75
-            }
-        });
+        st.measure_pending_with(&mut |_| Some(40), &mut alternating_draws());
         assert_eq!(st.allocation_count(), 500);
         assert_eq!(st.live_count(), 1_000, "live tracking is not thinned");
         let snap = st.take_snapshot(0, |_| Some(40));
