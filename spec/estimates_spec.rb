@@ -3,20 +3,31 @@
 # Sampled profiles estimate the true totals: every sample counts for
 # 1 / sample_rate objects. Checked against ground truth computed in the same
 # process, with fixed seeds so that the checks are deterministic.
+module EstimateHelpers
+  # Profiles `count` calls of Workload::Allocator#temporary; returns the true
+  # number of allocations (GC.stat), the profile's estimate, and the flush.
+  def profile_temporaries(collector, count)
+    allocator = Workload::Allocator.new
+    allocator.temporary(0) # warm up inline caches
+    collector.start!
+    before = GC.stat(:total_allocated_objects)
+    count.times { |i| allocator.temporary(i) }
+    truth = GC.stat(:total_allocated_objects) - before
+    data = collector.flush
+    collector.stop!
+    [truth, total_through(parse_profile(data), "Workload::Allocator#temporary", "alloc_objects"), data]
+  end
+end
+
 RSpec.describe "estimates at sample_rate 0.01" do
+  include EstimateHelpers
+
   let(:unlimited) { { max_allocation_samples: 10_000_000, max_heap_samples: 10_000_000 } }
   let(:allocator) { Workload::Allocator.new }
 
   it "estimates the total allocation count within 3% over 2.5 million allocations" do
     collector = MemprofilerPprof::Collector.new(sample_rate: 0.01, seed: 20_261_129, **unlimited)
-    allocator.temporary(0) # warm up inline caches
-    collector.start!
-    before = GC.stat(:total_allocated_objects)
-    2_500_000.times { |i| allocator.temporary(i) }
-    truth = GC.stat(:total_allocated_objects) - before
-    data = collector.flush
-    collector.stop!
-    estimate = total_through(parse_profile(data), "Workload::Allocator#temporary", "alloc_objects")
+    truth, estimate, data = profile_temporaries(collector, 2_500_000)
     expect(truth).to be >= 2_500_000
     expect(estimate).to be_within(truth * 0.03).of(truth)
     expect(data.allocation_samples_count).to be_within(2_500).of(25_000)
@@ -63,6 +74,8 @@ RSpec.describe "estimates at sample_rate 0.01" do
 end
 
 RSpec.describe "estimates when the caps are reached" do
+  include EstimateHelpers
+
   let(:allocator) { Workload::Allocator.new }
 
   it "shows an allocation spike late in the interval although the allocation list filled early" do
@@ -87,14 +100,7 @@ RSpec.describe "estimates when the caps are reached" do
   it "keeps the allocation estimate within 7% at sample_rate 0.01 with a small allocation cap" do
     collector = MemprofilerPprof::Collector.new(sample_rate: 0.01, max_allocation_samples: 2_000,
                                                 max_heap_samples: 10_000_000, seed: 11)
-    allocator.temporary(0)
-    collector.start!
-    before = GC.stat(:total_allocated_objects)
-    2_500_000.times { |i| allocator.temporary(i) }
-    truth = GC.stat(:total_allocated_objects) - before
-    data = collector.flush
-    collector.stop!
-    estimate = total_through(parse_profile(data), "Workload::Allocator#temporary", "alloc_objects")
+    truth, estimate, data = profile_temporaries(collector, 2_500_000)
     expect(data.allocation_samples_count).to eq(2_000)
     expect(estimate).to be_within(truth * 0.07).of(truth)
   end
