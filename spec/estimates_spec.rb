@@ -97,6 +97,14 @@ RSpec.describe "estimates when the caps are reached" do
     expect(early).to be_within(2_500).of(30_000)
   end
 
+  it "keeps the allocation estimate within 3% at sample_rate 0.01 with the default caps reached" do
+    collector = MemprofilerPprof::Collector.new(sample_rate: 0.01, seed: 99) # default 10,000 cap
+    truth, estimate, data = profile_temporaries(collector, 2_500_000)
+    expect(data.allocation_samples_count).to eq(10_000)
+    expect(data.dropped_samples_allocation_bufsize).to be > 10_000
+    expect(estimate).to be_within(truth * 0.03).of(truth)
+  end
+
   it "keeps the allocation estimate within 7% at sample_rate 0.01 with a small allocation cap" do
     collector = MemprofilerPprof::Collector.new(sample_rate: 0.01, max_allocation_samples: 2_000,
                                                 max_heap_samples: 10_000_000, seed: 11)
