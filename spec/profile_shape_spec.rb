@@ -81,6 +81,23 @@ RSpec.describe "profile shape" do
     expect(profile.strings.grep(/weird.*name/)).not_to be_empty
   end
 
+  def shape_recurse(depth)
+    depth.zero? ? "bottom of the stack" * 2 : shape_recurse(depth - 1)
+  end
+
+  it "ends stacks deeper than 1024 frames in a visible truncation frame" do
+    collector = MemprofilerPprof::Collector.new(sample_rate: 1.0)
+    data = collector.profile { @deep = shape_recurse(2_000) }
+    profile = parse_profile(data)
+    deep = profile.samples.find { |s| s.frames.first.name == "String#*" && s.frames[1].name.end_with?("shape_recurse") }
+    expect(deep).not_to be_nil
+    expect(deep.frames.size).to eq(1_025)
+    expect(deep.frames.last.name).to eq("(truncated stack)")
+    out, err, status = go_pprof(data, "-traces")
+    expect(status.exitstatus).to eq(0), err
+    expect(out).to include("(truncated stack)")
+  end
+
   it "stays well under 1 MB with 50,000 live samples over thousands of stacks" do
     methods = Array.new(2_000) do |n|
       eval("->(x) { [x, #{n}] }", binding, "stacks_#{n}.rb", 1) # rubocop:disable Security/Eval
