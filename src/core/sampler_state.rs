@@ -387,8 +387,11 @@ impl SamplerState {
 
     /// The object at `object` was freed. Returns true if it was sampled.
     pub fn record_free(&mut self, object: ObjectAddress) -> bool {
-        if let Some(id) = self.watched.remove(&object) {
-            self.records[id.0 as usize].liveness = Liveness::Freed;
+        // Usually empty (cleared at every measurement): skip the lookup.
+        if !self.watched.is_empty() {
+            if let Some(id) = self.watched.remove(&object) {
+                self.records[id.0 as usize].liveness = Liveness::Freed;
+            }
         }
         match self.live.remove(&object) {
             Some(id) => {
