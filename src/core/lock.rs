@@ -132,12 +132,6 @@ impl<T> SamplerLock<T> {
     pub fn data_ptr(&self) -> *mut T {
         self.data.get()
     }
-
-    /// Mutable access without locking, for callers that own `self`
-    /// exclusively (e.g. when the collector is being freed).
-    pub fn get_mut(&mut self) -> &mut T {
-        self.data.get_mut()
-    }
 }
 
 /// # Safety

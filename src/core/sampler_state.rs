@@ -169,6 +169,26 @@ pub struct SamplerState {
     drops: DropCounters,
 }
 
+/// Removes every entry of `map` whose object moved, returning it with its
+/// new address. All are removed before any is re-inserted by the caller,
+/// because a new address may be another entry's old one.
+fn take_moved(
+    map: &mut FastHashMap<ObjectAddress, SampleId>,
+    new_address: &mut impl FnMut(ObjectAddress) -> ObjectAddress,
+) -> Vec<(SampleId, ObjectAddress)> {
+    let moved: Vec<(ObjectAddress, ObjectAddress)> = map
+        .keys()
+        .filter_map(|&old| {
+            let new = new_address(old);
+            (new != old).then_some((old, new))
+        })
+        .collect();
+    moved
+        .into_iter()
+        .filter_map(|(old, new)| Some((map.remove(&old)?, new)))
+        .collect()
+}
+
 impl SamplerState {
     pub fn new(gaps: GapSampler, max_allocation_samples: usize, max_heap_samples: usize) -> Self {
         let retain_seed = gaps.seed().wrapping_add(1);
@@ -311,10 +331,6 @@ impl SamplerState {
                 record.liveness = Liveness::Untracked;
             }
         }
-    }
-
-    pub fn count_nolock_drop(&mut self, count: u64) {
-        self.drops.nolock += count;
     }
 
     /// Records a sampled allocation of `object` with backtrace `frames`.
@@ -482,20 +498,7 @@ impl SamplerState {
         &mut self,
         mut new_address: impl FnMut(ObjectAddress) -> ObjectAddress,
     ) {
-        let moved: Vec<(ObjectAddress, ObjectAddress)> = self
-            .live
-            .keys()
-            .filter_map(|&old| {
-                let new = new_address(old);
-                (new != old).then_some((old, new))
-            })
-            .collect();
-        // Remove all before inserting: a new address may be another's old one.
-        let moved: Vec<(SampleId, ObjectAddress)> = moved
-            .into_iter()
-            .filter_map(|(old, new)| Some((self.live.remove(&old)?, new)))
-            .collect();
-        for (id, new) in moved {
+        for (id, new) in take_moved(&mut self.live, &mut new_address) {
             self.records[id.0 as usize].object = new;
             if let Some(stale) = self.live.insert(new, id) {
                 // A key left over at the new address (its free was missed):
@@ -504,21 +507,11 @@ impl SamplerState {
                 self.release(stale);
             }
         }
-        let watched_moved: Vec<(ObjectAddress, ObjectAddress)> = self
-            .watched
-            .keys()
-            .filter_map(|&old| {
-                let new = new_address(old);
-                (new != old).then_some((old, new))
-            })
-            .collect();
-        let watched_moved: Vec<(SampleId, ObjectAddress)> = watched_moved
-            .into_iter()
-            .filter_map(|(old, new)| Some((self.watched.remove(&old)?, new)))
-            .collect();
-        for (id, new) in watched_moved {
+        for (id, new) in take_moved(&mut self.watched, &mut new_address) {
             self.records[id.0 as usize].object = new;
-            self.watched.insert(new, id);
+            if let Some(stale) = self.watched.insert(new, id) {
+                self.records[stale.0 as usize].liveness = Liveness::Freed;
+            }
         }
         for (id, object) in &mut self.pending_sizes {
             if let Some(record) = self.records.get(id.0 as usize) {
@@ -535,6 +528,7 @@ impl SamplerState {
         self.live.keys().copied()
     }
 
+    #[cfg(test)]
     pub fn has_pending_sizes(&self) -> bool {
         !self.pending_sizes.is_empty()
     }

@@ -100,6 +100,7 @@ impl StackTable {
         &self.entry(id).frames
     }
 
+    #[cfg(test)]
     pub fn refs(&self, id: StackId) -> u32 {
         self.entry(id).refs
     }
