@@ -1,5 +1,7 @@
 # frozen_string_literal: true
 
+require "objspace"
+
 # Sampled profiles estimate the true totals: every sample counts for
 # 1 / sample_rate objects. Checked against ground truth computed in the same
 # process, with fixed seeds so that the checks are deterministic.
@@ -50,6 +52,27 @@ RSpec.describe "estimates at sample_rate 0.01" do
     expect(kept.size).to eq(200_000)
     expect(inuse).to be_within(10_000).of(200_000)
     expect(temporaries_alive).to be < 2_000 # garbage, collected
+  end
+
+  # Sampling is by count, so a method's alloc_space estimate has a relative
+  # error of about 1/sqrt(its samples): 200,000 1 MB strings among a million
+  # allocations give ~2,000 samples (about 2.2%), checked for several seeds.
+  [1, 2, 3].each do |seed|
+    it "estimates the bytes of 1 MB strings within 10% (seed #{seed})" do
+      collector = MemprofilerPprof::Collector.new(sample_rate: 0.01, seed: seed, **unlimited)
+      allocator.megabyte
+      collector.start!
+      truth = 0
+      200_000.times do |i|
+        truth += ObjectSpace.memsize_of(allocator.megabyte)
+        4.times { allocator.temporary(i) }
+      end
+      data = collector.flush
+      collector.stop!
+      estimate = total_through(parse_profile(data), "Workload::Allocator#megabyte", "alloc_space")
+      expect(truth).to be >= 200_000 * 1_000_000
+      expect(estimate).to be_within(truth * 0.10).of(truth)
+    end
   end
 
   it "samples the same allocations again with the same seed" do
