@@ -21,8 +21,10 @@ Gem::Specification.new do |spec|
   spec.files = Dir.chdir(__dir__) do
     Dir["{Cargo.toml,Cargo.lock,build.rs,README.md,LICENSE}"] +
       Dir["proto/**/*.proto"] + Dir["src/**/*.rs"] +
-      Dir["ext/**/*.rb"] + Dir["lib/**/*.rb"]
+      Dir["ext/**/*.rb"] + Dir["lib/**/*.rb"] + Dir["exe/*"]
   end
+  spec.bindir = "exe"
+  spec.executables = ["memprofiler_pprof_rs_profile"]
   spec.require_paths = ["lib"]
   spec.extensions = ["ext/memprofiler_pprof_rs/extconf.rb"]
   spec.metadata["rubygems_mfa_required"] = "true"

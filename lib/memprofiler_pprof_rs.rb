@@ -13,3 +13,7 @@ end
 require_relative "memprofiler_pprof_rs/profile_data"
 require_relative "memprofiler_pprof_rs/collector"
 require_relative "memprofiler_pprof_rs/pprof_reader"
+require_relative "memprofiler_pprof_rs/atfork"
+require_relative "memprofiler_pprof_rs/block_flusher"
+require_relative "memprofiler_pprof_rs/file_flusher"
+require_relative "memprofiler_pprof_rs/env_config"

@@ -1,5 +1,7 @@
 # frozen_string_literal: true
 
+require "fileutils"
+
 module MemprofilerPprof
   # The result of Collector#flush: a gzipped pprof profile plus counts that
   # say how complete it is.
@@ -53,11 +55,50 @@ module MemprofilerPprof
       dropped_samples_nolock + dropped_samples_allocation_bufsize + dropped_samples_heap_bufsize
     end
 
+    # Writes the gzipped profile to `path` atomically: into a temporary file
+    # in the same directory (created if missing), then renamed over `path`,
+    # so a reader never sees half a profile. Binary mode, whatever the
+    # process's default encodings. Returns `path`.
+    def write(path)
+      path = path.to_path if path.respond_to?(:to_path)
+      raise TypeError, "path must be a String or Pathname, got #{path.inspect}" unless path.is_a?(String)
+      raise ArgumentError, "path must not be empty" if path.empty?
+
+      directory = File.dirname(path)
+      FileUtils.mkdir_p(directory)
+      temporary = File.join(directory, ".#{File.basename(path)}.#{Process.pid}.#{rand(1 << 32).to_s(16)}.tmp")
+      begin
+        File.open(temporary, File::WRONLY | File::CREAT | File::EXCL | File::BINARY, 0o644) do |file|
+          file.write(pprof_data)
+        end
+        File.rename(temporary, path)
+      ensure
+        File.unlink(temporary) if File.exist?(temporary)
+      end
+      path
+    end
+
+    # Length of the interval the allocation samples cover, in seconds.
+    def duration
+      return nil unless started_at && finished_at
+
+      (finished_at - started_at).to_f
+    end
+
     def to_s
-      format("#<%s %d allocation samples, %d heap samples, %d dropped, %d bytes of pprof>",
+      format("#<%s %d allocation samples, %d heap samples, %d dropped, %d bytes of pprof, " \
+             "sample_rate=%s, %s>",
              self.class.name, allocation_samples_count, heap_samples_count,
-             dropped_samples_count, pprof_data.bytesize)
+             dropped_samples_count, pprof_data.bytesize, sample_rate.inspect, interval_text)
     end
     alias inspect to_s
+
+    private
+
+    def interval_text
+      return "no interval" unless started_at && finished_at
+
+      format("%.3fs from %s", duration, started_at.utc.strftime("%Y-%m-%dT%H:%M:%S.%LZ"))
+    end
   end
 end

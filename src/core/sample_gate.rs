@@ -111,8 +111,14 @@ pub fn entropy_seed(extra: u64) -> u64 {
         .map(|d| d.as_nanos() as u64)
         .unwrap_or(0);
     let pid = u64::from(std::process::id());
+    mix_seed(nanos ^ pid.rotate_left(32), extra)
+}
+
+/// A new seed from `seed` and `extra` (e.g. a forked child's pid): different
+/// inputs give unrelated seeds, the same inputs the same seed.
+pub fn mix_seed(seed: u64, extra: u64) -> u64 {
     // splitmix64 finaliser over the mixed inputs.
-    let mut z = nanos ^ pid.rotate_left(32) ^ extra.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    let mut z = seed ^ extra.wrapping_mul(0x9e37_79b9_7f4a_7c15);
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     z ^ (z >> 31)

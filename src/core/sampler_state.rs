@@ -13,7 +13,7 @@ use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 
 use super::fast_hash::FastHashMap;
-use super::sample_gate::GapSampler;
+use super::sample_gate::{mix_seed, GapSampler};
 use super::stack_table::{Frame, StackId, StackTable};
 
 /// Address of a sampled Ruby object (its VALUE). Never dereferenced here.
@@ -639,6 +639,23 @@ impl SamplerState {
         }
     }
 
+    /// In a forked child. Allocations sampled before the fork belong to the
+    /// parent's next profile, so the child's first flush must not repeat
+    /// them; live samples stay (the child's heap really holds those objects).
+    /// The random draws are reseeded with `child_pid` so that parent and
+    /// child do not sample in lockstep (still reproducible with a fixed seed).
+    pub fn start_child_interval(&mut self, child_pid: u64) {
+        self.forget_watched();
+        for id in std::mem::take(&mut self.allocations) {
+            if id != TOMBSTONE {
+                self.release(id);
+            }
+        }
+        self.allocations_seen = 0;
+        self.drops = DropCounters::default();
+        self.reseed(mix_seed(self.gaps.seed(), child_pid));
+    }
+
     pub fn live_count(&self) -> usize {
         self.live.len()
     }
@@ -1112,5 +1129,35 @@ mod tests {
         assert_eq!(st.drops(), DropCounters::default());
         assert!(st.stacks().is_empty());
         assert!(st.memory_bytes() > 0);
+    }
+
+    #[test]
+    fn a_forked_child_keeps_live_samples_but_not_the_parents_allocations() {
+        let mut st = SamplerState::new(GapSampler::new(0.5, 9), 1, 100);
+        record(&mut st, 0x1000, &[8]);
+        record(&mut st, 0x2000, &[9]); // the list is full: counted as seen
+        let seed_before = st.gaps.seed();
+        st.start_child_interval(4242);
+        assert_ne!(st.gaps.seed(), seed_before);
+        assert_eq!(st.allocation_count(), 0);
+        let snapshot = st.take_snapshot(0, |_| Some(40));
+        assert_eq!(snapshot.allocation_samples, 0);
+        assert_eq!(snapshot.heap_samples, 2);
+        assert!(snapshot.samples.iter().all(|s| s.values[0] == 0.0));
+        st.finish_flush();
+        // Both stacks are still held by the live samples.
+        assert!(!st.stacks().is_empty());
+        assert!(st.record_free(0x1000));
+    }
+
+    #[test]
+    fn the_child_seed_depends_only_on_the_parent_seed_and_the_pid() {
+        let child = |pid| {
+            let mut st = SamplerState::new(GapSampler::new(0.5, 9), 10, 10);
+            st.start_child_interval(pid);
+            st.gaps.seed()
+        };
+        assert_eq!(child(7), child(7));
+        assert_ne!(child(7), child(8));
     }
 }

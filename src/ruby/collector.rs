@@ -468,11 +468,22 @@ impl Collector {
     }
 
     /// In a forked child: a flush that was running in another thread of the
-    /// parent will never finish here, so its state is cleared. Runs in the
-    /// atfork child handler, after the lock was re-initialised.
+    /// parent will never finish here, so its state is cleared; the child's
+    /// interval starts now, without the parent's allocation samples (they
+    /// are in the parent's next profile). Runs in the atfork child handler,
+    /// after the lock was re-initialised; allocates no Ruby object.
     pub fn reset_after_fork_in_child(&self) {
         if self.flushing.load(Ordering::Relaxed) {
             self.end_flush();
+        }
+        let gap = self.with_sampler(|s| {
+            s.state.start_child_interval(u64::from(std::process::id()));
+            s.interval_started_at = SystemTime::now();
+            s.state.gaps.next_gap()
+        });
+        match gap {
+            Ok(gap) => self.countdown.set(gap),
+            Err(_) => self.count_internal_error(),
         }
     }
 

@@ -1,0 +1,117 @@
+# frozen_string_literal: true
+
+module MemprofilerPprof
+  # A BlockFlusher that writes every flush to a file named from `pattern`:
+  #
+  #   %{pid}       the writing process's id (a forked child uses its own)
+  #   %{isotime}   UTC time of the write, ISO 8601 basic: 20261129T190840.123Z
+  #   %{unixtime}  seconds since the epoch
+  #   %{index}     0, 1, 2, ... per flusher (format widths work: %<index>05d)
+  #
+  # Directories are created as needed; files are written atomically (see
+  # ProfileData#write). A relative pattern is resolved against the working
+  # directory at construction, so a later chdir (Process.daemon does one)
+  # does not move the files. With `keep: n` the flusher deletes the oldest
+  # of the files it wrote itself beyond the newest n; it never touches
+  # files it did not write. A name already taken gets "-1", "-2", ... before
+  # its extension instead of being overwritten.
+  class FileFlusher < BlockFlusher
+    DEFAULT_PATTERN = "tmp/profiles/mem-%{pid}-%{isotime}.pprof"
+    PATTERN_KEYS = %i[pid isotime unixtime index].freeze
+
+    attr_reader :pattern, :keep
+    # The newest file written, or nil.
+    attr_reader :last_path
+
+    def initialize(collector, pattern: DEFAULT_PATTERN, interval: 30, logger: nil, keep: nil, **options)
+      @pattern = self.class.validate_pattern(pattern)
+      unless keep.nil? || (keep.is_a?(Integer) && keep.positive?)
+        raise ArgumentError, "keep must be a positive Integer or nil, got #{keep.inspect}"
+      end
+
+      @keep = keep
+      @index = 0
+      @written = []
+      @last_path = nil
+      super(collector, interval: interval, logger: logger, **options)
+    end
+
+    # Files this flusher wrote that still exist (with keep:, the newest
+    # `keep`), oldest first.
+    def written_paths
+      @written.dup
+    end
+
+    # The file name the pattern gives for these values.
+    def path_for(pid: Process.pid, time: Time.now, index: @index)
+      format(@pattern, pid: pid, isotime: time.utc.strftime("%Y%m%dT%H%M%S.%LZ"),
+                       unixtime: time.to_i, index: index)
+    end
+
+    # Checks a pattern; returns it with a relative directory made absolute.
+    def self.validate_pattern(pattern)
+      pattern = pattern.to_path if pattern.respond_to?(:to_path)
+      raise ArgumentError, "pattern must be a String, got #{pattern.inspect}" unless pattern.is_a?(String)
+      if pattern.empty? || pattern.end_with?("/")
+        raise ArgumentError, "pattern must name a file, got #{pattern.inspect}"
+      end
+
+      sample = { pid: 1, isotime: "20000101T000000.000Z", unixtime: 0, index: 0 }
+      begin
+        format(pattern, sample)
+      rescue KeyError => e
+        raise ArgumentError, "unknown key %{#{e.key}} in pattern #{pattern.inspect}; " \
+                             "known keys: #{PATTERN_KEYS.map { |k| "%{#{k}}" }.join(', ')}"
+      rescue ArgumentError, TypeError => e
+        raise ArgumentError, "bad pattern #{pattern.inspect}: #{e.message} " \
+                             "(use %{pid}, %{isotime}, %{unixtime}, %{index}; %% for a literal %)"
+      end
+      return pattern if pattern.start_with?("/")
+
+      # A `%` in the working directory's name is literal, not a format.
+      File.join(Dir.pwd.gsub("%", "%%"), pattern)
+    end
+
+    private
+
+    def handle_flush(data)
+      path = unused_path(path_for)
+      @index += 1
+      data.write(path)
+      @last_path = path
+      @written << path
+      delete_old_files
+      super
+    end
+
+    def unused_path(path)
+      return path unless File.exist?(path)
+
+      extension = File.extname(path)
+      stem = path.delete_suffix(extension)
+      (1..).each do |n|
+        candidate = "#{stem}-#{n}#{extension}"
+        return candidate unless File.exist?(candidate)
+      end
+    end
+
+    def delete_old_files
+      return unless @keep
+
+      while @written.size > @keep
+        old = @written.shift
+        begin
+          File.unlink(old)
+        rescue Errno::ENOENT
+          nil # already gone (rotated away by someone else): fine
+        end
+      end
+    end
+
+    # The parent keeps managing the files it wrote.
+    def child_forked
+      @written = []
+      @last_path = nil
+    end
+  end
+end
