@@ -39,6 +39,26 @@ RSpec.describe "profile shape" do
     expect(classes.grep(/#<Class:/)).to be_empty
   end
 
+  it "gives every sample a stack, without the main script's hidden second <main> frame" do
+    code = <<~RUBY
+      require "memprofiler_pprof_rs"
+      collector = MemprofilerPprof::Collector.new(sample_rate: 1.0)
+      data = collector.profile do
+        Thread.new { "in a thread" * 2 }.join
+        $kept = "at the top" * 2
+      end
+      $stdout.binmode
+      $stdout.write(data.pprof_data)
+    RUBY
+    out, err, status = run_ruby(code)
+    expect(status).to be_success, err
+    stacks = stacks_of(parse_profile(out))
+    expect(stacks).to all(satisfy { |frames| !frames.empty? })
+    expect(stacks.map { |frames| frames.last(2) }).not_to include(["<main>", "<main>"])
+    expect(stacks).to include(["String#*", "block in <main>", "MemprofilerPprof::Collector#profile", "<main>"])
+    expect(stacks).to include(["String#*", "block (2 levels) in <main>"])
+  end
+
   it "is read by go tool pprof: -tags, -tagfocus, every -sample_index, and -base" do
     collector = MemprofilerPprof::Collector.new(sample_rate: 1.0, **unlimited)
     collector.start!

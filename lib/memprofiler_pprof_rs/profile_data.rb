@@ -68,7 +68,7 @@ module MemprofilerPprof
       FileUtils.mkdir_p(directory)
       temporary = File.join(directory, ".#{File.basename(path)}.#{Process.pid}.#{rand(1 << 32).to_s(16)}.tmp")
       begin
-        File.open(temporary, File::WRONLY | File::CREAT | File::EXCL | File::BINARY, 0o644) do |file|
+        File.open(temporary, File::WRONLY | File::CREAT | File::EXCL, 0o644, binmode: true) do |file|
           file.write(pprof_data)
         end
         File.rename(temporary, path)

@@ -50,8 +50,8 @@ module PprofHelpers
   end
 
   # Runs Ruby code in a fresh process with this gem on the load path.
-  def run_ruby(code, env: {})
+  def run_ruby(code, env: {}, args: [], **options)
     lib = File.expand_path("../../lib", __dir__)
-    Open3.capture3(env, RbConfig.ruby, "-I", lib, "-e", code)
+    Open3.capture3(env, RbConfig.ruby, "-I", lib, "-e", code, "--", *args, **options)
   end
 end

@@ -14,6 +14,10 @@ use super::fast_hash::FastHashMap;
 use super::pprof;
 use super::sampler_state::{ClassRef, FlushSnapshot};
 use super::stack_table::{Frame, FrameRef, StackId, TRUNCATION_FRAME};
+
+/// Function key of the "(no Ruby frames)" placeholder: frame references are
+/// aligned addresses of Ruby objects, so never 1.
+const NO_RUBY_FRAMES: FrameRef = 1;
 use super::string_table::StringTable;
 
 /// What the binding layer found out about a frame at flush time.
@@ -119,6 +123,13 @@ impl<'a> ProfileBuilder<'a> {
 
     /// Location ids for a stack, leaf first.
     fn stack_locations(&mut self, frames: &[Frame]) -> Vec<u64> {
+        if frames.is_empty() {
+            // E.g. objects a new thread allocates before its block runs: shown
+            // rather than left as a sample with no stack.
+            let function = self.function_id(NO_RUBY_FRAMES, "(no Ruby frames)", "", 0);
+            return vec![self.location_id(function, 0)];
+        }
+        let frames = self.without_hidden_main_frame(frames);
         let mut ids = Vec::with_capacity(frames.len());
         for (i, frame) in frames.iter().enumerate() {
             let frames_map = self.frames;
@@ -147,6 +158,27 @@ impl<'a> ProfileBuilder<'a> {
             ids.push(id);
         }
         ids
+    }
+
+    /// rb_profile_frames reports, under the main script's `<main>`, the
+    /// script's top frame at line 0, which Ruby's own backtraces never show:
+    /// it would only add a second `<main>` root to every stack.
+    fn without_hidden_main_frame<'f>(&self, frames: &'f [Frame]) -> &'f [Frame] {
+        match frames.split_last() {
+            Some((outermost, inner)) if !inner.is_empty() && outermost.line == 0 => {
+                let is_main = |frame: &Frame| {
+                    self.frames
+                        .get(&frame.frame)
+                        .is_some_and(|info| info.name == "<main>")
+                };
+                if is_main(outermost) && inner.last().is_some_and(is_main) {
+                    inner
+                } else {
+                    frames
+                }
+            }
+            _ => frames,
+        }
     }
 
     fn build(mut self, snapshot: &FlushSnapshot, meta: &ProfileMeta) -> pprof::Profile {
@@ -463,6 +495,42 @@ mod tests {
         let names = function_names(&profile, &profile.sample[0]);
         assert_eq!(names[1], "(unknown frame)@:0");
         assert_eq!(names[2], "(truncated stack)@:0");
+    }
+
+    #[test]
+    fn the_hidden_bottom_main_frame_is_dropped_and_empty_stacks_are_named() {
+        let mut state = SamplerState::new(GapSampler::new(1.0, 1), 10, 10);
+        for (object, stack) in [
+            (0x1000, vec![frame(8, 3), frame(16, 5), frame(16, 0)]),
+            (0x2000, vec![frame(16, 0)]), // only frame: kept
+            (0x3000, vec![]),
+        ] {
+            let admission = state.admission();
+            state.record_allocation(object, ObjectInfo::default(), &stack, 1.0, admission);
+        }
+        let snapshot = state.take_snapshot(0, |_| Some(40));
+        let mut frames = FastHashMap::default();
+        frames.insert(8, info("Foo#bar", Some("app.rb"), 1));
+        frames.insert(16, info("<main>", Some("app.rb"), 0));
+        let profile = build_profile(&snapshot, &frames, &classes(), &meta());
+        let mut stacks: Vec<Vec<String>> = profile
+            .sample
+            .iter()
+            .map(|sample| function_names(&profile, sample))
+            .collect();
+        stacks.sort();
+        stacks.dedup();
+        assert_eq!(
+            stacks,
+            vec![
+                vec!["(no Ruby frames)@:0".to_string()],
+                vec!["<main>@app.rb:0".to_string()],
+                vec![
+                    "Foo#bar@app.rb:3".to_string(),
+                    "<main>@app.rb:5".to_string()
+                ],
+            ]
+        );
     }
 
     #[test]

@@ -1,0 +1,186 @@
+# frozen_string_literal: true
+
+require "fileutils"
+require "pathname"
+
+# Two phases of work whose allocations must land in different files.
+module FlushPhases
+  class First
+    def run
+      Array.new(500) { |i| "first #{i}" }
+    end
+  end
+
+  class Second
+    def run
+      Array.new(500) { |i| "second #{i}" }
+    end
+  end
+end
+
+RSpec.describe MemprofilerPprof::FileFlusher do
+  include FlusherSpecHelpers
+
+  let(:collector) { MemprofilerPprof::Collector.new(sample_rate: 1.0, max_allocation_samples: 1_000_000) }
+
+  around do |example|
+    Dir.mktmpdir("file-flusher-spec") do |dir|
+      @dir = dir
+      example.run
+    ensure
+      @flusher&.stop!
+      collector.stop!
+    end
+  end
+
+  # The block's value and how many objects it allocated (GC.stat).
+  def allocations_of
+    before = GC.stat(:total_allocated_objects)
+    value = yield
+    [value, GC.stat(:total_allocated_objects) - before]
+  end
+
+  def profiles_in(paths)
+    paths.map { |path| parse_profile(File.binread(path)) }
+  end
+
+  it "writes each flush to its own file, holding only that interval's allocations" do
+    @flusher = described_class.new(collector, pattern: "#{@dir}/mem-%{pid}-%{index}.pprof", interval: 0.5)
+    collector.start!
+    @flusher.start!
+    first, first_truth = allocations_of { FlushPhases::First.new.run }
+    eventually { @flusher.flush_count >= 1 }
+    second, second_truth = allocations_of { FlushPhases::Second.new.run }
+    @flusher.stop!(flush: true)
+
+    paths = @flusher.written_paths
+    expect(paths).to eq(["#{@dir}/mem-#{Process.pid}-0.pprof", "#{@dir}/mem-#{Process.pid}-1.pprof"])
+    expect(Dir.children(@dir).sort).to eq(%W[mem-#{Process.pid}-0.pprof mem-#{Process.pid}-1.pprof])
+    one, two = profiles_in(paths)
+    # (GC.stat also counts the call site's first-call cache objects, which
+    # are allocated outside #run: a few.)
+    expect(first_truth).to be > 500
+    expect(total_through(one, "FlushPhases::First#run", "alloc_objects")).to be_within(10).of(first_truth)
+    expect(total_through(one, "FlushPhases::Second#run", "alloc_objects")).to eq(0)
+    expect(total_through(two, "FlushPhases::Second#run", "alloc_objects")).to be_within(10).of(second_truth)
+    expect(total_through(two, "FlushPhases::First#run", "alloc_objects")).to eq(0)
+    # What is still alive shows in every file.
+    expect(total_through(two, "FlushPhases::First#run", "inuse_objects")).to be >= 500
+    expect([first.size, second.size]).to eq([500, 500])
+  end
+
+  it "fills in every pattern key and creates missing directories" do
+    pattern = "#{@dir}/a/%{pid}/b-%{unixtime}-%{isotime}-%<index>03d.pprof"
+    @flusher = described_class.new(collector, pattern: pattern, interval: 30)
+    before = Time.now.to_i
+    @flusher.run(flush: true) { nil }
+    @flusher.run(flush: true) { nil }
+    paths = @flusher.written_paths
+    expect(paths.size).to eq(2)
+    expect(paths[0]).to match(%r{\A#{@dir}/a/#{Process.pid}/b-(\d+)-\d{8}T\d{6}\.\d{3}Z-000\.pprof\z})
+    expect(paths[1]).to end_with("-001.pprof")
+    expect(paths[0][/b-(\d+)-/, 1].to_i).to be_between(before, Time.now.to_i)
+    expect(@flusher.last_path).to eq(paths[1])
+    profiles_in(paths) # both readable by go tool pprof
+  end
+
+  it "never overwrites: a name already taken gets a numbered suffix" do
+    @flusher = described_class.new(collector, pattern: "#{@dir}/latest.pprof", interval: 30)
+    3.times { @flusher.run(flush: true) { nil } }
+    expect(Dir.children(@dir).sort).to eq(%w[latest-1.pprof latest-2.pprof latest.pprof])
+  end
+
+  it "with keep: n deletes its oldest files beyond n, and nobody else's" do
+    File.write("#{@dir}/someone-else.pprof", "x")
+    @flusher = described_class.new(collector, pattern: "#{@dir}/mem-%{index}.pprof", interval: 30, keep: 2)
+    4.times { @flusher.run(flush: true) { nil } }
+    expect(Dir.children(@dir).sort).to eq(%w[mem-2.pprof mem-3.pprof someone-else.pprof])
+    expect(@flusher.written_paths).to eq(["#{@dir}/mem-2.pprof", "#{@dir}/mem-3.pprof"])
+  end
+
+  it "resolves a relative pattern when built, so a later chdir does not move the files" do
+    Dir.chdir(@dir) do
+      @flusher = described_class.new(collector, pattern: "profiles/mem.pprof", interval: 30)
+    end
+    expect(@flusher.pattern).to eq(File.join(File.realpath(@dir), "profiles/mem.pprof"))
+    Dir.chdir("/") { @flusher.run(flush: true) { nil } }
+    expect(File.exist?(File.join(@dir, "profiles/mem.pprof"))).to be(true)
+  end
+
+  it "keeps a literal % in the working directory's name" do
+    odd = File.join(@dir, "100%{pid}")
+    FileUtils.mkdir_p(odd)
+    Dir.chdir(odd) { @flusher = described_class.new(collector, pattern: "mem-%{index}.pprof", interval: 30) }
+    @flusher.run(flush: true) { nil }
+    expect(Dir.children(odd)).to eq(["mem-0.pprof"])
+  end
+
+  it "rejects bad patterns and options at construction" do
+    expect { described_class.new(collector, pattern: "#{@dir}/%{host}.pprof") }
+      .to raise_error(ArgumentError, /unknown key %\{host\} in pattern .*known keys: %\{pid\}, %\{isotime\}/)
+    expect { described_class.new(collector, pattern: "mem-%d.pprof") }
+      .to raise_error(ArgumentError, /bad pattern "mem-%d.pprof"/)
+    expect { described_class.new(collector, pattern: "mem-%{pid") }.to raise_error(ArgumentError, /bad pattern/)
+    expect { described_class.new(collector, pattern: 42) }.to raise_error(ArgumentError, /pattern must be a String, got 42/)
+    expect { described_class.new(collector, pattern: "dir/") }.to raise_error(ArgumentError, /must name a file/)
+    expect { described_class.new(collector, keep: 0) }.to raise_error(ArgumentError, /keep.*0/)
+    expect { described_class.new(collector, interval: "1") }.to raise_error(ArgumentError, /interval/)
+    expect(described_class.new(collector, pattern: Pathname.new("#{@dir}/p.pprof")).pattern).to eq("#{@dir}/p.pprof")
+  end
+
+  it "logs a write that fails and keeps going" do
+    blocker = File.join(@dir, "not-a-dir")
+    File.write(blocker, "")
+    logger = ListLogger.new
+    @flusher = described_class.new(collector, pattern: "#{blocker}/mem.pprof", interval: 30, logger: logger)
+    @flusher.run(flush: true) { nil }
+    expect(logger.errors.pop).to match(/FileFlusher: handling the flushed profile failed: Errno::EEXIST|Errno::ENOTDIR/)
+  end
+end
+
+RSpec.describe MemprofilerPprof::ProfileData do
+  let(:data) { MemprofilerPprof::Collector.new(sample_rate: 1.0).profile { Array.new(100) { "x" * 20 } } }
+
+  it "writes atomically in binary mode, whatever the default encodings" do
+    Dir.mktmpdir("profile-data-spec") do |dir|
+      path = File.join(dir, "deep/er/heap.pprof")
+      code = <<~RUBY
+        require "memprofiler_pprof_rs"
+        bytes = File.binread(ARGV[0])
+        data = MemprofilerPprof::ProfileData.new(pprof_data: bytes)
+        Encoding.default_external = Encoding::UTF_16LE
+        Encoding.default_internal = Encoding::UTF_8
+        data.write(ARGV[1])
+      RUBY
+      source = File.join(dir, "source.pprof")
+      File.binwrite(source, data.pprof_data)
+      _out, err, status = run_ruby(code + "\n", args: [source, path])
+      expect(status).to be_success, err
+      expect(File.binread(path)).to eq(data.pprof_data)
+      expect(Dir.children(File.dirname(path))).to eq(["heap.pprof"])
+    end
+  end
+
+  it "replaces an existing file and leaves no temporary file when it fails" do
+    Dir.mktmpdir("profile-data-spec") do |dir|
+      path = File.join(dir, "heap.pprof")
+      File.write(path, "old")
+      expect(data.write(Pathname.new(path))).to eq(path)
+      expect(File.binread(path)).to eq(data.pprof_data)
+      FileUtils.mkdir_p(File.join(dir, "taken/inner"))
+      expect { data.write(File.join(dir, "taken")) }.to raise_error(SystemCallError)
+      expect(Dir.children(dir).sort).to eq(%w[heap.pprof taken])
+      expect { data.write(nil) }.to raise_error(TypeError, /path.*nil/)
+    end
+  end
+
+  it "describes itself without dumping the profile" do
+    text = data.inspect
+    expect(text).to start_with("#<MemprofilerPprof::ProfileData ")
+    expect(text).to include("allocation samples", "heap samples", "sample_rate=1.0", "bytes of pprof")
+    expect(text).to be_ascii_only
+    expect(text.size).to be < 250
+    expect(data.to_s).to eq(text)
+    expect(data.duration).to be >= 0
+  end
+end
