@@ -50,6 +50,20 @@ RSpec.describe "gem build and gem install --local" do
     expect(profiled).to eq("true")
   end
 
+  it "installs the wrapper executable, which profiles a program with the installed gem" do
+    wrapper = File.join(@gem_home, "bin", "memprofiler_pprof_rs_profile")
+    expect(File.executable?(wrapper)).to be(true)
+    pattern = File.join(@dir, "profiles", "mem-%{pid}.pprof")
+    code = 'kept = Array.new(1000) { |i| "x#{i}" }; puts $LOADED_FEATURES.grep(/memprofiler_pprof_rs\\.so/).first'
+    env = @env.merge("RUBYLIB" => nil, "MEMPROFILER_PPROF_RS_FILE_PATTERN" => pattern)
+    out, err, status = Open3.capture3(env, wrapper, RbConfig.ruby, "-e", code, chdir: @dir)
+    expect(status).to be_success, err
+    expect(out.strip).to start_with(@gem_home)
+    profiles = Dir[File.join(@dir, "profiles", "*.pprof")]
+    expect(profiles.size).to eq(1)
+    parse_profile(File.binread(profiles.first))
+  end
+
   it "leaves no cargo build output behind, in the gem or in TMPDIR" do
     expect(@install_status).to be_success, @install_out
     installed_bytes = 0
