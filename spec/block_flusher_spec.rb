@@ -45,6 +45,21 @@ RSpec.describe MemprofilerPprof::BlockFlusher do
     expect(@flusher.stop!).to be(false)
   end
 
+  it "does not let a hung on_flush hang stop!: the thread is killed after stop_timeout" do
+    logger = ListLogger.new
+    started = Queue.new
+    hang = lambda do |_data|
+      started << true
+      sleep 30
+    end
+    @flusher = described_class.new(collector, interval: 0.01, on_flush: hang, logger: logger, stop_timeout: 0.2)
+    @flusher.start!
+    started.pop
+    expect(elapsed { @flusher.stop! }).to be < 1.0
+    expect(logger.errors.pop).to match(/did not end within 0.2s; its thread was killed/)
+    expect(Thread.list.map(&:name)).not_to include("memprofiler_pprof_rs BlockFlusher")
+  end
+
   it "flushes on stop when built with flush_on_stop: true, and not otherwise" do
     with_option = described_class.new(collector, interval: 30, flush_on_stop: true)
     with_option.start!
@@ -164,6 +179,7 @@ RSpec.describe MemprofilerPprof::BlockFlusher do
     end
     expect { described_class.new(collector, logger: "log") }.to raise_error(ArgumentError, /logger.*"log"/)
     expect { described_class.new(collector, on_flush: 3) }.to raise_error(ArgumentError, /on_flush.*3/)
+    expect { described_class.new(collector, stop_timeout: -1) }.to raise_error(ArgumentError, /stop_timeout.*-1/)
     expect { described_class.new(collector, priority: 1.5) }.to raise_error(ArgumentError, /priority.*1\.5/)
     expect { described_class.new(collector, yield_gvl: "yes") }.to raise_error(ArgumentError, /yield_gvl.*"yes"/)
     expect { described_class.new(collector, nonsense: 1) }.to raise_error(ArgumentError, /nonsense/)

@@ -22,8 +22,12 @@ module MemprofilerPprof
     # The last error caught (flush or on_flush), or nil.
     attr_reader :last_error
 
+    # stop_timeout: how long stop! waits for a flush (or an on_flush, say an
+    # upload) under way before killing the thread, so that a hung callback
+    # cannot hang the application's shutdown.
     def initialize(collector, interval: 30, logger: nil, on_flush: nil, priority: nil,
-                   yield_gvl: false, proactively_yield_gvl: false, flush_on_stop: false)
+                   yield_gvl: false, proactively_yield_gvl: false, flush_on_stop: false,
+                   stop_timeout: 10)
       unless collector.respond_to?(:flush)
         raise ArgumentError, "collector must respond to #flush, got #{collector.inspect}"
       end
@@ -36,12 +40,17 @@ module MemprofilerPprof
       unless on_flush.nil? || on_flush.respond_to?(:call)
         raise ArgumentError, "on_flush must respond to #call, got #{on_flush.inspect}"
       end
+      unless stop_timeout.is_a?(Numeric) && stop_timeout.real? && !stop_timeout.negative? &&
+             stop_timeout.to_f.finite?
+        raise ArgumentError, "stop_timeout must be a number of seconds >= 0, got #{stop_timeout.inspect}"
+      end
       unless priority.nil? || priority.is_a?(Integer)
         raise ArgumentError, "priority must be an Integer or nil, got #{priority.inspect}"
       end
 
       @collector = collector
       @interval = interval.to_f
+      @stop_timeout = stop_timeout.to_f
       @logger = logger
       @on_flush = on_flush
       @priority = priority
@@ -90,7 +99,7 @@ module MemprofilerPprof
       @fork_handler = nil
       # From on_flush itself (the flusher thread), joining would deadlock;
       # the thread ends after the callback returns.
-      thread.join unless thread.equal?(Thread.current)
+      join_or_kill(thread) unless thread.equal?(Thread.current)
       flush_once if flush
       true
     end
@@ -156,6 +165,15 @@ module MemprofilerPprof
     # Used in log lines, so subclasses name themselves.
     def log_name
       self.class.name.split("::").last
+    end
+
+    def join_or_kill(thread)
+      return if thread.join(@stop_timeout)
+
+      thread.kill
+      thread.join(1)
+      report_error("stop!", RuntimeError.new("the flush under way did not end within #{@stop_timeout}s; " \
+                                              "its thread was killed"))
     end
 
     def reset_synchronization
