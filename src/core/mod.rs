@@ -3,6 +3,7 @@
 //! integers (`FrameRef` for a frame, `ObjectAddress` for a sampled object);
 //! the binding layer in `crate::ruby` is what knows they are VALUEs.
 
+pub mod address_filter;
 pub mod fast_hash;
 pub mod lock;
 pub mod pprof;

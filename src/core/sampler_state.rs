@@ -12,6 +12,7 @@ use std::sync::Arc;
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 
+use super::address_filter::{AddressFilter, DEFAULT_BITS_LOG2};
 use super::fast_hash::FastHashMap;
 use super::sample_gate::{mix_seed, GapSampler};
 use super::stack_table::{Frame, StackId, StackTable};
@@ -167,6 +168,11 @@ pub struct SamplerState {
     /// the samples that referred to them may already be released.
     flush_classes: Vec<ClassRef>,
     drops: DropCounters,
+    /// Addresses in `live` or `watched` (and stale ones until a rebuild):
+    /// shared with the FREEOBJ hook, which reads it without the lock.
+    free_filter: Arc<AddressFilter>,
+    /// Removals from the maps since the filter was last rebuilt.
+    filter_removals: usize,
 }
 
 /// Removes every entry of `map` whose object moved, returning it with its
@@ -210,7 +216,32 @@ impl SamplerState {
             retain_rng: SmallRng::seed_from_u64(retain_seed),
             flush_classes: Vec::new(),
             drops: DropCounters::default(),
+            free_filter: Arc::new(AddressFilter::new(DEFAULT_BITS_LOG2)),
+            filter_removals: 0,
         }
+    }
+
+    /// The filter of tracked addresses, for a lock-free check before
+    /// `record_free` (a false answer means `record_free` would do nothing).
+    pub fn free_filter(&self) -> Arc<AddressFilter> {
+        Arc::clone(&self.free_filter)
+    }
+
+    /// Counts addresses leaving the maps; once they outnumber the tracked
+    /// ones, the filter is rebuilt so that stale bits stay a minority
+    /// (amortised: one insert per removal).
+    fn note_untracked(&mut self, count: usize) {
+        self.filter_removals += count;
+        let tracked = self.live.len() + self.watched.len();
+        if self.filter_removals > tracked.max(1024) {
+            self.rebuild_free_filter();
+        }
+    }
+
+    fn rebuild_free_filter(&mut self) {
+        self.free_filter
+            .rebuild(self.live.keys().chain(self.watched.keys()).copied());
+        self.filter_removals = 0;
     }
 
     /// Restarts every random draw from `seed`, for reproducible runs.
@@ -306,10 +337,12 @@ impl SamplerState {
         };
         let record = &mut self.records[id.0 as usize];
         if record.size == 0 {
+            // Stays in the filter: still an address whose free matters.
             record.liveness = Liveness::Watched;
             self.watched.insert(object, id);
         } else {
             record.liveness = Liveness::Untracked;
+            self.note_untracked(1);
         }
         self.release(id);
     }
@@ -325,11 +358,16 @@ impl SamplerState {
     }
 
     fn forget_watched(&mut self) {
-        for (_, id) in std::mem::take(&mut self.watched) {
+        let watched = std::mem::take(&mut self.watched);
+        let count = watched.len();
+        for (_, id) in watched {
             let record = &mut self.records[id.0 as usize];
             if record.liveness == Liveness::Watched {
                 record.liveness = Liveness::Untracked;
             }
+        }
+        if count > 0 {
+            self.note_untracked(count);
         }
     }
 
@@ -397,22 +435,28 @@ impl SamplerState {
         } else {
             self.watched.insert(object, id);
         }
+        self.free_filter.insert(object);
         self.pending_sizes.push((id, object));
         Some(id)
     }
 
     /// The object at `object` was freed. Returns true if it was sampled.
     pub fn record_free(&mut self, object: ObjectAddress) -> bool {
+        if !self.free_filter.may_contain(object) {
+            return false;
+        }
         // Usually empty (cleared at every measurement): skip the lookup.
         if !self.watched.is_empty() {
             if let Some(id) = self.watched.remove(&object) {
                 self.records[id.0 as usize].liveness = Liveness::Freed;
+                self.note_untracked(1);
             }
         }
         match self.live.remove(&object) {
             Some(id) => {
                 self.records[id.0 as usize].liveness = Liveness::Freed;
                 self.release(id);
+                self.note_untracked(1);
                 true
             }
             None => false,
@@ -521,6 +565,7 @@ impl SamplerState {
                 }
             }
         }
+        self.rebuild_free_filter();
     }
 
     /// Every tracked (live) object's address, e.g. to check after a GC.
@@ -633,6 +678,7 @@ impl SamplerState {
         self.pending_sizes.clear();
         self.forget_watched();
         self.drops = DropCounters::default();
+        self.rebuild_free_filter();
         // A flush still resolving frames prunes when it finishes.
         if !self.flush_in_progress {
             self.stacks.prune();
@@ -701,6 +747,7 @@ impl SamplerState {
             + self.allocations.capacity() * size_of::<SampleId>()
             + self.pending_sizes.capacity() * size_of::<(SampleId, ObjectAddress)>()
             + self.watched.capacity() * (size_of::<ObjectAddress>() + size_of::<SampleId>() + 8)
+            + self.free_filter.memory_bytes()
     }
 
     fn release(&mut self, id: SampleId) {
@@ -1129,6 +1176,52 @@ mod tests {
         assert_eq!(st.drops(), DropCounters::default());
         assert!(st.stacks().is_empty());
         assert!(st.memory_bytes() > 0);
+    }
+
+    #[test]
+    fn the_free_filter_never_hides_a_tracked_address() {
+        let mut st = SamplerState::new(GapSampler::new(1.0, 3), 50, 300);
+        let mut rng = SmallRng::seed_from_u64(5);
+        let filter = st.free_filter();
+        for round in 0..20_000u64 {
+            let object = 0x10_0000 + (rng.random::<u64>() % 2_000) as usize * 40;
+            match rng.random::<u32>() % 10 {
+                0..=4 => {
+                    record(&mut st, object, &[round % 7]);
+                }
+                5..=7 => {
+                    st.record_free(object);
+                }
+                8 => st.measure_pending(|_| Some(40)),
+                _ => {
+                    if round % 1_000 == 9 {
+                        st.relocate_objects(|a| if a % 80 == 0 { a + 8 } else { a });
+                    } else if round % 5_000 == 19 {
+                        st.clear();
+                    } else {
+                        let snapshot = st.take_snapshot(0, |_| Some(40));
+                        drop(snapshot);
+                        st.finish_flush();
+                    }
+                }
+            }
+            let tracked: Vec<ObjectAddress> =
+                st.live.keys().chain(st.watched.keys()).copied().collect();
+            assert!(
+                tracked.iter().all(|&a| filter.may_contain(a)),
+                "round {round}: a tracked address is missing from the filter"
+            );
+        }
+        // Stale bits do not pile up: rebuilds keep the filter close to the
+        // tracked set.
+        let set_bits = (0..4_000usize)
+            .map(|i| 0x10_0000 + i * 40)
+            .filter(|&a| filter.may_contain(a))
+            .count();
+        assert!(
+            set_bits <= 2 * (st.live.len() + st.watched.len()) + 1_200,
+            "{set_bits}"
+        );
     }
 
     #[test]

@@ -1,19 +1,19 @@
 //! The collector behind a `MemprofilerPprof::Collector` object: the sampler
-//! state under its lock, the tracepoints, and what the hooks and `flush` do
+//! state under its lock, the event hooks, and what the hooks and `flush` do
 //! with them.
 
 use std::cell::Cell;
 use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use rb_sys::{
-    rb_event_flag_t, rb_gc_count, rb_gc_location, rb_gc_mark, rb_gc_register_address,
-    rb_gc_unregister_address, rb_thread_call_without_gvl, rb_thread_schedule,
-    rb_tracearg_event_flag, rb_tracearg_from_tracepoint, rb_tracearg_object, rb_tracepoint_disable,
-    rb_tracepoint_enable, rb_tracepoint_new, Qfalse, Qnil, RUBY_EVENT_C_RETURN,
-    RUBY_INTERNAL_EVENT_FREEOBJ, RUBY_INTERNAL_EVENT_NEWOBJ, VALUE,
+    rb_event_flag_t, rb_event_hook_flag_t, rb_event_hook_func_t, rb_gc_count, rb_gc_location,
+    rb_gc_mark, rb_remove_event_hook_with_data, rb_thread_call_without_gvl, rb_thread_schedule,
+    rb_trace_arg_t, rb_tracearg_object, Qnil, ID, RUBY_EVENT_C_RETURN, RUBY_INTERNAL_EVENT_FREEOBJ,
+    RUBY_INTERNAL_EVENT_NEWOBJ, VALUE,
 };
 
 use super::active_collectors;
@@ -21,6 +21,7 @@ use super::classes::{is_class_value, object_info, resolve_classes};
 use super::errors::{protect, RbError, RbResult};
 use super::frames::{resolve_frames, BacktraceBuffer};
 use super::heap;
+use crate::core::address_filter::AddressFilter;
 use crate::core::lock::{LockError, SamplerLock};
 use crate::core::profile_builder::{build_profile, encode_gzipped, ProfileMeta};
 use crate::core::sample_gate::{entropy_seed, GapSampler, SkipCountdown};
@@ -70,89 +71,78 @@ pub struct FlushOptions {
     pub proactively_yield_gvl: bool,
 }
 
-/// One TracePoint. Registered as a GC root while it exists, so that it
-/// outlives the collector's own Ruby object in any sweep order. Boxed:
-/// rb_gc_register_address keeps the slot's address.
+/// One raw event hook (rb_add_event_hook2 with RAW_ARG). Cheaper than a
+/// TracePoint, which adds a function call and two typed-data checks to
+/// every event (measured in bench/: see the README). The hook's data is
+/// the collector's address tagged as a Fixnum: Ruby marks hook data, and
+/// marking skips Fixnums (an untagged pointer would be taken for an object).
 struct Hook {
     event: u32,
-    tracepoint: Box<Cell<VALUE>>,
+    func: RawHook,
     enabled: AtomicBool,
 }
 
+/// What Ruby calls for a RAW_ARG hook: (data, trace arg).
+pub type RawHook = unsafe extern "C" fn(VALUE, *mut rb_trace_arg_t);
+
+/// RUBY_EVENT_HOOK_FLAG_SAFE | RUBY_EVENT_HOOK_FLAG_RAW_ARG, as Ruby's own
+/// TracePoints use. A combination no variant of rb-sys's enum holds, hence
+/// the declaration below with a plain integer (the C type is an int enum).
+pub const HOOK_FLAGS: u32 = rb_event_hook_flag_t::RUBY_EVENT_HOOK_FLAG_SAFE as u32
+    | rb_event_hook_flag_t::RUBY_EVENT_HOOK_FLAG_RAW_ARG as u32;
+
+extern "C" {
+    #[link_name = "rb_add_event_hook2"]
+    pub fn add_event_hook2(
+        func: rb_event_hook_func_t,
+        events: rb_event_flag_t,
+        data: VALUE,
+        hook_flag: u32,
+    );
+}
+
 impl Hook {
-    fn new(event: u32) -> Self {
+    fn new(event: u32, func: RawHook) -> Self {
         Hook {
             event,
-            tracepoint: Box::new(Cell::new(Qnil as VALUE)),
+            func,
             enabled: AtomicBool::new(false),
         }
     }
 
-    /// Creates the TracePoint on first use (allocates: outside the lock).
-    fn ensure_created(&self, data: *mut c_void) -> RbResult<()> {
-        if self.tracepoint.get() != Qnil as VALUE {
-            return Ok(());
-        }
-        // Register the (empty) slot first: registering allocates, and a GC
-        // then must not find an unregistered TracePoint held only by Rust.
-        let slot = self.tracepoint.as_ptr();
-        protect(|| {
-            // SAFETY: the slot is boxed, holds Qnil (always valid), and lives
-            // until `release` unregisters it.
-            unsafe { rb_gc_register_address(slot) };
-            Qnil as VALUE
-        })?;
-        let event = self.event;
-        // SAFETY: the hook function matches the tracepoint callback type;
-        // `data` is the collector, which disables every tracepoint before it
-        // is dropped (see `Drop for Collector`).
-        let created = protect(|| unsafe {
-            let tracepoint = rb_tracepoint_new(
-                Qfalse as VALUE,
-                event as rb_event_flag_t,
-                Some(tracepoint_hook),
-                data,
-            );
-            // Stored into the registered root before anything else allocates.
-            *slot = tracepoint;
-            tracepoint
-        });
-        if created.is_err() {
-            // SAFETY: registered just above.
-            unsafe { rb_gc_unregister_address(slot) };
-            self.tracepoint.set(Qnil as VALUE);
-        }
-        created.map(|_| ())
+    fn ruby_func(&self) -> rb_event_hook_func_t {
+        // SAFETY: with RUBY_EVENT_HOOK_FLAG_RAW_ARG Ruby calls the function
+        // as (VALUE data, rb_trace_arg_t *arg), its real signature; the
+        // declared type is only how the API passes it along.
+        Some(unsafe {
+            std::mem::transmute::<
+                RawHook,
+                unsafe extern "C" fn(rb_event_flag_t, VALUE, VALUE, ID, VALUE),
+            >(self.func)
+        })
     }
 
-    fn set(&self, on: bool) -> RbResult<()> {
-        let tracepoint = self.tracepoint.get();
-        if tracepoint == Qnil as VALUE || self.enabled.load(Ordering::Relaxed) == on {
+    fn set(&self, on: bool, data: VALUE) -> RbResult<()> {
+        if self.enabled.load(Ordering::Relaxed) == on {
             return Ok(());
         }
+        let func = self.ruby_func();
+        let event = self.event;
         protect(|| {
-            // SAFETY: `tracepoint` is a live TracePoint (a registered GC root).
+            // SAFETY: GVL held; `data` is a Fixnum-tagged collector address
+            // (never dereferenced by Ruby); the collector removes its hooks
+            // before it is freed (see `Drop for Collector`).
             unsafe {
                 if on {
-                    rb_tracepoint_enable(tracepoint)
+                    add_event_hook2(func, event, data, HOOK_FLAGS);
                 } else {
-                    rb_tracepoint_disable(tracepoint)
+                    rb_remove_event_hook_with_data(func, data);
                 }
             }
+            Qnil as VALUE
         })?;
         self.enabled.store(on, Ordering::Relaxed);
         Ok(())
-    }
-
-    /// Disables and unregisters; the TracePoint object is then ordinary
-    /// garbage.
-    fn release(&self) {
-        let _ = self.set(false);
-        if self.tracepoint.get() != Qnil as VALUE {
-            // SAFETY: registered in `ensure_created`.
-            unsafe { rb_gc_unregister_address(self.tracepoint.as_ptr()) };
-            self.tracepoint.set(Qnil as VALUE);
-        }
     }
 }
 
@@ -174,6 +164,9 @@ pub struct Collector {
     paused_for_ractors: AtomicBool,
     /// Hook or GC-callback failures (caught panics, refused re-entry).
     internal_errors: AtomicU64,
+    /// The sampler's filter of tracked addresses, read by the FREEOBJ hook
+    /// without the lock.
+    free_filter: Arc<AddressFilter>,
     newobj: Hook,
     freeobj: Hook,
     creturn: Hook,
@@ -182,13 +175,16 @@ pub struct Collector {
 impl Collector {
     pub fn new() -> Self {
         let seed = entropy_seed(0);
+        let state = SamplerState::new(
+            GapSampler::new(DEFAULT_SAMPLE_RATE, seed),
+            DEFAULT_MAX_ALLOCATION_SAMPLES,
+            DEFAULT_MAX_HEAP_SAMPLES,
+        );
+        let free_filter = state.free_filter();
         Collector {
+            free_filter,
             sampler: SamplerLock::new(Sampler {
-                state: SamplerState::new(
-                    GapSampler::new(DEFAULT_SAMPLE_RATE, seed),
-                    DEFAULT_MAX_ALLOCATION_SAMPLES,
-                    DEFAULT_MAX_HEAP_SAMPLES,
-                ),
+                state,
                 backtrace: BacktraceBuffer::default(),
                 interval_started_at: SystemTime::now(),
             }),
@@ -201,9 +197,9 @@ impl Collector {
             running: AtomicBool::new(false),
             paused_for_ractors: AtomicBool::new(false),
             internal_errors: AtomicU64::new(0),
-            newobj: Hook::new(RUBY_INTERNAL_EVENT_NEWOBJ),
-            freeobj: Hook::new(RUBY_INTERNAL_EVENT_FREEOBJ),
-            creturn: Hook::new(RUBY_EVENT_C_RETURN),
+            newobj: Hook::new(RUBY_INTERNAL_EVENT_NEWOBJ, newobj_hook),
+            freeobj: Hook::new(RUBY_INTERNAL_EVENT_FREEOBJ, freeobj_hook),
+            creturn: Hook::new(RUBY_EVENT_C_RETURN, c_return_hook),
         }
     }
 
@@ -255,17 +251,17 @@ impl Collector {
         self.internal_errors.load(Ordering::Relaxed)
     }
 
-    fn data_pointer(&self) -> *mut c_void {
-        self as *const Collector as *mut c_void
+    /// This collector's address as the data of its event hooks, tagged as
+    /// a Fixnum (see `Hook`). The collector lives in its TypedData's heap
+    /// allocation, so the address is stable.
+    fn hook_data(&self) -> VALUE {
+        self as *const Collector as VALUE | 1
     }
 
     // ----- hooks -------------------------------------------------------------
 
-    #[inline]
-    fn on_newobj(&self, object: VALUE) {
-        if self.countdown.skip() {
-            return;
-        }
+    /// NEWOBJ for an allocation the countdown chose (see `newobj_hook`).
+    fn on_sampled_newobj(&self, object: VALUE) {
         let suppressed = self.suppressed_thread.load(Ordering::Relaxed);
         if suppressed != 0 && suppressed == current_thread() {
             return;
@@ -302,7 +298,12 @@ impl Collector {
         }
     }
 
+    #[inline]
     fn on_freeobj(&self, object: VALUE) {
+        // Nearly every freed object was never sampled: no lock for those.
+        if !self.free_filter.may_contain(object as usize) {
+            return;
+        }
         match self.sampler.lock() {
             Ok(mut sampler) => {
                 sampler.state.record_free(object as usize);
@@ -339,10 +340,6 @@ impl Collector {
         if self.is_running() {
             return Ok(false);
         }
-        let data = self.data_pointer();
-        self.newobj.ensure_created(data)?;
-        self.freeobj.ensure_created(data)?;
-        self.creturn.ensure_created(data)?;
         let gap = self.with_sampler(|s| {
             s.state.clear();
             s.interval_started_at = SystemTime::now();
@@ -387,13 +384,14 @@ impl Collector {
         let tracking = running || live > 0;
         let sample = running && !paused;
         let c_return = sample && self.size_measurement.get() == SizeMeasurement::CReturn;
+        let data = self.hook_data();
         if !sample {
-            self.newobj.set(false)?;
+            self.newobj.set(false, data)?;
         }
-        self.creturn.set(c_return)?;
-        self.freeobj.set(tracking && !paused)?;
+        self.creturn.set(c_return, data)?;
+        self.freeobj.set(tracking && !paused, data)?;
         if sample {
-            self.newobj.set(true)?;
+            self.newobj.set(true, data)?;
         }
         if tracking {
             active_collectors::add(self);
@@ -431,9 +429,10 @@ impl Collector {
     /// At interpreter exit: hooks off, without raising (nothing could catch it).
     pub fn disable_hooks_at_exit(&self) {
         self.running.store(false, Ordering::Relaxed);
-        let _ = self.newobj.set(false);
-        let _ = self.creturn.set(false);
-        let _ = self.freeobj.set(false);
+        let data = self.hook_data();
+        for hook in [&self.newobj, &self.creturn, &self.freeobj] {
+            let _ = hook.set(false, data);
+        }
         active_collectors::remove(self);
     }
 
@@ -599,12 +598,12 @@ impl Collector {
 impl Drop for Collector {
     fn drop(&mut self) {
         // Hooks off before the memory they point at goes away. Runs from the
-        // deferred free (GVL held, outside GC), so Ruby calls are allowed; the
-        // TracePoint objects are GC roots, hence still valid here.
+        // deferred free (GVL held, outside GC), so Ruby calls are allowed.
         active_collectors::remove(self);
-        self.newobj.release();
-        self.creturn.release();
-        self.freeobj.release();
+        let data = self.hook_data();
+        for hook in [&self.newobj, &self.creturn, &self.freeobj] {
+            let _ = hook.set(false, data);
+        }
     }
 }
 
@@ -690,30 +689,37 @@ fn program_path() -> String {
         .unwrap_or_else(|| "ruby".to_string())
 }
 
-/// The single callback of every tracepoint. Never raises, never allocates a
-/// Ruby object, never releases the GVL.
-unsafe extern "C" fn tracepoint_hook(tracepoint: VALUE, data: *mut c_void) {
-    // SAFETY: `data` is the collector that created this tracepoint; it
-    // disables the tracepoint before being dropped.
-    let collector = unsafe { &*(data as *const Collector) };
-    let outcome = catch_unwind(AssertUnwindSafe(|| {
-        // SAFETY: inside a tracepoint callback the trace arg is available;
-        // these accessors only read it.
-        let (event, arg) = unsafe {
-            let arg = rb_tracearg_from_tracepoint(tracepoint);
-            (rb_tracearg_event_flag(arg), arg)
-        };
-        if event & RUBY_INTERNAL_EVENT_NEWOBJ as rb_event_flag_t != 0 {
-            // SAFETY: NEWOBJ/FREEOBJ trace args carry the object.
-            collector.on_newobj(unsafe { rb_tracearg_object(arg) });
-        } else if event & RUBY_INTERNAL_EVENT_FREEOBJ as rb_event_flag_t != 0 {
-            // SAFETY: as above.
-            collector.on_freeobj(unsafe { rb_tracearg_object(arg) });
-        } else {
-            collector.on_c_return();
-        }
-    }));
-    if outcome.is_err() {
+/// Runs a hook's body for the collector tagged in `data`; a panic is
+/// counted, never unwound into Ruby. Hooks never raise, never allocate a
+/// Ruby object and never release the GVL.
+#[inline(always)]
+fn in_hook(data: VALUE, body: impl FnOnce(&Collector)) {
+    // SAFETY: `data` is `hook_data()` of a collector that removes its hooks
+    // before it is dropped.
+    let collector = unsafe { &*((data & !1) as *const Collector) };
+    if catch_unwind(AssertUnwindSafe(|| body(collector))).is_err() {
         collector.count_internal_error();
     }
+}
+
+unsafe extern "C" fn newobj_hook(data: VALUE, arg: *mut rb_trace_arg_t) {
+    in_hook(data, |collector| {
+        // The common case, first and cheapest: not this allocation.
+        if collector.countdown.skip() {
+            return;
+        }
+        // SAFETY: a NEWOBJ trace arg carries the new object.
+        collector.on_sampled_newobj(unsafe { rb_tracearg_object(arg) });
+    });
+}
+
+unsafe extern "C" fn freeobj_hook(data: VALUE, arg: *mut rb_trace_arg_t) {
+    in_hook(data, |collector| {
+        // SAFETY: a FREEOBJ trace arg carries the object being freed.
+        collector.on_freeobj(unsafe { rb_tracearg_object(arg) });
+    });
+}
+
+unsafe extern "C" fn c_return_hook(data: VALUE, _arg: *mut rb_trace_arg_t) {
+    in_hook(data, |collector| collector.on_c_return());
 }

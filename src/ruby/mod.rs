@@ -6,13 +6,15 @@ mod active_collectors;
 mod classes;
 mod collector;
 mod collector_class;
+mod empty_hooks;
 mod errors;
 mod frames;
 mod heap;
 
 use rb_sys::{
     rb_cObject, rb_define_alloc_func, rb_define_class_under, rb_define_method, rb_define_module,
-    rb_define_private_method, rb_define_singleton_method, rb_set_end_proc, Qnil, VALUE,
+    rb_define_module_under, rb_define_private_method, rb_define_singleton_method, rb_set_end_proc,
+    Qnil, VALUE,
 };
 
 use errors::{method_entry, protect};
@@ -23,6 +25,7 @@ pub unsafe extern "C" fn Init_memprofiler_pprof_rs() {
     method_entry(|| {
         heap::init();
         active_collectors::init();
+        empty_hooks::init();
         let methods = collector_class::methods();
         protect(|| {
             // SAFETY: runs once at load with the GVL held; every pointer
@@ -55,6 +58,29 @@ pub unsafe extern "C" fn Init_memprofiler_pprof_rs() {
                         method.arity,
                     );
                 }
+                let empty_hooks = rb_define_module_under(module, c"EmptyHooks".as_ptr());
+                rb_define_singleton_method(
+                    empty_hooks,
+                    c"_native_enable".as_ptr(),
+                    Some(std::mem::transmute::<
+                        *const (),
+                        unsafe extern "C" fn() -> VALUE,
+                    >(
+                        empty_hooks::native_enable as *const ()
+                    )),
+                    2,
+                );
+                rb_define_singleton_method(
+                    empty_hooks,
+                    c"_native_disable".as_ptr(),
+                    Some(std::mem::transmute::<
+                        *const (),
+                        unsafe extern "C" fn() -> VALUE,
+                    >(
+                        empty_hooks::native_disable as *const ()
+                    )),
+                    0,
+                );
                 rb_set_end_proc(Some(active_collectors::disable_all_at_exit), Qnil as VALUE);
                 Qnil as VALUE
             }

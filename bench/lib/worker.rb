@@ -1,0 +1,50 @@
+# frozen_string_literal: true
+
+# Runs one workload under one profiler configuration in this (fresh)
+# process and prints the result as one JSON line. Started by bench/run:
+#
+#   ruby -Ilib bench/lib/worker.rb WORKLOAD "CONFIGURATION"
+
+require "json"
+require "objspace"
+require "memprofiler_pprof_rs"
+require_relative "workloads"
+require_relative "configs"
+
+def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+
+def rss_kb
+  File.read("/proc/self/status")[/^VmRSS:\s+(\d+)/, 1].to_i
+end
+
+workload, config = ARGV
+BenchWorkloads::WARMUPS.fetch(workload).call
+GC.start
+peak = {}
+excluded = 0.0
+stop = BenchConfigs::ALL.fetch(config).call
+started = now
+if workload == "scenario"
+  # At the retained set's peak: memory, and the cost of flushing that state
+  # (taken out of the workload's time).
+  at_peak = lambda do |ctx|
+    began = now
+    peak[:rss_kb] = rss_kb
+    peak[:retained_objects] = ctx.retained.size
+    if (collector = $bench_collector)
+      peak[:live_samples] = collector.live_heap_samples_count
+      peak[:collector_bytes] = ObjectSpace.memsize_of(collector)
+      flush_began = now
+      data = collector.flush(yield_gvl: true)
+      peak[:flush_seconds] = now - flush_began
+      peak[:profile_bytes] = data.pprof_data.bytesize
+    end
+    excluded += now - began
+  end
+  BenchWorkloads::Scenario.run(at_peak: at_peak)
+else
+  BenchWorkloads::ALL.fetch(workload).call
+end
+seconds = now - started - excluded
+extra = stop&.call || {}
+puts JSON.generate({ seconds: seconds, rss_kb: rss_kb, peak: peak }.merge(extra))

@@ -1,0 +1,130 @@
+# frozen_string_literal: true
+
+# The workloads bench/run times. Each is a lambda run after a warm-up call;
+# its value is ignored.
+module BenchWorkloads
+  # (1) Allocation-heavy: 1M iterations x 4 small objects (a String from
+  # interpolation and its to_s, an Array, a Hash) through 3 call levels.
+  module AllocLoop
+    def self.level3(i) = ["s#{i}", { k: i }]
+    def self.level2(i) = level3(i)
+    def self.level1(i) = level2(i)
+
+    def self.run(iterations = 1_000_000)
+      iterations.times { |i| level1(i) }
+    end
+  end
+
+  # (2) A compute loop that allocates nothing: integer arithmetic, method
+  # calls, array indexing (and a C method call per iteration: Integer#abs).
+  module ComputeLoop
+    TABLE = [3, 1, 4, 1, 5, 9, 2, 6].freeze
+
+    def self.step(sum, i) = (sum + (TABLE[i & 7] * 3)).abs % 1_000_003
+
+    def self.run(iterations = 15_000_000)
+      sum = 0
+      i = 0
+      while i < iterations
+        sum = step(sum, i)
+        i += 1
+      end
+      sum
+    end
+  end
+
+  # (3) Call-heavy: seeded random call chains (depth 1..100) through
+  # thousands of generated methods; each chain ends by allocating an
+  # instance of one of thousands of classes (sometimes with a String or an
+  # Array), kept in a retained set that grows during the first half and
+  # shrinks during the second.
+  module Scenario
+    METHODS = 3_000
+    CLASSES = 2_000
+    FANOUT = 4
+    SEED = 20_261_129
+
+    # Per-run state: the seeded random source and the retained set.
+    class Context
+      attr_reader :depth, :retained
+
+      def initialize(seed)
+        @rng = Random.new(seed)
+        @retained = []
+        @depth = 1
+        @growing = true
+      end
+
+      def start_chain(growing)
+        @growing = growing
+        @depth = @rng.rand(1..100)
+      end
+
+      def pick = @rng.rand(FANOUT)
+
+      def leaf
+        object = CLASS_LIST[@rng.rand(CLASSES)].new
+        case @rng.rand(4)
+        when 0 then object.payload = "payload" * @rng.rand(1..8)
+        when 1 then object.payload = Array.new(@rng.rand(1..6))
+        end
+        if @growing
+          @retained << object if @rng.rand < 0.6
+        elsif !@retained.empty? && @rng.rand < 0.7
+          index = @rng.rand(@retained.size)
+          @retained[index] = @retained.last
+          @retained.pop
+        end
+        object
+      end
+    end
+
+    # Generated classes: Scenario::C0 ... C1999, each with a payload slot.
+    CLASS_LIST = Array.new(CLASSES) do |i|
+      klass = Class.new { attr_accessor :payload }
+      const_set("C#{i}", klass)
+    end
+
+    # Generated methods s0 ... s2999; each calls one of FANOUT fixed random
+    # others (so stacks vary but repeat), a little arithmetic on the way.
+    module Calls
+      rng = Random.new(SEED)
+      METHODS.times do |i|
+        targets = Array.new(FANOUT) { rng.rand(METHODS) }
+        branches = targets.each_with_index.map { |t, k| "when #{k} then s#{t}(ctx, level + 1, acc + #{k})" }
+        module_eval(<<~RUBY, "scenario_calls.rb", i * 10 + 1)
+          def self.s#{i}(ctx, level, acc)
+            return ctx.leaf if level >= ctx.depth
+            case ctx.pick
+            #{branches.join("\n")}
+            end
+          end
+        RUBY
+      end
+    end
+
+    # Returns the context. `at_peak` is called once the retained set is
+    # largest (between the two halves).
+    def self.run(chains = 170_000, seed: SEED, at_peak: nil)
+      ctx = Context.new(seed)
+      chains.times do |n|
+        at_peak&.call(ctx) if n == chains / 2
+        ctx.start_chain(n < chains / 2)
+        Calls.s0(ctx, 0, n)
+      end
+      ctx
+    end
+  end
+
+  ALL = {
+    "alloc" => -> { AllocLoop.run },
+    "compute" => -> { ComputeLoop.run },
+    "scenario" => -> { Scenario.run }
+  }.freeze
+
+  WARMUPS = {
+    "alloc" => -> { AllocLoop.run(10_000) },
+    "compute" => -> { ComputeLoop.run(10_000) },
+    "scenario" => -> { Scenario.run(500, seed: 1) }
+  }.freeze
+end
