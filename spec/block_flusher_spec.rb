@@ -111,6 +111,87 @@ RSpec.describe MemprofilerPprof::BlockFlusher do
     expect(logger.errors.pop).to match(/flush failed: IOError: disk on fire/)
   end
 
+  it "survives an on_flush that raises a non-StandardError, and stop! does not re-raise it" do
+    logger = ListLogger.new
+    @flusher = described_class.new(collector, interval: 0.02, logger: logger,
+                                              on_flush: ->(_) { raise LoadError, "cannot load such file -- uploader" })
+    @flusher.start!
+    eventually { logger.errors.size >= 2 }
+    expect(@flusher.stop!).to be(true)
+    expect(logger.errors.pop).to match(/LoadError: cannot load such file -- uploader/)
+  end
+
+  it "accepts a huge interval without its wait overflowing" do
+    logger = ListLogger.new
+    @flusher = described_class.new(collector, interval: 1e20, logger: logger)
+    @flusher.start!
+    sleep 0.05
+    expect(@flusher.running?).to be(true)
+    expect(elapsed { @flusher.stop!(flush: true) }).to be < 1.0
+    expect(logger.errors).to be_empty
+    expect(collector.flush_times.size).to eq(1)
+  end
+
+  it "bounds the final flush of stop!(flush: true) by stop_timeout too" do
+    logger = ListLogger.new
+    started = Queue.new
+    hang = lambda do |_data|
+      started << true
+      sleep 30
+    end
+    @flusher = described_class.new(collector, interval: 0.01, on_flush: hang, logger: logger, stop_timeout: 0.2)
+    @flusher.start!
+    started.pop
+    expect(elapsed { @flusher.stop!(flush: true) }).to be < 1.5
+    messages = Array.new(logger.errors.size) { logger.errors.pop }.join("\n")
+    expect(messages).to include("the flush under way did not end", "the final flush did not end")
+  end
+
+  it "never runs two flush loops after a stop! and start! from on_flush" do
+    flusher = nil
+    restarted = false
+    on_flush = lambda do |_|
+      next if restarted
+
+      restarted = true
+      flusher.stop!
+      flusher.start!
+    end
+    flusher = described_class.new(collector, interval: 0.1, on_flush: on_flush)
+    @flusher = flusher
+    flusher.start!
+    eventually { restarted }
+    sleep 0.55
+    flusher.stop!
+    # One loop: about 1 + 5 flushes in ~0.65 s; two loops would make ~11.
+    expect(collector.flush_times.size).to be_between(4, 8)
+    expect(Thread.list.map(&:name).grep(/BlockFlusher/)).to be_empty
+  end
+
+  it "can be stopped, paused and unpaused from a signal trap handler" do
+    code = <<~RUBY
+      require "memprofiler_pprof_rs"
+      collector = MemprofilerPprof::Collector.new(sample_rate: 1.0)
+      collector.start!
+      flushed = Queue.new
+      flusher = MemprofilerPprof::BlockFlusher.new(collector, interval: 30, on_flush: ->(d) { flushed << d })
+      flusher.start!
+      results = Queue.new
+      trap("USR1") do
+        flusher.pause
+        flusher.unpause
+        results << flusher.stop!(flush: true)
+        results << collector.flush.class
+      end
+      Process.kill("USR1", Process.pid)
+      puts [results.pop, results.pop, flushed.size, flusher.running?].inspect
+    RUBY
+    out, err, status = run_ruby(code)
+    expect(status).to be_success, err
+    expect(out.strip).to eq("[true, MemprofilerPprof::ProfileData, 1, false]")
+    expect(err).to eq("")
+  end
+
   it "writes errors to $stderr without a logger" do
     collector.failure = RuntimeError.new("no logger here")
     @flusher = described_class.new(collector, interval: 30)

@@ -90,6 +90,34 @@ RSpec.describe MemprofilerPprof::FileFlusher do
     expect(Dir.children(@dir).sort).to eq(%w[latest-1.pprof latest-2.pprof latest.pprof])
   end
 
+  it "never overwrites another process's file of the same name" do
+    code = <<~RUBY
+      require "memprofiler_pprof_rs"
+      collector = MemprofilerPprof::Collector.new
+      flusher = MemprofilerPprof::FileFlusher.new(collector, pattern: ARGV[0] + "/same-%{index}.pprof", interval: 30)
+      pids = Array.new(4) do
+        fork do
+          100.times { flusher.run(flush: true) { nil } }
+          exit!(flusher.error_count.zero? ? 0 : 1)
+        end
+      end
+      statuses = pids.map { |pid| Process.wait2(pid).last.exitstatus }
+      puts statuses.inspect
+    RUBY
+    out, err, status = run_ruby(code, args: [@dir])
+    expect(status).to be_success, err
+    expect(out.strip).to eq("[0, 0, 0, 0]")
+    expect(Dir.children(@dir).grep(/\.pprof\z/).size).to eq(400)
+    expect(Dir.children(@dir).grep(/\.tmp\z/)).to be_empty
+  end
+
+  it "puts a collision suffix before a profile extension, or at the end" do
+    @flusher = described_class.new(collector, pattern: "#{@dir}/p-%{isotime}", interval: 30)
+    allow(@flusher).to receive(:path_for).and_return("#{@dir}/p-20260101T000000.123Z")
+    2.times { @flusher.run(flush: true) { nil } }
+    expect(Dir.children(@dir).sort).to eq(%w[p-20260101T000000.123Z p-20260101T000000.123Z-1])
+  end
+
   it "with keep: n deletes its oldest files beyond n, and nobody else's" do
     File.write("#{@dir}/someone-else.pprof", "x")
     @flusher = described_class.new(collector, pattern: "#{@dir}/mem-%{index}.pprof", interval: 30, keep: 2)
@@ -121,6 +149,10 @@ RSpec.describe MemprofilerPprof::FileFlusher do
     expect { described_class.new(collector, pattern: "mem-%d.pprof") }
       .to raise_error(ArgumentError, /bad pattern "mem-%d.pprof"/)
     expect { described_class.new(collector, pattern: "mem-%{pid") }.to raise_error(ArgumentError, /bad pattern/)
+    expect { described_class.new(collector, pattern: "mem-%s.pprof") }
+      .to raise_error(ArgumentError, /"%s" is not a named key/)
+    expect(described_class.new(collector, pattern: "#{@dir}/100%%-%<index>04d.pprof").path_for(index: 7))
+      .to eq("#{@dir}/100%-0007.pprof")
     expect { described_class.new(collector, pattern: 42) }.to raise_error(ArgumentError, /pattern must be a String, got 42/)
     expect { described_class.new(collector, pattern: "dir/") }.to raise_error(ArgumentError, /must name a file/)
     expect { described_class.new(collector, keep: 0) }.to raise_error(ArgumentError, /keep.*0/)

@@ -142,6 +142,31 @@ RSpec.describe "memprofiler_pprof_rs_profile" do
     expect(err).to match(/memprofiler_pprof_rs: profiling is off for this process: LoadError/)
   end
 
+  it "runs a single-word command directly, never through a shell" do
+    spaced = File.join(@dir, "dir with space")
+    FileUtils.mkdir_p(spaced)
+    program = File.join(spaced, "app")
+    File.write(program, "#!#{RbConfig.ruby}\nputs :ran\n")
+    File.chmod(0o755, program)
+    out, err, status = run_wrapped(program)
+    expect(status).to be_success, err
+    expect(out).to eq("ran\n")
+    _out, _err, status = run_wrapped("echo $HOME;")
+    expect(status.exitstatus).to eq(127)
+  end
+
+  it "falls back to the C gem's variable when this gem's is empty" do
+    script = write_script
+    _out, err, status = run_wrapped(RbConfig.ruby, script, env: {
+                                      "MEMPROFILER_PPROF_RS_SAMPLE_RATE" => "",
+                                      "RUBY_MEMPROFILER_PPROF_SAMPLE_RATE" => "1",
+                                      "MEMPROFILER_PPROF_RS_FLUSH_INTERVAL" => "0.01"
+                                    })
+    expect(status).to be_success, err
+    expect(err).to include('ignoring MEMPROFILER_PPROF_RS_FLUSH_INTERVAL="0.01": must be a number of seconds >= 0.1')
+    expect(parse_profile(File.binread(profile_paths.last)).period).to eq(1)
+  end
+
   it "explains its usage, and fails like a shell for a missing command" do
     _out, err, status = Open3.capture3(wrapper)
     expect(status.exitstatus).to eq(2)

@@ -67,40 +67,56 @@ module MemprofilerPprof
 
     # Starts the background thread. Does nothing (returns false) if it runs.
     def start!
-      @state_lock.synchronize do
+      return in_helper_thread { start! } if trap_context?
+
+      started = @state_lock.synchronize do
         # (A thread killed from outside counts as not running.)
-        return false if @running && @thread&.alive?
+        next false if @running && @thread&.alive?
 
         @running = true
         @paused = false
-        @thread = spawn_thread
+        @generation += 1
+        @thread = spawn_thread(@generation)
+        @fork_handler ||= Atfork.at_fork(:child) { restart_in_child }
+        true
       end
-      @fork_handler ||= Atfork.at_fork(:child) { restart_in_child }
-      true
+      started
     end
 
-    # Stops the thread, returning as soon as it has (at once while it waits;
-    # after the flush in progress, if any). With `flush: true` (default: the
-    # `flush_on_stop` option) flushes once more so the last interval is not
-    # lost; that flush goes to on_flush like the others. Returns false if the
-    # flusher was not running.
+    # Stops the thread, returning as soon as it has: at once while it waits;
+    # after the flush under way, if any, but never later than `stop_timeout`
+    # (then the thread is killed and that is logged). With `flush: true`
+    # (default: the `flush_on_stop` option) flushes once more so the last
+    # interval is not lost; that flush goes to on_flush like the others, and
+    # is bounded by `stop_timeout` too. Returns false if it was not running.
+    # Safe to call from a signal trap, at_exit, or on_flush itself.
     def stop!(flush: @flush_on_stop)
       self.class.check_flag(flush, :flush)
-      thread = nil
-      @state_lock.synchronize do
-        return false unless @running
+      return in_helper_thread { stop!(flush: flush) } if trap_context?
+
+      thread = @state_lock.synchronize do
+        next :not_running unless @running
 
         @running = false
-        thread = @thread
-        @thread = nil
+        @generation += 1
+        @fork_handler&.remove!
+        @fork_handler = nil
         @wakeup.broadcast
+        stopping = @thread
+        @thread = nil
+        stopping
       end
-      @fork_handler&.remove!
-      @fork_handler = nil
+      return false if thread == :not_running
+
       # From on_flush itself (the flusher thread), joining would deadlock;
       # the thread ends after the callback returns.
-      join_or_kill(thread) unless thread.equal?(Thread.current)
-      flush_once if flush
+      join_or_kill(thread, "the flush under way") unless thread.nil? || thread.equal?(Thread.current)
+      if flush
+        final = Thread.new { flush_once }
+        final.name = "memprofiler_pprof_rs #{log_name} final flush"
+        final.report_on_exception = false
+        join_or_kill(final, "the final flush")
+      end
       true
     end
 
@@ -117,9 +133,12 @@ module MemprofilerPprof
       end
     end
 
-    # While paused no flush happens; the collector keeps sampling, so the
-    # first flush after unpause covers the whole time since the last one.
+    # While paused no flush starts (one under way finishes); the collector
+    # keeps sampling, so the first flush after unpause covers the whole time
+    # since the last one.
     def pause
+      return in_helper_thread { pause } if trap_context?
+
       @state_lock.synchronize do
         @paused = true
         @wakeup.broadcast
@@ -128,6 +147,8 @@ module MemprofilerPprof
     end
 
     def unpause
+      return in_helper_thread { unpause } if trap_context?
+
       @state_lock.synchronize do
         @paused = false
         @wakeup.broadcast
@@ -167,70 +188,107 @@ module MemprofilerPprof
       self.class.name.split("::").last
     end
 
-    def join_or_kill(thread)
-      return if thread.join(@stop_timeout)
+    # Mutex#synchronize raises in a signal trap handler; a helper thread
+    # may take locks, so trap handlers get their work done there.
+    def trap_context?
+      @state_lock.synchronize { false }
+    rescue ThreadError => e
+      raise unless e.message.include?("trap context")
+
+      true
+    end
+
+    def in_helper_thread(&block)
+      Thread.new(&block).value
+    end
+
+    # Joins `thread` for at most stop_timeout seconds, then kills it. An
+    # exception the thread died of is logged, never raised here.
+    def join_or_kill(thread, what)
+      finished = begin
+        thread.join(@stop_timeout)
+      rescue Exception => e # rubocop:disable Lint/RescueException
+        report_error("#{what} failed", e)
+        true
+      end
+      return if finished
 
       thread.kill
       thread.join(1)
-      report_error("stop!", RuntimeError.new("the flush under way did not end within #{@stop_timeout}s; " \
-                                              "its thread was killed"))
+      report_error("stop!", RuntimeError.new("#{what} did not end within #{@stop_timeout}s; its thread was killed"))
     end
 
     def reset_synchronization
       @state_lock = Mutex.new
       @wakeup = ConditionVariable.new
+      @flush_lock = Mutex.new
       @running = false
       @paused = false
+      @generation = 0
     end
 
-    def spawn_thread
-      thread = Thread.new { flusher_loop }
+    def spawn_thread(generation)
+      thread = Thread.new { flusher_loop(generation) }
       thread.name = "memprofiler_pprof_rs #{log_name}"
       thread.report_on_exception = false
       thread.priority = @priority unless @priority.nil?
       thread
     end
 
-    def flusher_loop
+    def flusher_loop(generation)
       next_at = now + @interval
       loop do
-        return unless wait_until(next_at)
+        return unless wait_until(next_at, generation)
 
         flush_once
         # Counted from the planned time, so a slow flush shortens the next
         # wait; after a very slow one the next starts at once, not in a burst.
         next_at = [next_at + @interval, now].max
       end
+    rescue Exception => e # rubocop:disable Lint/RescueException
+      # Not expected (flush_once logs its own errors); never let the thread
+      # die silently or hand its exception to whoever joins it.
+      report_error("flusher thread stopped", e)
+      @state_lock.synchronize { @running = false if @generation == generation }
     end
 
-    # Waits until `deadline` (and not paused); false once stopped.
-    def wait_until(deadline)
+    # Waits until `deadline` (and not paused); false once this thread's
+    # generation was stopped or replaced.
+    def wait_until(deadline, generation)
       @state_lock.synchronize do
         loop do
-          return false unless @running
+          return false unless @running && @generation == generation
 
           remaining = deadline - now
           return true if remaining <= 0 && !@paused
 
-          @wakeup.wait(@state_lock, @paused ? nil : remaining)
+          # Waits are chunked: a huge interval must not overflow Ruby's
+          # timeout arithmetic.
+          @wakeup.wait(@state_lock, @paused ? MAX_WAIT : [remaining, MAX_WAIT].min)
         end
       end
     end
 
+    MAX_WAIT = 3600.0
+
+    # One flush and its handling; every error is logged and counted. Flushes
+    # of one flusher never overlap (a restarted thread, the final flush).
     def flush_once
-      data = begin
-        @collector.flush(yield_gvl: @yield_gvl, proactively_yield_gvl: @proactively_yield_gvl)
-      rescue StandardError => e
-        report_error("flush failed", e)
-        return nil
+      @flush_lock.synchronize do
+        data = begin
+          @collector.flush(yield_gvl: @yield_gvl, proactively_yield_gvl: @proactively_yield_gvl)
+        rescue Exception => e # rubocop:disable Lint/RescueException
+          report_error("flush failed", e)
+          next nil
+        end
+        @flush_count += 1
+        begin
+          handle_flush(data)
+        rescue Exception => e # rubocop:disable Lint/RescueException
+          report_error("handling the flushed profile failed", e)
+        end
+        data
       end
-      @flush_count += 1
-      begin
-        handle_flush(data)
-      rescue StandardError => e
-        report_error("handling the flushed profile failed", e)
-      end
-      data
     end
 
     def report_error(what, error)
@@ -248,11 +306,14 @@ module MemprofilerPprof
     end
 
     # In a forked child: the thread did not survive the fork; start another
-    # if this flusher was running in the parent.
+    # if this flusher was running in the parent. (The parent's Atfork
+    # handler is inherited, so it is kept.)
     def restart_in_child
       was_running = @running
+      handler = @fork_handler
       reset_synchronization
       @thread = nil
+      @fork_handler = handler
       child_forked
       start! if was_running
     end

@@ -112,6 +112,12 @@ module MemprofilerPprof
       @flush_lock.synchronize do
         ProfileData.from_native(_native_flush(yield_gvl, proactively_yield_gvl))
       end
+    rescue ThreadError => e
+      raise unless e.message.include?("trap context")
+
+      # Mutex#synchronize refuses to run in a signal trap handler; another
+      # thread may, and the handler waits for it.
+      Thread.new { flush(yield_gvl: yield_gvl, proactively_yield_gvl: proactively_yield_gvl) }.value
     end
 
     # start!, run the block, flush, stop!; returns the ProfileData. The hooks

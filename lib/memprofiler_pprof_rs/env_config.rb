@@ -18,7 +18,7 @@ module MemprofilerPprof
       alloc_retain_rate: [1.0, :fraction, "a number from 0 to 1"],
       max_alloc_samples: [10_000, :count, "a whole number >= 0"],
       max_heap_samples: [50_000, :count, "a whole number >= 0"],
-      flush_interval: [30.0, :seconds, "a number of seconds > 0"],
+      flush_interval: [30.0, :seconds, "a number of seconds >= 0.1"],
       file_pattern: [FileFlusher::DEFAULT_PATTERN, :pattern, "a file name pattern"],
       keep_files: [nil, :positive_count, "a whole number >= 1"],
       flush_at_exit: [true, :flag, "1/0, true/false, yes/no or on/off"],
@@ -74,7 +74,9 @@ module MemprofilerPprof
     def lookup(env, name)
       PREFIXES.each do |prefix|
         variable = "#{prefix}#{name.to_s.upcase}"
-        return [variable, env[variable]] if env.key?(variable)
+        value = env[variable]
+        # An empty value counts as unset, so the next prefix still applies.
+        return [variable, value] unless value.nil? || value.strip.empty?
       end
       [nil, nil]
     end
@@ -100,9 +102,11 @@ module MemprofilerPprof
       value
     end
 
+    # At least 0.1 s: a smaller value is almost certainly a unit mistake,
+    # and would write thousands of files a second.
     def parse_seconds(raw)
       value = Float(raw)
-      raise ArgumentError, "" unless value.finite? && value.positive?
+      raise ArgumentError, "" unless value.finite? && value >= 0.1
 
       value
     end

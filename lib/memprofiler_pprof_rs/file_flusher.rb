@@ -13,8 +13,9 @@ module MemprofilerPprof
   # directory at construction, so a later chdir (Process.daemon does one)
   # does not move the files. With `keep: n` the flusher deletes the oldest
   # of the files it wrote itself beyond the newest n; it never touches
-  # files it did not write. A name already taken gets "-1", "-2", ... before
-  # its extension instead of being overwritten.
+  # files it did not write. A name already taken (even by another process
+  # at the same moment) gets "-1", "-2", ... before its extension instead of
+  # being overwritten.
   class FileFlusher < BlockFlusher
     DEFAULT_PATTERN = "tmp/profiles/mem-%{pid}-%{isotime}.pprof"
     PATTERN_KEYS = %i[pid isotime unixtime index].freeze
@@ -56,6 +57,14 @@ module MemprofilerPprof
         raise ArgumentError, "pattern must name a file, got #{pattern.inspect}"
       end
 
+      # Only named references (and %%) are allowed: a bare %s would print
+      # the whole hash of values into the file name.
+      pattern.scan(/%(?:%|\{[^}]*\}|<[^>]*>|.?)/).each do |directive|
+        next if directive == "%%" || directive.start_with?("%{", "%<")
+
+        raise ArgumentError, "bad pattern #{pattern.inspect}: #{directive.inspect} is not a named key " \
+                             "(use %{pid}, %{isotime}, %{unixtime}, %{index}; %% for a literal %)"
+      end
       sample = { pid: 1, isotime: "20000101T000000.000Z", unixtime: 0, index: 0 }
       begin
         format(pattern, sample)
@@ -75,23 +84,29 @@ module MemprofilerPprof
     private
 
     def handle_flush(data)
-      path = unused_path(path_for)
+      path = write_without_overwriting(data, path_for)
       @index += 1
-      data.write(path)
       @last_path = path
       @written << path
       delete_old_files
       super
     end
 
-    def unused_path(path)
-      return path unless File.exist?(path)
+    # Profile extensions a collision suffix goes in front of.
+    EXTENSIONS = %w[.pprof .pb.gz .pb .gz].freeze
 
-      extension = File.extname(path)
+    # Writes to `path`, or to path-1, path-2, ... if taken (by an earlier
+    # flush or by another process using the same pattern).
+    def write_without_overwriting(data, path)
+      extension = EXTENSIONS.find { |ext| path.end_with?(ext) } || ""
       stem = path.delete_suffix(extension)
+      candidate = path
       (1..).each do |n|
+        return data.write(candidate, overwrite: false)
+      rescue Errno::EEXIST
+        raise if n > 10_000
+
         candidate = "#{stem}-#{n}#{extension}"
-        return candidate unless File.exist?(candidate)
       end
     end
 

@@ -58,8 +58,10 @@ module MemprofilerPprof
     # Writes the gzipped profile to `path` atomically: into a temporary file
     # in the same directory (created if missing), then renamed over `path`,
     # so a reader never sees half a profile. Binary mode, whatever the
-    # process's default encodings. Returns `path`.
-    def write(path)
+    # process's default encodings. With `overwrite: false` an existing
+    # `path` is never replaced (Errno::EEXIST is raised instead), even if
+    # another process creates it at the same moment. Returns `path`.
+    def write(path, overwrite: true)
       path = path.to_path if path.respond_to?(:to_path)
       raise TypeError, "path must be a String or Pathname, got #{path.inspect}" unless path.is_a?(String)
       raise ArgumentError, "path must not be empty" if path.empty?
@@ -71,7 +73,7 @@ module MemprofilerPprof
         File.open(temporary, File::WRONLY | File::CREAT | File::EXCL, 0o644, binmode: true) do |file|
           file.write(pprof_data)
         end
-        File.rename(temporary, path)
+        overwrite ? File.rename(temporary, path) : publish_without_overwriting(temporary, path)
       ensure
         File.unlink(temporary) if File.exist?(temporary)
       end
@@ -94,6 +96,17 @@ module MemprofilerPprof
     alias inspect to_s
 
     private
+
+    # link(2) fails if `path` exists, atomically; the temporary name is then
+    # removed by the caller.
+    def publish_without_overwriting(temporary, path)
+      File.link(temporary, path)
+    rescue Errno::EPERM, Errno::EOPNOTSUPP, Errno::ENOTSUP
+      # A file system without hard links: check, then rename (not atomic).
+      raise Errno::EEXIST, path if File.exist?(path)
+
+      File.rename(temporary, path)
+    end
 
     def interval_text
       return "no interval" unless started_at && finished_at
