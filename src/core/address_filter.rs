@@ -1,76 +1,94 @@
-//! A one-bit-per-slot filter in front of the tracked-object maps, so that
-//! FREEOBJ on an object the sampler does not track (nearly every free) costs
-//! a hash, a load and a test, without the lock or a map lookup.
+//! A counting filter in front of the tracked-object maps, so that FREEOBJ
+//! on an object the sampler does not track (nearly every free) costs a
+//! hash, a load and a compare, without the lock or a map lookup.
 //!
-//! A clear bit proves an address untracked; a set bit means "look in the
-//! maps" (it may be stale or shared). Bits are never cleared one by one
-//! (another tracked address may share them); the owner rebuilds the filter
-//! from the tracked addresses once enough removals have made it stale.
+//! Each bucket counts the tracked addresses that hash to it: zero proves an
+//! address untracked; non-zero means "look in the maps". Counts go down
+//! when addresses stop being tracked, so the filter never goes stale (a
+//! plain bit filter would: Ruby reuses the same hot slots over and over, so
+//! stale bits sit exactly where the next frees happen). A bucket that
+//! reaches 255 stays there (conservative) until the next rebuild.
 //!
 //! All access is through atomics, so the hook may read it without the
 //! sampler's lock. Every writer and reader runs with Ruby's GVL held, so a
 //! rebuild is never observed half-done.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 
 use super::sampler_state::ObjectAddress;
 
-/// 2^20 bits (128 KiB): with the default 50,000 tracked objects, about 5%
-/// of untracked frees still take the slow path.
-pub const DEFAULT_BITS_LOG2: u32 = 20;
+/// 2^18 buckets (256 KiB): with 1,000 tracked objects about 0.4% of
+/// untracked frees take the slow path; with the default cap of 50,000
+/// tracked, about 17%.
+pub const DEFAULT_BUCKETS_LOG2: u32 = 18;
+
+const SATURATED: u8 = u8::MAX;
 
 pub struct AddressFilter {
-    words: Box<[AtomicU64]>,
+    counts: Box<[AtomicU8]>,
     shift: u32,
 }
 
 impl std::fmt::Debug for AddressFilter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "AddressFilter({} bits)", self.words.len() * 64)
+        write!(f, "AddressFilter({} buckets)", self.counts.len())
     }
 }
 
 impl AddressFilter {
-    pub fn new(bits_log2: u32) -> Self {
+    pub fn new(buckets_log2: u32) -> Self {
         assert!(
-            (6..=32).contains(&bits_log2),
-            "filter size 2^{bits_log2} bits"
+            (4..=32).contains(&buckets_log2),
+            "filter size 2^{buckets_log2}"
         );
-        let words = (0..(1usize << (bits_log2 - 6)))
-            .map(|_| AtomicU64::new(0))
+        let counts = (0..(1usize << buckets_log2))
+            .map(|_| AtomicU8::new(0))
             .collect();
         AddressFilter {
-            words,
-            shift: 64 - bits_log2,
+            counts,
+            shift: 64 - buckets_log2,
         }
     }
 
     #[inline]
-    fn position(&self, address: ObjectAddress) -> (usize, u64) {
+    fn bucket(&self, address: ObjectAddress) -> &AtomicU8 {
         // Object slots are 8-byte aligned: drop those bits, then spread the
         // rest over the table (Fibonacci hashing, top bits).
-        let bit =
-            ((address as u64 >> 3).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> self.shift) as usize;
-        (bit >> 6, 1u64 << (bit & 63))
+        let index = (address as u64 >> 3).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> self.shift;
+        &self.counts[index as usize]
     }
 
     /// False: `address` is certainly not tracked.
     #[inline]
     pub fn may_contain(&self, address: ObjectAddress) -> bool {
-        let (word, mask) = self.position(address);
-        self.words[word].load(Ordering::Relaxed) & mask != 0
+        self.bucket(address).load(Ordering::Relaxed) != 0
     }
 
+    /// `address` starts being tracked.
     #[inline]
     pub fn insert(&self, address: ObjectAddress) {
-        let (word, mask) = self.position(address);
-        self.words[word].fetch_or(mask, Ordering::Relaxed);
+        let bucket = self.bucket(address);
+        let count = bucket.load(Ordering::Relaxed);
+        if count != SATURATED {
+            bucket.store(count + 1, Ordering::Relaxed);
+        }
+    }
+
+    /// `address`, inserted before, stops being tracked.
+    #[inline]
+    pub fn remove(&self, address: ObjectAddress) {
+        let bucket = self.bucket(address);
+        let count = bucket.load(Ordering::Relaxed);
+        debug_assert!(count > 0, "removing an address never inserted");
+        if count != SATURATED && count > 0 {
+            bucket.store(count - 1, Ordering::Relaxed);
+        }
     }
 
     /// Forgets everything, then inserts `addresses`.
     pub fn rebuild(&self, addresses: impl Iterator<Item = ObjectAddress>) {
-        for word in self.words.iter() {
-            word.store(0, Ordering::Relaxed);
+        for count in self.counts.iter() {
+            count.store(0, Ordering::Relaxed);
         }
         for address in addresses {
             self.insert(address);
@@ -78,7 +96,7 @@ impl AddressFilter {
     }
 
     pub fn memory_bytes(&self) -> usize {
-        std::mem::size_of::<Self>() + self.words.len() * 8
+        std::mem::size_of::<Self>() + self.counts.len()
     }
 }
 
@@ -96,21 +114,41 @@ mod tests {
         assert!(tracked.iter().all(|&a| filter.may_contain(a)));
         let others = (0..100_000usize).map(|i| 0x5500_0000_0000 + i * 40);
         let false_positives = others.filter(|&a| filter.may_contain(a)).count();
-        // 2,000 of 65,536 bits set: about 3% expected.
+        // 2,000 of 65,536 buckets used: about 3% expected.
         assert!(false_positives < 6_000, "{false_positives} false positives");
     }
 
     #[test]
-    fn rebuild_forgets_removed_addresses() {
-        let filter = AddressFilter::new(12);
-        filter.insert(0x1000);
-        filter.insert(0x2000);
-        filter.rebuild([0x2000].into_iter());
-        assert!(filter.may_contain(0x2000));
-        assert!(!filter.may_contain(0x1000));
+    fn removal_empties_a_bucket_only_when_no_other_address_remains() {
+        let filter = AddressFilter::new(4); // 16 buckets: collisions certain
+        let addresses: Vec<usize> = (0..64).map(|i| 0x1000 + i * 40).collect();
+        for &a in &addresses {
+            filter.insert(a);
+        }
+        for (i, &a) in addresses.iter().enumerate() {
+            filter.remove(a);
+            // Everything not yet removed is still found.
+            assert!(addresses[i + 1..].iter().all(|&b| filter.may_contain(b)));
+        }
+        assert!(addresses.iter().all(|&a| !filter.may_contain(a)));
+    }
+
+    #[test]
+    fn a_saturated_bucket_stays_set_until_rebuilt() {
+        let filter = AddressFilter::new(4);
+        let address = 0x2000;
+        for _ in 0..300 {
+            filter.insert(address);
+        }
+        for _ in 0..300 {
+            filter.remove(address);
+        }
+        assert!(filter.may_contain(address));
+        filter.rebuild(std::iter::empty());
+        assert!(!filter.may_contain(address));
         assert_eq!(
             filter.memory_bytes(),
-            std::mem::size_of::<AddressFilter>() + 512
+            std::mem::size_of::<AddressFilter>() + 16
         );
     }
 }

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 
-use super::address_filter::{AddressFilter, DEFAULT_BITS_LOG2};
+use super::address_filter::{AddressFilter, DEFAULT_BUCKETS_LOG2};
 use super::fast_hash::FastHashMap;
 use super::sample_gate::{mix_seed, GapSampler};
 use super::stack_table::{Frame, StackId, StackTable};
@@ -168,11 +168,9 @@ pub struct SamplerState {
     /// the samples that referred to them may already be released.
     flush_classes: Vec<ClassRef>,
     drops: DropCounters,
-    /// Addresses in `live` or `watched` (and stale ones until a rebuild):
-    /// shared with the FREEOBJ hook, which reads it without the lock.
+    /// Counts of the addresses in `live` and `watched` (disjoint): shared
+    /// with the FREEOBJ hook, which reads it without the lock.
     free_filter: Arc<AddressFilter>,
-    /// Removals from the maps since the filter was last rebuilt.
-    filter_removals: usize,
 }
 
 /// Removes every entry of `map` whose object moved, returning it with its
@@ -216,8 +214,7 @@ impl SamplerState {
             retain_rng: SmallRng::seed_from_u64(retain_seed),
             flush_classes: Vec::new(),
             drops: DropCounters::default(),
-            free_filter: Arc::new(AddressFilter::new(DEFAULT_BITS_LOG2)),
-            filter_removals: 0,
+            free_filter: Arc::new(AddressFilter::new(DEFAULT_BUCKETS_LOG2)),
         }
     }
 
@@ -227,21 +224,9 @@ impl SamplerState {
         Arc::clone(&self.free_filter)
     }
 
-    /// Counts addresses leaving the maps; once they outnumber the tracked
-    /// ones, the filter is rebuilt so that stale bits stay a minority
-    /// (amortised: one insert per removal).
-    fn note_untracked(&mut self, count: usize) {
-        self.filter_removals += count;
-        let tracked = self.live.len() + self.watched.len();
-        if self.filter_removals > tracked.max(1024) {
-            self.rebuild_free_filter();
-        }
-    }
-
     fn rebuild_free_filter(&mut self) {
         self.free_filter
             .rebuild(self.live.keys().chain(self.watched.keys()).copied());
-        self.filter_removals = 0;
     }
 
     /// Restarts every random draw from `seed`, for reproducible runs.
@@ -342,7 +327,7 @@ impl SamplerState {
             self.watched.insert(object, id);
         } else {
             record.liveness = Liveness::Untracked;
-            self.note_untracked(1);
+            self.free_filter.remove(object);
         }
         self.release(id);
     }
@@ -358,16 +343,12 @@ impl SamplerState {
     }
 
     fn forget_watched(&mut self) {
-        let watched = std::mem::take(&mut self.watched);
-        let count = watched.len();
-        for (_, id) in watched {
+        for (object, id) in std::mem::take(&mut self.watched) {
+            self.free_filter.remove(object);
             let record = &mut self.records[id.0 as usize];
             if record.liveness == Liveness::Watched {
                 record.liveness = Liveness::Untracked;
             }
-        }
-        if count > 0 {
-            self.note_untracked(count);
         }
     }
 
@@ -449,14 +430,14 @@ impl SamplerState {
         if !self.watched.is_empty() {
             if let Some(id) = self.watched.remove(&object) {
                 self.records[id.0 as usize].liveness = Liveness::Freed;
-                self.note_untracked(1);
+                self.free_filter.remove(object);
             }
         }
         match self.live.remove(&object) {
             Some(id) => {
                 self.records[id.0 as usize].liveness = Liveness::Freed;
                 self.release(id);
-                self.note_untracked(1);
+                self.free_filter.remove(object);
                 true
             }
             None => false,
