@@ -1,13 +1,19 @@
 //! The lock that guards the sampler state.
 //!
-//! A pthread mutex (rather than `std::sync::Mutex`) so that fork handlers can
-//! take and release it without a guard object, and of the *error-checking*
-//! kind: if a thread that already holds it asks again (which would mean the
-//! collector triggered a GC, and so a FREEOBJ hook, while holding the lock),
-//! the second attempt is refused with `LockError::Reentered` instead of
-//! deadlocking or handing out a second `&mut` to the same state. The
-//! collector's own rule is that nothing run under the lock can allocate a
-//! Ruby object, so that refusal should never happen; it is counted if it does.
+//! One word: 0 when free, else the holder's `pthread_self()`. Taking it is a
+//! single compare-and-swap (the allocation hooks take it on every sampled
+//! allocation and every free of a tracked object, so a pthread mutex's
+//! lock/unlock pair was measurable), and it is never waited on in practice:
+//! every holder runs with Ruby's GVL, so another thread can only find it
+//! taken in code that runs without the GVL, and then it spins politely.
+//!
+//! Owner-tagged so that re-entry is refused rather than deadlocked: if a
+//! thread that holds it asks again (which would mean the collector
+//! triggered a GC, and so a FREEOBJ hook, while holding it) the second
+//! attempt gets `LockError::Reentered` instead of a second `&mut` to the
+//! same state. The collector's own rule is that nothing run under the lock
+//! can allocate a Ruby object, so that refusal should never happen; it is
+//! counted if it does. No guard object is needed to take it around fork.
 
 use std::cell::UnsafeCell;
 use std::ops::{Deref, DerefMut};
@@ -22,18 +28,15 @@ pub enum LockError {
 }
 
 pub struct SamplerLock<T> {
-    // Boxed: a pthread mutex must not move once initialised.
-    mutex: Box<UnsafeCell<libc::pthread_mutex_t>>,
-    // pthread_self() of the holder, 0 when free: lets `try_lock` tell
-    // re-entry from contention (both are EBUSY) without blocking.
+    /// pthread_self() of the holder, 0 when free.
     owner: AtomicUsize,
     data: UnsafeCell<T>,
 }
 
-// SAFETY: access to `data` is serialised by the mutex; T itself must be Send
+// SAFETY: access to `data` is serialised by `owner`; T itself must be Send
 // because the thread that flushes may differ from the one that allocated.
 unsafe impl<T: Send> Send for SamplerLock<T> {}
-// SAFETY: as above: shared references only hand out `data` under the mutex.
+// SAFETY: as above: shared references only hand out `data` to the holder.
 unsafe impl<T: Send> Sync for SamplerLock<T> {}
 
 pub struct SamplerGuard<'a, T> {
@@ -42,89 +45,77 @@ pub struct SamplerGuard<'a, T> {
 
 impl<T> SamplerLock<T> {
     pub fn new(data: T) -> Self {
-        // SAFETY: an all-zero pthread_mutex_t is a valid value to pass to
-        // pthread_mutex_init, which fully initialises it.
-        let mutex = Box::new(UnsafeCell::new(unsafe { std::mem::zeroed() }));
-        // SAFETY: the mutex pointer is valid and not yet shared.
-        unsafe { init_errorcheck_mutex(mutex.get()) };
         SamplerLock {
-            mutex,
             owner: AtomicUsize::new(0),
             data: UnsafeCell::new(data),
         }
     }
 
+    #[inline]
+    fn try_acquire(&self, me: usize) -> Result<(), LockError> {
+        match self
+            .owner
+            .compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed)
+        {
+            Ok(_) => Ok(()),
+            Err(holder) if holder == me => Err(LockError::Reentered),
+            Err(_) => Err(LockError::Busy),
+        }
+    }
+
     /// Takes the lock without waiting: what the allocation hook uses, since
     /// waiting there would stall the application thread.
+    #[inline]
     pub fn try_lock(&self) -> Result<SamplerGuard<'_, T>, LockError> {
-        // SAFETY: the mutex was initialised in `new` and lives as long as self.
-        match unsafe { libc::pthread_mutex_trylock(self.mutex.get()) } {
-            0 => Ok(self.acquired()),
-            libc::EBUSY => {
-                // EBUSY is also what an error-checking mutex returns to its
-                // owner; tell the two apart so re-entry is never mistaken for
-                // contention.
-                if self.held_by_current_thread() {
-                    Err(LockError::Reentered)
-                } else {
-                    Err(LockError::Busy)
-                }
-            }
-            _ => Err(LockError::Busy),
-        }
+        self.try_acquire(current_thread())?;
+        Ok(SamplerGuard { lock: self })
     }
 
     /// Takes the lock, waiting for another thread if needed.
+    #[inline]
     pub fn lock(&self) -> Result<SamplerGuard<'_, T>, LockError> {
-        // SAFETY: the mutex was initialised in `new` and lives as long as self.
-        match unsafe { libc::pthread_mutex_lock(self.mutex.get()) } {
-            0 => Ok(self.acquired()),
-            libc::EDEADLK => Err(LockError::Reentered),
-            rc => panic!("pthread_mutex_lock failed with {rc}"),
+        self.acquire()?;
+        Ok(SamplerGuard { lock: self })
+    }
+
+    fn acquire(&self) -> Result<(), LockError> {
+        let me = current_thread();
+        let mut spins = 0u32;
+        loop {
+            match self.try_acquire(me) {
+                Err(LockError::Busy) => {
+                    // Only a thread running without the GVL can hold it now,
+                    // briefly: spin a little, then let it run.
+                    spins += 1;
+                    if spins < 64 {
+                        std::hint::spin_loop();
+                    } else {
+                        std::thread::yield_now();
+                    }
+                }
+                other => return other,
+            }
         }
-    }
-
-    fn acquired(&self) -> SamplerGuard<'_, T> {
-        self.owner.store(current_thread(), Ordering::Relaxed);
-        SamplerGuard { lock: self }
-    }
-
-    fn held_by_current_thread(&self) -> bool {
-        self.owner.load(Ordering::Relaxed) == current_thread()
     }
 
     /// Takes the lock with no guard, for `pthread_atfork`'s prepare handler:
     /// the child must not inherit a lock held by a thread it does not have.
     pub fn lock_for_fork(&self) {
-        // SAFETY: the mutex is initialised; released by `unlock_after_fork`.
-        unsafe {
-            libc::pthread_mutex_lock(self.mutex.get());
-        }
-        self.owner.store(current_thread(), Ordering::Relaxed);
+        // Re-entry cannot happen here (fork is not called under the lock);
+        // if it did, the lock is simply already held by this thread.
+        let _ = self.acquire();
     }
 
-    /// In the child after fork: the lock taken by `lock_for_fork` cannot be
-    /// unlocked there (an error-checking mutex records the owner's kernel
-    /// thread id, and the child's thread has a new one), so it is initialised
-    /// afresh. Nothing else runs in the child at that point.
+    /// In the child after fork: only the forking thread exists, and it took
+    /// the lock in `lock_for_fork`; the child's thread may have another
+    /// identity, so the lock is simply marked free.
     pub fn reinit_in_child(&self) {
-        self.owner.store(0, Ordering::Relaxed);
-        // SAFETY: only the forking thread exists in the child and it holds no
-        // guard (the lock was taken guard-less by `lock_for_fork`), so no one
-        // can be using the mutex while it is re-initialised.
-        unsafe {
-            std::ptr::write(self.mutex.get(), std::mem::zeroed());
-            init_errorcheck_mutex(self.mutex.get());
-        }
+        self.owner.store(0, Ordering::Release);
     }
 
     /// Releases the lock taken by `lock_for_fork` (in the parent).
     pub fn unlock_after_fork(&self) {
-        self.owner.store(0, Ordering::Relaxed);
-        // SAFETY: called only after `lock_for_fork` on this thread.
-        unsafe {
-            libc::pthread_mutex_unlock(self.mutex.get());
-        }
+        self.owner.store(0, Ordering::Release);
     }
 
     /// The data's address, for code that holds the lock without a guard
@@ -134,59 +125,32 @@ impl<T> SamplerLock<T> {
     }
 }
 
-/// # Safety
-/// `mutex` must be valid for writes and not in use by any thread.
-unsafe fn init_errorcheck_mutex(mutex: *mut libc::pthread_mutex_t) {
-    // SAFETY: attr is initialised before use and destroyed after; the caller
-    // guarantees `mutex` is valid and unused.
-    unsafe {
-        let mut attr: libc::pthread_mutexattr_t = std::mem::zeroed();
-        let rc = libc::pthread_mutexattr_init(&mut attr);
-        assert_eq!(rc, 0, "pthread_mutexattr_init failed");
-        libc::pthread_mutexattr_settype(&mut attr, libc::PTHREAD_MUTEX_ERRORCHECK);
-        let rc = libc::pthread_mutex_init(mutex, &attr);
-        libc::pthread_mutexattr_destroy(&mut attr);
-        assert_eq!(rc, 0, "pthread_mutex_init failed");
-    }
-}
-
+#[inline]
 fn current_thread() -> usize {
-    // SAFETY: pthread_self has no preconditions.
+    // SAFETY: pthread_self has no preconditions (and never returns 0).
     unsafe { libc::pthread_self() as usize }
-}
-
-impl<T> Drop for SamplerLock<T> {
-    fn drop(&mut self) {
-        // SAFETY: no guard can outlive self, so the mutex is unlocked here.
-        unsafe {
-            libc::pthread_mutex_destroy(self.mutex.get());
-        }
-    }
 }
 
 impl<T> Deref for SamplerGuard<'_, T> {
     type Target = T;
     fn deref(&self) -> &T {
-        // SAFETY: the guard proves this thread holds the mutex.
+        // SAFETY: the guard proves this thread holds the lock.
         unsafe { &*self.lock.data.get() }
     }
 }
 
 impl<T> DerefMut for SamplerGuard<'_, T> {
     fn deref_mut(&mut self) -> &mut T {
-        // SAFETY: the guard proves this thread holds the mutex, and the
-        // error-checking mutex never hands a second guard to the same thread.
+        // SAFETY: the guard proves this thread holds the lock, and the lock
+        // never hands a second guard to the same thread.
         unsafe { &mut *self.lock.data.get() }
     }
 }
 
 impl<T> Drop for SamplerGuard<'_, T> {
+    #[inline]
     fn drop(&mut self) {
-        self.lock.owner.store(0, Ordering::Relaxed);
-        // SAFETY: the guard exists only while this thread holds the mutex.
-        unsafe {
-            libc::pthread_mutex_unlock(self.lock.mutex.get());
-        }
+        self.lock.owner.store(0, Ordering::Release);
     }
 }
 

@@ -162,8 +162,8 @@ unsafe extern "C" fn after_fork_in_parent() {
 
 unsafe extern "C" fn after_fork_in_child() {
     // SAFETY (both calls): as in the parent; the child has only this thread.
-    // Error-checking mutexes cannot be unlocked here (see
-    // SamplerLock::reinit_in_child), so they are re-initialised.
+    // The child's thread may have another pthread_self() than the parent's
+    // forking thread (see SamplerLock::reinit_in_child): locks are freed.
     unsafe { collectors_while_forking() }
         .rev()
         .for_each(|c| c.sampler.reinit_in_child());
