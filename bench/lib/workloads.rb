@@ -37,10 +37,13 @@ module BenchWorkloads
   # thousands of generated methods; each chain ends by allocating an
   # instance of one of thousands of classes (sometimes with a String or an
   # Array), kept in a retained set that grows during the first half and
-  # shrinks during the second.
+  # shrinks during the second. Chains follow one of PATHS seeded call paths,
+  # as a real program's allocations come from a bounded set of call sites
+  # (so stacks repeat, a few thousand of them, as in an application).
   module Scenario
     METHODS = 3_000
     CLASSES = 2_000
+    PATHS = 4_000
     FANOUT = 4
     SEED = 20_261_129
 
@@ -48,19 +51,23 @@ module BenchWorkloads
     class Context
       attr_reader :depth, :retained
 
-      def initialize(seed)
+      # retain_all: every leaf object is kept (to build a large live set).
+      def initialize(seed, retain_all: false)
         @rng = Random.new(seed)
         @retained = []
         @depth = 1
         @growing = true
+        @retain_all = retain_all
       end
 
       def start_chain(growing)
         @growing = growing
-        @depth = @rng.rand(1..100)
+        @path = @rng.rand(PATHS)
+        @depth = 1 + (((@path * 2_654_435_761) >> 9) % 100)
       end
 
-      def pick = @rng.rand(FANOUT)
+      # The branch a path takes at `level`: a fixed function of both.
+      def pick(level) = (((@path * 2_654_435_761) ^ (level * 40_503)) >> 5) & (FANOUT - 1)
 
       def leaf
         object = CLASS_LIST[@rng.rand(CLASSES)].new
@@ -68,7 +75,9 @@ module BenchWorkloads
         when 0 then object.payload = "payload" * @rng.rand(1..8)
         when 1 then object.payload = Array.new(@rng.rand(1..6))
         end
-        if @growing
+        if @retain_all
+          @retained << object
+        elsif @growing
           @retained << object if @rng.rand < 0.6
         elsif !@retained.empty? && @rng.rand < 0.7
           index = @rng.rand(@retained.size)
@@ -95,7 +104,12 @@ module BenchWorkloads
         module_eval(<<~RUBY, "scenario_calls.rb", i * 10 + 1)
           def self.s#{i}(ctx, level, acc)
             return ctx.leaf if level >= ctx.depth
-            case ctx.pick
+            j = 0
+            while j < 12
+              acc = ((acc * 31) + j) % 65_521
+              j += 1
+            end
+            case ctx.pick(level)
             #{branches.join("\n")}
             end
           end

@@ -1,0 +1,39 @@
+# frozen_string_literal: true
+
+require_relative "report"
+
+# (5) Flush cost with 50,000 live samples (see flush_worker.rb).
+module FlushBench
+  VARIANTS = {
+    "flush (defaults)" => "default",
+    "flush(yield_gvl: false, proactively_yield_gvl: false)" => "plain",
+    "flush(yield_gvl: true, proactively_yield_gvl: false)" => "yield_gvl"
+  }.freeze
+
+  module_function
+
+  def run(runs)
+    worker = File.join(__dir__, "flush_worker.rb")
+    results = BenchReport.alternate(VARIANTS.keys + ["no profiler"], runs) do |label|
+      BenchReport.run_json(worker, VARIANTS.fetch(label, "none"))
+    end
+    base_rss = BenchReport.median(results["no profiler"].map { |r| r[:rss_kb] })
+    puts
+    puts "(5) flush of ~50,000 live samples (sample_rate 1.0, caps lifted) over ~#{stacks_note}; " \
+         "GVL hold = longest gap seen by a thread ticking every 1 ms, minus 1 ms"
+    rows = VARIANTS.keys.map do |label|
+      list = results[label]
+      m = ->(key) { BenchReport.median(list.map { |r| r[key] }) }
+      live = m.call(:live_samples)
+      [label, live.round.to_s, format("%.0f ms", m.call(:flush_seconds) * 1000),
+       format("%.1f ms", [m.call(:longest_gap_seconds) - 0.001, 0].max * 1000),
+       format("%.0f KB", m.call(:profile_bytes) / 1024.0),
+       (m.call(:collector_bytes) / live).round.to_s,
+       ((m.call(:rss_kb) - base_rss) * 1024 / live).round.to_s]
+    end
+    BenchReport.table(["flush", "live samples", "wall", "GVL hold", "profile", "memsize B/sample",
+                       "RSS B/sample"], rows)
+  end
+
+  def stacks_note = "4,000 call paths of depth 1-100"
+end

@@ -1,0 +1,75 @@
+# frozen_string_literal: true
+
+# (5) Flush cost, in a fresh process: builds 50,000 live samples (sample
+# rate 1.0, caps lifted) across thousands of stacks with the scenario's call
+# chains, then flushes once while another thread ticks every millisecond
+# and records its longest gap (how long the flush kept the GVL).
+#
+#   ruby -Ilib bench/lib/flush_worker.rb VARIANT
+#
+# VARIANT: none (no profiler: the RSS baseline), default (flush's default
+# keywords), plain (no GVL release at all), yield_gvl, proactive.
+
+require "json"
+require "objspace"
+require "memprofiler_pprof_rs"
+require_relative "workloads"
+
+def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+def rss_kb = File.read("/proc/self/status")[/^VmRSS:\s+(\d+)/, 1].to_i
+
+LIVE_SAMPLES = 50_000
+variant = ARGV.fetch(0)
+options = {
+  "default" => {}, "plain" => { yield_gvl: false, proactively_yield_gvl: false },
+  "yield_gvl" => { yield_gvl: true, proactively_yield_gvl: false },
+  "proactive" => { yield_gvl: true, proactively_yield_gvl: true }
+}
+collector = nil
+unless variant == "none"
+  collector = MemprofilerPprof::Collector.new(sample_rate: 1.0, max_allocation_samples: 100_000_000,
+                                              max_heap_samples: 100_000_000)
+  collector.start!
+end
+
+ctx = BenchWorkloads::Scenario::Context.new(7, retain_all: true)
+chains = 0
+loop do
+  1_000.times do |n|
+    ctx.start_chain(true)
+    BenchWorkloads::Scenario::Calls.s0(ctx, 0, n)
+  end
+  chains += 1_000
+  # The same number of chains for every variant, so RSS compares like with like.
+  break if chains >= 28_000
+end
+GC.start
+result = { rss_kb: rss_kb, retained: ctx.retained.size }
+if collector
+  collector.flush # the allocation samples of the build: not what is measured
+  result[:live_samples] = collector.live_heap_samples_count
+  result[:collector_bytes] = ObjectSpace.memsize_of(collector)
+  longest = 0.0
+  ticking = true
+  ticker = Thread.new do
+    last = now
+    while ticking
+      sleep 0.001
+      t = now
+      longest = t - last if t - last > longest
+      last = t
+    end
+  end
+  sleep 0.05
+  longest = 0.0
+  began = now
+  data = collector.flush(**options.fetch(variant))
+  result[:flush_seconds] = now - began
+  sleep 0.005
+  ticking = false
+  ticker.join
+  result[:longest_gap_seconds] = longest
+  result[:profile_bytes] = data.pprof_data.bytesize
+  result[:heap_samples] = data.heap_samples_count
+end
+puts JSON.generate(result)

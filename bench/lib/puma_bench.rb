@@ -1,0 +1,100 @@
+# frozen_string_literal: true
+
+require "socket"
+require "tmpdir"
+require_relative "report"
+require_relative "configs"
+
+# (4) puma serving bench/lib/puma_app.ru on loopback, loaded by wrk; each
+# configuration in a fresh puma process. Prints requests/s and p50/p99
+# latency (medians over runs) and their ratios to "no profiler".
+module PumaBench
+  SECONDS = Integer(ENV.fetch("BENCH_PUMA_SECONDS", "5"))
+  THREADS = 4
+  CONNECTIONS = 8
+
+  module_function
+
+  def run(runs)
+    %w[puma wrk].each do |tool|
+      next if system("command -v #{tool} >/dev/null 2>&1")
+
+      puts "\n(4) puma: skipped, #{tool} is not installed (script/bootstrap --bench installs it)"
+      return
+    end
+    configs = BenchConfigs::DEFAULT
+    results = BenchReport.alternate(configs, runs) { |config| measure(config) }
+    base = summarize(results["no profiler"])
+    puts
+    puts "(4) puma #{puma_version}, #{THREADS} threads, Rack app of bench/lib/puma_app.ru (40 records as JSON " \
+         "and HTML per request); wrk, #{CONNECTIONS} connections, #{SECONDS} s per run; " \
+         "this gem with a FileFlusher writing every second"
+    rows = configs.map do |config|
+      s = summarize(results[config])
+      [config, format("%.0f", s[:rps]), BenchReport.ratio(s[:rps], base[:rps]),
+       format("%.2f ms", s[:p50] * 1000), format("%.2f ms", s[:p99] * 1000), BenchReport.ratio(s[:p99], base[:p99])]
+    end
+    BenchReport.table(["configuration", "requests/s", "vs none", "p50", "p99", "p99 vs none"], rows)
+  end
+
+  def summarize(list)
+    %i[rps p50 p99].to_h { |key| [key, BenchReport.median(list.map { |r| r[key] })] }
+  end
+
+  def puma_version
+    `puma --version 2>/dev/null`[/\d+\.\d+\.\d+/] || "?"
+  end
+
+  def measure(config)
+    Dir.mktmpdir("bench-puma") do |dir|
+      port = free_port
+      env = { "BENCH_PROFILER" => config, "BENCH_PROFILE_DIR" => dir,
+              "RUBYLIB" => [File.join(BenchReport::ROOT, "lib"), ENV["RUBYLIB"]].compact.join(":") }
+      app = File.join(__dir__, "puma_app.ru")
+      pid = Process.spawn(env, "puma", "-q", "-e", "production", "-t", "#{THREADS}:#{THREADS}",
+                          "-b", "tcp://127.0.0.1:#{port}", app, out: File::NULL, err: File.join(dir, "puma.log"))
+      begin
+        wait_for(port, pid, dir)
+        url = "http://127.0.0.1:#{port}/?page=3"
+        wrk(url, 1) # warm up
+        wrk(url, SECONDS)
+      ensure
+        Process.kill("TERM", pid)
+        Process.wait(pid)
+      end
+    end
+  end
+
+  def wrk(url, seconds)
+    out = `wrk -t2 -c#{CONNECTIONS} -d#{seconds}s --latency #{url}`
+    raise "wrk failed:\n#{out}" unless $?.success? && out =~ %r{Requests/sec:\s+([\d.]+)}
+
+    { rps: Regexp.last_match(1).to_f, p50: latency(out, "50%"), p99: latency(out, "99%") }
+  end
+
+  def latency(out, percentile)
+    match = out.match(/^\s+#{Regexp.escape(percentile)}\s+([\d.]+)(us|ms|s)\b/)
+    raise "no #{percentile} latency in wrk output:\n#{out}" unless match
+
+    match[1].to_f * { "us" => 1e-6, "ms" => 1e-3, "s" => 1.0 }.fetch(match[2])
+  end
+
+  def free_port
+    server = TCPServer.new("127.0.0.1", 0)
+    server.addr[1]
+  ensure
+    server&.close
+  end
+
+  def wait_for(port, pid, dir)
+    200.times do
+      TCPSocket.new("127.0.0.1", port).close
+      return
+    rescue Errno::ECONNREFUSED
+      raise "puma exited:\n#{File.read(File.join(dir, 'puma.log'))}" if Process.waitpid(pid, Process::WNOHANG)
+
+      sleep 0.05
+    end
+    raise "puma did not start"
+  end
+end

@@ -1,0 +1,70 @@
+# frozen_string_literal: true
+
+require "etc"
+require "json"
+require "open3"
+require "rbconfig"
+
+# Shared by the bench runners: fresh-process runs, medians, tables, and a
+# description of the machine.
+module BenchReport
+  ROOT = File.expand_path("../..", __dir__)
+
+  module_function
+
+  def median(values)
+    sorted = values.compact.sort
+    return nil if sorted.empty?
+
+    mid = sorted.size / 2
+    sorted.size.odd? ? sorted[mid] : (sorted[mid - 1] + sorted[mid]) / 2.0
+  end
+
+  # Runs `ruby -Ilib SCRIPT ARGS` in a fresh process; returns its last line
+  # of stdout parsed as JSON (raises with stderr if it failed).
+  def run_json(script, *args, env: {})
+    out, err, status = Open3.capture3(env, RbConfig.ruby, "-I", File.join(ROOT, "lib"), script, *args)
+    raise "#{script} #{args.join(' ')} failed:\n#{err}" unless status.success?
+
+    JSON.parse(out.lines.last, symbolize_names: true)
+  end
+
+  # Each run goes through every configuration, in a rotated order (so that
+  # no configuration always runs first, on a cold machine, or last).
+  def alternate(configs, runs)
+    results = Hash.new { |h, k| h[k] = [] }
+    runs.times do |run|
+      configs.rotate(run).each do |config|
+        results[config] << yield(config)
+        $stderr.print(".")
+      end
+    end
+    $stderr.puts
+    results
+  end
+
+  def machine
+    cpu = File.read("/proc/cpuinfo")[/^model name\s*:\s*(.+)$/, 1] rescue "unknown CPU"
+    memory = (File.read("/proc/meminfo")[/^MemTotal:\s+(\d+)/, 1].to_i / 1024.0 / 1024).round(1) rescue "?"
+    kernel = `uname -sr`.strip
+    commit = `git -C #{ROOT} rev-parse --short HEAD 2>/dev/null`.strip
+    "#{cpu}, #{Etc.nprocessors} cores, #{memory} GiB; #{kernel}; " \
+      "ruby #{RUBY_VERSION} (#{RUBY_PLATFORM}); memprofiler_pprof_rs #{commit.empty? ? '?' : commit}; " \
+      "#{Time.now.utc.strftime('%Y-%m-%d %H:%M UTC')}"
+  end
+
+  # Prints rows (arrays of strings) under headers, columns padded.
+  def table(headers, rows)
+    widths = headers.each_index.map { |i| ([headers[i]] + rows.map { |r| r[i].to_s }).map(&:size).max }
+    line = ->(cells) { cells.each_with_index.map { |c, i| i.zero? ? c.to_s.ljust(widths[i]) : c.to_s.rjust(widths[i]) }.join("  ") }
+    puts line.call(headers)
+    puts line.call(widths.map { |w| "-" * w })
+    rows.each { |r| puts line.call(r) }
+  end
+
+  def ratio(value, base)
+    return "" if value.nil? || base.nil? || base.zero?
+
+    format("%.2fx", value / base)
+  end
+end
