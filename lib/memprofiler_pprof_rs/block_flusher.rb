@@ -26,7 +26,7 @@ module MemprofilerPprof
     # upload) under way before killing the thread, so that a hung callback
     # cannot hang the application's shutdown.
     def initialize(collector, interval: 30, logger: nil, on_flush: nil, priority: nil,
-                   yield_gvl: false, proactively_yield_gvl: false, flush_on_stop: false,
+                   yield_gvl: true, proactively_yield_gvl: true, flush_on_stop: false,
                    stop_timeout: 10)
       unless collector.respond_to?(:flush)
         raise ArgumentError, "collector must respond to #flush, got #{collector.inspect}"

@@ -103,10 +103,14 @@ module MemprofilerPprof
     #
     # yield_gvl: build and compress the profile without holding the GVL.
     # proactively_yield_gvl: also let other threads run between the flush's
-    # steps that need the GVL. (ruby_memprofiler_pprof 0.0.4's keywords.)
+    # steps that need the GVL (measuring live objects, naming frames).
+    # These are ruby_memprofiler_pprof 0.0.4's keywords, but on by default
+    # here: with both, a flush of 50,000 live samples holds the GVL for a
+    # millisecond or two at a time instead of ~100 ms in one go (see
+    # bench/run flush). Pass false to get that gem's behaviour.
     #
     # Flushes of one collector from several threads run one after another.
-    def flush(yield_gvl: false, proactively_yield_gvl: false)
+    def flush(yield_gvl: true, proactively_yield_gvl: true)
       self.class.validate_flag(yield_gvl, :yield_gvl)
       self.class.validate_flag(proactively_yield_gvl, :proactively_yield_gvl)
       @flush_lock.synchronize do

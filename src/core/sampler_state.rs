@@ -122,6 +122,19 @@ pub struct FlushedSample {
     pub values: [f64; 4],
 }
 
+/// A flush between `begin_flush` and `end_snapshot`.
+#[derive(Debug)]
+pub struct FlushInProgress {
+    /// Live objects when the flush began, measured `next_live..` onwards.
+    live: Vec<(ObjectAddress, SampleId)>,
+    next_live: usize,
+    /// The detached allocation list (its entries still hold their records).
+    allocations: Vec<SampleId>,
+    allocations_seen: u64,
+    samples: Vec<FlushedSample>,
+    drops: DropCounters,
+}
+
 /// What one flush reads out of the state, detached from it so the profile
 /// can be built without holding the lock.
 #[derive(Debug, Default)]
@@ -559,54 +572,115 @@ impl SamplerState {
         !self.pending_sizes.is_empty()
     }
 
-    /// Reads out a flush: every sample of the allocation list (which is then
-    /// emptied) and every live object, measured now. Stacks stay stored until
-    /// `finish_flush`, so the caller can resolve their frames.
+    /// Reads out a flush at once: `begin_flush`, `measure_live` over every
+    /// live object, `end_snapshot`.
     pub fn take_snapshot(
         &mut self,
         gc_count: u32,
         mut measure: impl FnMut(ObjectAddress) -> Option<u64>,
     ) -> FlushSnapshot {
+        let mut flush = self.begin_flush();
+        while !self.measure_live(&mut flush, gc_count, usize::MAX, &mut measure) {}
+        self.end_snapshot(flush, &mut measure)
+    }
+
+    /// First step of a flush: detaches the allocation list (allocations from
+    /// now on belong to the next flush) and lists the live objects to
+    /// measure. Cheap, so the caller can then measure them in chunks with
+    /// `measure_live`, letting other threads run in between. Stacks stay
+    /// stored until `finish_flush`, so the caller can resolve their frames.
+    pub fn begin_flush(&mut self) -> FlushInProgress {
         self.flush_in_progress = true;
-        let mut snapshot = FlushSnapshot {
-            samples: Vec::with_capacity(self.allocations.len() + self.live.len()),
-            ..FlushSnapshot::default()
-        };
         self.pending_sizes.clear();
         self.forget_watched();
+        FlushInProgress {
+            live: self
+                .live
+                .iter()
+                .map(|(&object, &id)| (object, id))
+                .collect(),
+            next_live: 0,
+            allocations: std::mem::take(&mut self.allocations),
+            allocations_seen: std::mem::take(&mut self.allocations_seen),
+            samples: Vec::new(),
+            drops: std::mem::take(&mut self.drops),
+        }
+    }
 
-        let mut gone = Vec::new();
-        for (&object, &id) in &self.live {
+    /// Measures up to `max` of the flush's live objects (those freed since
+    /// `begin_flush` are skipped; those `measure` finds invalid are counted
+    /// as freed). Returns true when all are done.
+    pub fn measure_live(
+        &mut self,
+        flush: &mut FlushInProgress,
+        gc_count: u32,
+        max: usize,
+        measure: &mut impl FnMut(ObjectAddress) -> Option<u64>,
+    ) -> bool {
+        let end = flush.live.len().min(flush.next_live.saturating_add(max));
+        for index in flush.next_live..end {
+            let (object, id) = flush.live[index];
+            let Some(record) = self.records.get(id.0 as usize) else {
+                continue;
+            };
+            // Freed (and the slot perhaps reused) since begin_flush.
+            if record.refs == 0 || record.object != object || record.liveness != Liveness::Live {
+                continue;
+            }
             let Some(size) = measure(object) else {
-                gone.push(object);
+                self.record_free(object);
                 continue;
             };
             let record = &mut self.records[id.0 as usize];
             if record.size == 0 {
                 record.size = size;
             }
-            snapshot.samples.push(FlushedSample {
+            flush.samples.push(FlushedSample {
                 stack: record.stack,
                 class: record.info.class,
                 gc_age: Some(gc_count.wrapping_sub(record.info.gc_count)),
                 values: [0.0, 0.0, record.weight, record.weight * size as f64],
             });
         }
-        for object in gone {
-            self.record_free(object);
-        }
-        snapshot.heap_samples = snapshot.samples.len();
+        flush.next_live = end;
+        end == flush.live.len()
+    }
 
-        let allocations = std::mem::take(&mut self.allocations);
+    /// Last step: the allocation samples of the detached list, and the
+    /// stacks and classes every sample of the flush refers to.
+    pub fn end_snapshot(
+        &mut self,
+        flush: FlushInProgress,
+        measure: &mut impl FnMut(ObjectAddress) -> Option<u64>,
+    ) -> FlushSnapshot {
+        let FlushInProgress {
+            allocations,
+            allocations_seen: seen,
+            samples,
+            drops,
+            ..
+        } = flush;
+        let heap_samples = samples.len();
+        let mut snapshot = FlushSnapshot {
+            samples,
+            drops,
+            heap_samples,
+            ..FlushSnapshot::default()
+        };
         // Reservoir scaling: each entry stands for seen / kept samples.
-        let seen = std::mem::take(&mut self.allocations_seen);
         let scale = if !allocations.is_empty() && seen > allocations.len() as u64 {
             seen as f64 / allocations.len() as f64
         } else {
             1.0
         };
         for &id in allocations.iter().filter(|&&id| id != TOMBSTONE) {
-            let record = &self.records[id.0 as usize];
+            let record = &mut self.records[id.0 as usize];
+            // Not measured yet (taken just now): measure while it is alive.
+            if record.size == 0 && record.liveness == Liveness::Live {
+                if let Some(size) = measure(record.object) {
+                    record.size = size;
+                }
+            }
             let weight = record.alloc_weight * scale;
             snapshot.samples.push(FlushedSample {
                 stack: record.stack,
@@ -628,8 +702,17 @@ impl SamplerState {
         classes.sort_unstable();
         classes.dedup();
         self.flush_classes = classes;
-        snapshot.drops = std::mem::take(&mut self.drops);
         snapshot
+    }
+
+    /// Gives up a flush after `begin_flush` (e.g. its thread was killed):
+    /// its allocation samples are dropped and their records released.
+    pub fn abandon_flush(&mut self, flush: FlushInProgress) {
+        for id in flush.allocations {
+            if id != TOMBSTONE {
+                self.release(id);
+            }
+        }
     }
 
     /// Ends a flush: forgets stacks no sample uses any more.
@@ -1203,6 +1286,45 @@ mod tests {
             set_bits <= 2 * (st.live.len() + st.watched.len()) + 1_200,
             "{set_bits}"
         );
+    }
+
+    #[test]
+    fn a_flush_measured_in_chunks_sees_what_was_live_when_it_began() {
+        let mut st = state(100, 100);
+        for i in 0..10 {
+            record(&mut st, 0x1000 + i * 0x100, &[i as u64]);
+        }
+        st.measure_pending(|_| Some(40));
+        let mut flush = st.begin_flush();
+        let mut measure = |_| Some(40);
+        assert!(!st.measure_live(&mut flush, 0, 4, &mut measure));
+        // Between chunks: one object freed, one new allocation.
+        st.record_free(0x1000 + 9 * 0x100);
+        record(&mut st, 0x9000, &[99]);
+        while !st.measure_live(&mut flush, 0, 4, &mut measure) {}
+        let snapshot = st.end_snapshot(flush, &mut measure);
+        st.finish_flush();
+        // 10 allocations of the interval; 9 or 10 live (the freed one may
+        // have been measured before it died); the new one is not in it.
+        assert_eq!(snapshot.allocation_samples, 10);
+        assert!((9..=10).contains(&snapshot.heap_samples));
+        assert_eq!(st.allocation_count(), 1);
+        let next = st.take_snapshot(0, |_| Some(40));
+        assert_eq!(next.allocation_samples, 1);
+        assert_eq!(next.heap_samples, 10);
+    }
+
+    #[test]
+    fn an_abandoned_flush_releases_its_allocation_samples() {
+        let mut st = state(100, 100);
+        record(&mut st, 0x1000, &[1]);
+        st.record_free(0x1000);
+        let flush = st.begin_flush();
+        st.abandon_flush(flush);
+        st.finish_flush();
+        // Nothing holds the record or its stack any more.
+        assert!(st.stacks().is_empty());
+        assert_eq!(st.live_count(), 0);
     }
 
     #[test]

@@ -31,6 +31,9 @@ pub const DEFAULT_SAMPLE_RATE: f64 = 0.01;
 pub const DEFAULT_MAX_ALLOCATION_SAMPLES: usize = 10_000;
 pub const DEFAULT_MAX_HEAP_SAMPLES: usize = 50_000;
 
+/// Live objects measured per step of a flush (about half a millisecond).
+const LIVE_CHUNK: usize = 4_096;
+
 /// When freshly sampled objects get measured (their size is only known once
 /// the allocating code has filled them in).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -490,16 +493,41 @@ impl Collector {
         let began = Instant::now();
         let finished_at = SystemTime::now();
         // 1. Under the lock, with no Ruby allocation: read the samples out.
-        //    Allocations from here on belong to the next flush.
-        let (mut snapshot, classes, sample_rate, started_at) = self.with_sampler(|s| {
-            let measure = |object: usize| heap::object_size(object as VALUE);
+        //    Allocations from here on belong to the next flush. Live objects
+        //    are measured in chunks, with the lock released and (when asked)
+        //    other threads let run in between, so that a flush of a large
+        //    heap never holds the GVL for long.
+        let mut measure = |object: usize| heap::object_size(object as VALUE);
+        // SAFETY: reads a counter; no allocation, no raise.
+        let gc_count = unsafe { rb_gc_count() } as u32;
+        let (mut flush, sample_rate, started_at) = self.with_sampler(|s| {
             s.state.measure_pending(measure);
-            // SAFETY: reads a counter; no allocation, no raise.
-            let gc_count = unsafe { rb_gc_count() } as u32;
-            let snapshot = s.state.take_snapshot(gc_count, measure);
-            let classes = s.state.flush_classes().to_vec();
             let started_at = std::mem::replace(&mut s.interval_started_at, finished_at);
-            (snapshot, classes, s.state.gaps.rate(), started_at)
+            (s.state.begin_flush(), s.state.gaps.rate(), started_at)
+        })?;
+        let walked = loop {
+            match self.with_sampler(|s| {
+                s.state
+                    .measure_live(&mut flush, gc_count, LIVE_CHUNK, &mut measure)
+            }) {
+                Ok(true) => break Ok(()),
+                Ok(false) if options.proactively_yield_gvl => {
+                    if let Err(error) = yield_to_other_threads() {
+                        break Err(error);
+                    }
+                }
+                Ok(false) => {}
+                Err(error) => break Err(error),
+            }
+        };
+        if let Err(error) = walked {
+            // The detached allocation samples still hold their records.
+            let _ = self.with_sampler(|s| s.state.abandon_flush(flush));
+            return Err(error);
+        }
+        let (mut snapshot, classes) = self.with_sampler(|s| {
+            let snapshot = s.state.end_snapshot(flush, &mut measure);
+            (snapshot, s.state.flush_classes().to_vec())
         })?;
         snapshot.drops.nolock += self.nolock_drops.swap(0, Ordering::Relaxed);
         if options.proactively_yield_gvl {
