@@ -40,10 +40,11 @@ struct SampleRecord {
     stack: StackId,
     info: ObjectInfo,
     /// How many live objects this sample stands for (1 / rate when taken).
-    weight: f64,
+    /// f32 (7 significant digits) keeps the record at 48 bytes.
+    weight: f32,
     /// How many allocations it stands for in the allocation profile: weight
     /// divided by allocation_retain_rate once it survives that thinning.
-    alloc_weight: f64,
+    alloc_weight: f32,
     /// Left the allocation list early (allocation_retain_rate thinning).
     alloc_dropped: bool,
     /// Bytes, as last measured; 0 until the first measurement.
@@ -391,8 +392,8 @@ impl SamplerState {
         let record = SampleRecord {
             stack,
             info,
-            weight: live_weight,
-            alloc_weight: weight,
+            weight: live_weight as f32,
+            alloc_weight: weight as f32,
             alloc_dropped: false,
             size: 0,
             object,
@@ -410,6 +411,13 @@ impl SamplerState {
             }
             None => {
                 let slot = u32::try_from(self.records.len()).expect("fewer than 2^32 samples");
+                if self.records.len() == self.records.capacity() {
+                    // Grow by a quarter rather than doubling: the records are
+                    // most of the collector's memory, and at most 20% of
+                    // this capacity then sits unused.
+                    self.records
+                        .reserve_exact((self.records.len() / 4).max(256));
+                }
                 self.records.push(record);
                 SampleId(slot)
             }
@@ -495,7 +503,7 @@ impl SamplerState {
                     record.size = size;
                     if retain < 1.0 && !record.alloc_dropped {
                         if uniform() < retain {
-                            record.alloc_weight /= retain;
+                            record.alloc_weight /= retain as f32;
                         } else {
                             record.alloc_dropped = true;
                             dropped_any = true;
@@ -639,7 +647,12 @@ impl SamplerState {
                 stack: record.stack,
                 class: record.info.class,
                 gc_age: Some(gc_count.wrapping_sub(record.info.gc_count)),
-                values: [0.0, 0.0, record.weight, record.weight * size as f64],
+                values: [
+                    0.0,
+                    0.0,
+                    f64::from(record.weight),
+                    f64::from(record.weight) * size as f64,
+                ],
             });
         }
         flush.next_live = end;
@@ -681,7 +694,7 @@ impl SamplerState {
                     record.size = size;
                 }
             }
-            let weight = record.alloc_weight * scale;
+            let weight = f64::from(record.alloc_weight) * scale;
             snapshot.samples.push(FlushedSample {
                 stack: record.stack,
                 class: record.info.class,
@@ -696,7 +709,7 @@ impl SamplerState {
             snapshot
                 .stacks
                 .entry(sample.stack)
-                .or_insert_with(|| Arc::clone(self.stacks.frames(sample.stack)));
+                .or_insert_with(|| self.stacks.frames(sample.stack));
         }
         let mut classes: Vec<ClassRef> = snapshot.samples.iter().map(|s| s.class).collect();
         classes.sort_unstable();
@@ -1286,6 +1299,12 @@ mod tests {
             set_bits <= 2 * (st.live.len() + st.watched.len()) + 1_200,
             "{set_bits}"
         );
+    }
+
+    #[test]
+    fn a_sample_record_fits_in_48_bytes() {
+        // Most of the collector's memory per live sample (see memory_bytes).
+        assert!(std::mem::size_of::<SampleRecord>() <= 48);
     }
 
     #[test]

@@ -4,9 +4,10 @@
 //! by `prune` (called at flush, never from an allocation hook), which also
 //! tells which frames no longer need to be kept alive.
 
+use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
-use super::fast_hash::FastHashMap;
+use super::fast_hash::{FastHashMap, FastHasher};
 
 /// An opaque handle to a frame (in the binding layer: the VALUE that
 /// `rb_profile_frames` returned). The core never looks inside it.
@@ -32,20 +33,50 @@ impl StackId {
     }
 }
 
+/// A stored stack: ids into the frame table, leaf first.
 #[derive(Debug)]
 struct StackEntry {
-    frames: Arc<[Frame]>,
+    frames: Box<[u32]>,
+    hash: u64,
     refs: u32,
+    /// The next stack whose frames hash the same (rare), or NO_STACK.
+    next_same_hash: u32,
 }
 
+const NO_STACK: u32 = u32::MAX;
+
+/// One distinct (frame, line), and how many stored stack positions use it.
+#[derive(Debug)]
+struct FrameSlot {
+    frame: Frame,
+    uses: u32,
+}
+
+/// Stacks are stored as 4-byte ids of distinct (frame, line) pairs rather
+/// than 16-byte frames: an application has a few thousand of those but its
+/// stacks repeat them in hundreds of thousands of positions, so this is
+/// most of the difference between ~60 and ~15 bytes of stacks per sample.
 #[derive(Debug, Default)]
 pub struct StackTable {
     entries: Vec<Option<StackEntry>>,
     free_ids: Vec<u32>,
-    index: FastHashMap<Arc<[Frame]>, StackId>,
-    /// How many stored stacks contain each frame: the frames to keep alive.
+    /// Hash of a stack's frames -> the first stored stack with that hash.
+    by_hash: FastHashMap<u64, u32>,
+    frame_slots: Vec<FrameSlot>,
+    free_frame_slots: Vec<u32>,
+    frame_ids: FastHashMap<Frame, u32>,
+    /// How many stored stack positions hold each frame handle: the frames
+    /// to keep alive.
     frame_refs: FastHashMap<FrameRef, u32>,
-    frame_slots: usize,
+    /// Stack positions stored (sum of stack lengths).
+    positions: usize,
+    stacks: usize,
+}
+
+fn hash_frames(frames: &[Frame]) -> u64 {
+    let mut hasher = FastHasher::default();
+    frames.hash(&mut hasher);
+    hasher.finish()
 }
 
 impl StackTable {
@@ -56,32 +87,88 @@ impl StackTable {
     /// The id of the stack made of `frames` (leaf first), adding it if it is
     /// new, with one more reference taken on it.
     pub fn intern(&mut self, frames: &[Frame]) -> StackId {
-        if let Some(&id) = self.index.get(frames) {
-            self.retain(id);
-            return id;
+        let hash = hash_frames(frames);
+        let mut candidate = self.by_hash.get(&hash).copied().unwrap_or(NO_STACK);
+        while candidate != NO_STACK {
+            let entry = self.entries[candidate as usize]
+                .as_ref()
+                .expect("hash chains hold stored stacks");
+            if entry.frames.len() == frames.len()
+                && entry
+                    .frames
+                    .iter()
+                    .zip(frames)
+                    .all(|(&id, frame)| self.frame_slots[id as usize].frame == *frame)
+            {
+                let id = StackId(candidate);
+                self.retain(id);
+                return id;
+            }
+            candidate = entry.next_same_hash;
         }
-        let frames: Arc<[Frame]> = Arc::from(frames);
-        for frame in frames.iter() {
-            *self.frame_refs.entry(frame.frame).or_insert(0) += 1;
-        }
-        self.frame_slots += frames.len();
+        let ids: Box<[u32]> = frames.iter().map(|&frame| self.frame_id(frame)).collect();
+        self.positions += ids.len();
+        self.stacks += 1;
+        let next_same_hash = self.by_hash.get(&hash).copied().unwrap_or(NO_STACK);
         let entry = StackEntry {
-            frames: Arc::clone(&frames),
+            frames: ids,
+            hash,
             refs: 1,
+            next_same_hash,
         };
-        let id = match self.free_ids.pop() {
+        let slot = match self.free_ids.pop() {
             Some(slot) => {
                 self.entries[slot as usize] = Some(entry);
-                StackId(slot)
+                slot
             }
             None => {
                 let slot = u32::try_from(self.entries.len()).expect("fewer than 2^32 stacks");
                 self.entries.push(Some(entry));
-                StackId(slot)
+                slot
             }
         };
-        self.index.insert(frames, id);
+        self.by_hash.insert(hash, slot);
+        StackId(slot)
+    }
+
+    /// The id of a (frame, line), one more use taken on it.
+    fn frame_id(&mut self, frame: Frame) -> u32 {
+        if let Some(&id) = self.frame_ids.get(&frame) {
+            self.frame_slots[id as usize].uses += 1;
+            return id;
+        }
+        *self.frame_refs.entry(frame.frame).or_insert(0) += 1;
+        let slot = FrameSlot { frame, uses: 1 };
+        let id = match self.free_frame_slots.pop() {
+            Some(id) => {
+                self.frame_slots[id as usize] = slot;
+                id
+            }
+            None => {
+                let id = u32::try_from(self.frame_slots.len()).expect("fewer than 2^32 frames");
+                self.frame_slots.push(slot);
+                id
+            }
+        };
+        self.frame_ids.insert(frame, id);
         id
+    }
+
+    fn release_frame(&mut self, id: u32) {
+        let slot = &mut self.frame_slots[id as usize];
+        slot.uses -= 1;
+        if slot.uses > 0 {
+            return;
+        }
+        let frame = slot.frame;
+        self.frame_ids.remove(&frame);
+        self.free_frame_slots.push(id);
+        if let Some(count) = self.frame_refs.get_mut(&frame.frame) {
+            *count -= 1;
+            if *count == 0 {
+                self.frame_refs.remove(&frame.frame);
+            }
+        }
     }
 
     pub fn retain(&mut self, id: StackId) {
@@ -96,8 +183,13 @@ impl StackTable {
         entry.refs = entry.refs.saturating_sub(1);
     }
 
-    pub fn frames(&self, id: StackId) -> &Arc<[Frame]> {
-        &self.entry(id).frames
+    /// The stack's frames, leaf first.
+    pub fn frames(&self, id: StackId) -> Arc<[Frame]> {
+        self.entry(id)
+            .frames
+            .iter()
+            .map(|&frame| self.frame_slots[frame as usize].frame)
+            .collect()
     }
 
     #[cfg(test)]
@@ -114,20 +206,42 @@ impl StackTable {
                 continue;
             }
             let entry = self.entries[slot].take().expect("checked above");
-            self.index.remove(&entry.frames);
-            for frame in entry.frames.iter() {
-                if let Some(count) = self.frame_refs.get_mut(&frame.frame) {
-                    *count -= 1;
-                    if *count == 0 {
-                        self.frame_refs.remove(&frame.frame);
-                    }
-                }
+            self.unlink(slot as u32, &entry);
+            for &frame in entry.frames.iter() {
+                self.release_frame(frame);
             }
-            self.frame_slots -= entry.frames.len();
+            self.positions -= entry.frames.len();
+            self.stacks -= 1;
             self.free_ids.push(slot as u32);
             removed += 1;
         }
         removed
+    }
+
+    /// Takes a removed stack out of its hash chain.
+    fn unlink(&mut self, slot: u32, entry: &StackEntry) {
+        let head = self.by_hash.get(&entry.hash).copied().unwrap_or(NO_STACK);
+        if head == slot {
+            if entry.next_same_hash == NO_STACK {
+                self.by_hash.remove(&entry.hash);
+            } else {
+                self.by_hash.insert(entry.hash, entry.next_same_hash);
+            }
+            return;
+        }
+        let mut previous = head;
+        while previous != NO_STACK {
+            let next = self.entries[previous as usize]
+                .as_ref()
+                .map_or(NO_STACK, |e| e.next_same_hash);
+            if next == slot {
+                if let Some(previous_entry) = self.entries[previous as usize].as_mut() {
+                    previous_entry.next_same_hash = entry.next_same_hash;
+                }
+                return;
+            }
+            previous = next;
+        }
     }
 
     /// Every frame some stored stack contains: what the GC must keep alive.
@@ -139,21 +253,24 @@ impl StackTable {
     }
 
     pub fn len(&self) -> usize {
-        self.index.len()
+        self.stacks
     }
 
     pub fn is_empty(&self) -> bool {
-        self.index.is_empty()
+        self.stacks == 0
     }
 
     /// Approximate heap bytes used, for `ObjectSpace.memsize_of`.
     pub fn memory_bytes(&self) -> usize {
         use std::mem::size_of;
         self.entries.capacity() * size_of::<Option<StackEntry>>()
+            + self.positions * size_of::<u32>()
             + self.free_ids.capacity() * size_of::<u32>()
-            + self.index.capacity() * (size_of::<Arc<[Frame]>>() + size_of::<StackId>() + 8)
-            + self.frame_refs.capacity() * (size_of::<FrameRef>() + size_of::<u32>() + 8)
-            + self.frame_slots * size_of::<Frame>()
+            + self.by_hash.capacity() * (size_of::<u64>() + size_of::<u32>() + 4)
+            + self.frame_slots.capacity() * size_of::<FrameSlot>()
+            + self.free_frame_slots.capacity() * size_of::<u32>()
+            + self.frame_ids.capacity() * (size_of::<Frame>() + size_of::<u32>() + 4)
+            + self.frame_refs.capacity() * (size_of::<FrameRef>() + size_of::<u32>() + 4)
     }
 
     fn entry(&self, id: StackId) -> &StackEntry {
@@ -191,6 +308,8 @@ mod tests {
         assert_eq!(table.len(), 2);
         assert_eq!(table.refs(a), 2);
         assert_eq!(&table.frames(c)[..], &stack(&[(8, 3), (16, 2)])[..]);
+        // Frames are stored once: (16, 2) is shared by both stacks.
+        assert_eq!(table.frame_slots.len(), 3);
     }
 
     #[test]
@@ -228,6 +347,27 @@ mod tests {
         let mut table = StackTable::new();
         table.intern(&stack(&[(8, 1), (TRUNCATION_FRAME, 0)]));
         assert_eq!(table.live_frames().collect::<Vec<_>>(), vec![8]);
+    }
+
+    #[test]
+    fn stacks_whose_hashes_collide_stay_apart_and_unlink_cleanly() {
+        let mut table = StackTable::new();
+        let a = table.intern(&stack(&[(8, 1)]));
+        let b = table.intern(&stack(&[(16, 1)]));
+        // Force a shared chain: b's entry claims a's hash.
+        let hash_a = table.entry(a).hash;
+        table.entry_mut(b).hash = hash_a;
+        table.entry_mut(b).next_same_hash = a.0;
+        table.by_hash.insert(hash_a, b.0);
+        assert_eq!(table.intern(&stack(&[(8, 1)])), a);
+        table.release(a);
+        table.release(a);
+        table.prune();
+        assert_eq!(table.by_hash.get(&hash_a), Some(&b.0));
+        assert_eq!(table.entry(b).next_same_hash, NO_STACK);
+        let c = table.intern(&stack(&[(8, 1)]));
+        assert_ne!(c, b);
+        assert_eq!(&table.frames(b)[..], &stack(&[(16, 1)])[..]);
     }
 
     #[test]
