@@ -69,6 +69,7 @@ if collector
   ticking = false
   ticker.join
   result[:longest_gap_seconds] = longest
+  result[:rss_after_flush_kb] = rss_kb
   result[:profile_bytes] = data.pprof_data.bytesize
   result[:heap_samples] = data.heap_samples_count
 end

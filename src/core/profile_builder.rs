@@ -181,7 +181,15 @@ impl<'a> ProfileBuilder<'a> {
         }
     }
 
-    fn build(mut self, snapshot: &FlushSnapshot, meta: &ProfileMeta) -> pprof::Profile {
+    /// Builds everything but the samples into `self.profile`; each sample
+    /// goes to `emit` as soon as it is made, so a caller can encode it and
+    /// drop it rather than hold every sample's location list at once.
+    fn build(
+        mut self,
+        snapshot: &FlushSnapshot,
+        meta: &ProfileMeta,
+        mut emit: impl FnMut(pprof::Sample),
+    ) -> pprof::Profile {
         for (name, unit) in SAMPLE_TYPES {
             let value_type = pprof::ValueType {
                 r#type: self.strings.intern(name),
@@ -230,7 +238,7 @@ impl<'a> ProfileBuilder<'a> {
                     num_unit: age_unit,
                 });
             }
-            self.profile.sample.push(pprof::Sample {
+            emit(pprof::Sample {
                 location_id,
                 value: sums.iter().map(|v| v.round() as i64).collect(),
                 label,
@@ -291,7 +299,11 @@ pub fn build_profile(
     classes: &FastHashMap<ClassRef, String>,
     meta: &ProfileMeta,
 ) -> pprof::Profile {
-    ProfileBuilder::new(frames, classes).build(snapshot, meta)
+    let mut samples = Vec::new();
+    let mut profile =
+        ProfileBuilder::new(frames, classes).build(snapshot, meta, |sample| samples.push(sample));
+    profile.sample = samples;
+    profile
 }
 
 /// Serialises and gzips a profile, the form pprof tools read.
@@ -300,6 +312,36 @@ pub fn encode_gzipped(profile: &pprof::Profile) -> Vec<u8> {
     let mut encoder = GzEncoder::new(Vec::with_capacity(raw.len() / 4 + 64), Compression::new(6));
     encoder
         .write_all(&raw)
+        .expect("writing to a Vec cannot fail");
+    encoder.finish().expect("writing to a Vec cannot fail")
+}
+
+/// Field number of `Profile.sample` in profile.proto.
+const PROFILE_SAMPLE_FIELD: u32 = 2;
+
+/// `build_profile` then `encode_gzipped`, the same bytes, but each sample
+/// is encoded into the gzip stream as soon as it is built: a flush of
+/// 200,000 samples with deep stacks no longer holds every sample's location
+/// list (hundreds of bytes each) at once. Protobuf lets a message's fields
+/// come in any order, so the samples go first and the tables they filled
+/// (locations, functions, strings) after them.
+pub fn build_profile_gzipped(
+    snapshot: &FlushSnapshot,
+    frames: &FastHashMap<FrameRef, FrameInfo>,
+    classes: &FastHashMap<ClassRef, String>,
+    meta: &ProfileMeta,
+) -> Vec<u8> {
+    let mut encoder = GzEncoder::new(Vec::new(), Compression::new(6));
+    let mut buffer = Vec::new();
+    let profile = ProfileBuilder::new(frames, classes).build(snapshot, meta, |sample| {
+        buffer.clear();
+        prost::encoding::message::encode(PROFILE_SAMPLE_FIELD, &sample, &mut buffer);
+        encoder
+            .write_all(&buffer)
+            .expect("writing to a Vec cannot fail");
+    });
+    encoder
+        .write_all(&profile.encode_to_vec())
         .expect("writing to a Vec cannot fail");
     encoder.finish().expect("writing to a Vec cannot fail")
 }
@@ -531,6 +573,20 @@ mod tests {
                 ],
             ]
         );
+    }
+
+    #[test]
+    fn streamed_encoding_gives_the_same_profile() {
+        let (snapshot, frames) = example();
+        let built = build_profile(&snapshot, &frames, &classes(), &meta());
+        let streamed = build_profile_gzipped(&snapshot, &frames, &classes(), &meta());
+        let mut raw = Vec::new();
+        GzDecoder::new(&streamed[..])
+            .read_to_end(&mut raw)
+            .expect("gunzip");
+        let decoded = pprof::Profile::decode(&raw[..]).expect("decode");
+        assert_eq!(decoded, built);
+        assert!(!decoded.sample.is_empty());
     }
 
     #[test]

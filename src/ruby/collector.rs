@@ -23,7 +23,7 @@ use super::frames::{resolve_frames, BacktraceBuffer};
 use super::heap;
 use crate::core::address_filter::AddressFilter;
 use crate::core::lock::{LockError, SamplerLock};
-use crate::core::profile_builder::{build_profile, encode_gzipped, ProfileMeta};
+use crate::core::profile_builder::{build_profile_gzipped, ProfileMeta};
 use crate::core::sample_gate::{entropy_seed, GapSampler, SkipCountdown};
 use crate::core::sampler_state::{DropCounters, SamplerState};
 
@@ -561,7 +561,7 @@ impl Collector {
                 vec!["object sizes unavailable on this Ruby (no rb_obj_memsize_of)".into()]
             },
         };
-        let build = || encode_gzipped(&build_profile(&snapshot, &frames, &class_names, &meta));
+        let build = || build_profile_gzipped(&snapshot, &frames, &class_names, &meta);
         let pprof = if options.yield_gvl {
             without_gvl(build)?
         } else {
