@@ -444,25 +444,52 @@ impl SamplerState {
 
     /// The object at `object` was freed. Returns true if it was sampled.
     pub fn record_free(&mut self, object: ObjectAddress) -> bool {
+        self.record_free_measuring(object, |_| None)
+    }
+
+    /// `record_free`, sizing a sample that was not measured yet with
+    /// `measure` (called at most once, while the object is still intact).
+    pub fn record_free_measuring(
+        &mut self,
+        object: ObjectAddress,
+        measure: impl FnOnce(ObjectAddress) -> Option<u64>,
+    ) -> bool {
         if !self.free_filter.may_contain(object) {
             return false;
         }
+        let mut measure = Some(measure);
+        let mut size_if_unmeasured = |record: &mut SampleRecord| {
+            if record.size == 0 {
+                if let Some(size) = measure.take().and_then(|m| m(object)) {
+                    record.size = size;
+                }
+            }
+        };
         // Usually empty (cleared at every measurement): skip the lookup.
         if !self.watched.is_empty() {
             if let Some(id) = self.watched.remove(&object) {
-                self.records[id.0 as usize].liveness = Liveness::Freed;
+                let record = &mut self.records[id.0 as usize];
+                size_if_unmeasured(record);
+                record.liveness = Liveness::Freed;
                 self.free_filter.remove(object);
             }
         }
         match self.live.remove(&object) {
             Some(id) => {
-                self.records[id.0 as usize].liveness = Liveness::Freed;
+                let record = &mut self.records[id.0 as usize];
+                size_if_unmeasured(record);
+                record.liveness = Liveness::Freed;
                 self.release(id);
                 self.free_filter.remove(object);
                 true
             }
             None => false,
         }
+    }
+
+    /// Samples waiting to be measured.
+    pub fn pending_count(&self) -> usize {
+        self.pending_sizes.len()
     }
 
     /// Measures samples taken since the last call, while their objects are
@@ -1299,6 +1326,22 @@ mod tests {
             set_bits <= 2 * (st.live.len() + st.watched.len()) + 1_200,
             "{set_bits}"
         );
+    }
+
+    #[test]
+    fn a_sample_freed_before_its_measurement_is_sized_at_free() {
+        let mut st = state(10, 10);
+        record(&mut st, 0x1000, &[1]);
+        record(&mut st, 0x2000, &[1]);
+        assert_eq!(st.pending_count(), 2);
+        assert!(st.record_free_measuring(0x1000, |_| Some(123)));
+        // Without a size at free (a type not measurable there): stays 0.
+        assert!(st.record_free_measuring(0x2000, |_| None));
+        st.measure_pending(|_| panic!("both were freed"));
+        let snapshot = st.take_snapshot(0, |_| None);
+        let mut spaces: Vec<f64> = snapshot.samples.iter().map(|s| s.values[1]).collect();
+        spaces.sort_by(f64::total_cmp);
+        assert_eq!(spaces, vec![0.0, 123.0]);
     }
 
     #[test]

@@ -83,3 +83,46 @@ pub fn object_size(object: VALUE) -> Option<u64> {
         None => Some(0),
     }
 }
+
+/// Types whose size `rb_obj_memsize_of` computes from the object's own
+/// fields alone (no extension callbacks, no other objects): the only ones
+/// measured from the FREEOBJ hook, where the object is intact but others
+/// around it may already be swept.
+fn measurable_at_free_kind(kind: VALUE) -> bool {
+    use ruby_value_type::*;
+    [
+        RUBY_T_OBJECT,
+        RUBY_T_STRING,
+        RUBY_T_ARRAY,
+        RUBY_T_HASH,
+        RUBY_T_STRUCT,
+        RUBY_T_FLOAT,
+        RUBY_T_BIGNUM,
+        RUBY_T_RATIONAL,
+        RUBY_T_COMPLEX,
+    ]
+    .iter()
+    .any(|&t| t as VALUE == kind)
+}
+
+/// Whether a sampled object can wait to be measured: if it is freed first,
+/// `size_at_free` can still size it. Reads the flags word only.
+pub fn measurable_at_free(object: VALUE) -> bool {
+    // SAFETY: `object` is an object handed to a NEWOBJ hook (its RBasic
+    // header is written); the first word is the flags.
+    let flags = unsafe { *(object as *const VALUE) };
+    measurable_at_free_kind(flags & T_MASK)
+}
+
+/// From the FREEOBJ hook, before the GC frees `object`: its size, for the
+/// types `measurable_at_free` accepts; None for the others.
+pub fn size_at_free(object: VALUE) -> Option<u64> {
+    if !measurable_at_free(object) {
+        return None;
+    }
+    // SAFETY: called from FREEOBJ, where the object is still intact, and
+    // only for types whose size reads nothing but the object's own fields.
+    api()
+        .memsize_of
+        .map(|memsize_of| unsafe { memsize_of(object) } as u64)
+}
