@@ -165,4 +165,67 @@ RSpec.describe MemprofilerPprof::Collector, "under concurrency" do
   ensure
     collector&.stop!
   end
+
+  # A flush measures live objects in chunks and lets other threads run in
+  # between; what they do meanwhile must not corrupt or thin the profile.
+  # Run in fresh processes (a failure here would be a crash).
+  describe "while a flush lets other threads run between its steps" do
+    it "counts every live object although GC.compact moves them mid-flush" do
+      code = <<~RUBY
+        require "memprofiler_pprof_rs"
+        collector = MemprofilerPprof::Collector.new(sample_rate: 1.0, max_heap_samples: 200_000,
+                                                    max_allocation_samples: 10)
+        collector.start!
+        keep = []
+        junk = []
+        60_000.times { |i| object = Object.new; (i % 3).zero? ? keep << object : junk << object }
+        collector.stop!
+        junk = nil
+        GC.start
+        before = collector.live_heap_samples_count
+        stop = false
+        compactor = Thread.new { GC.compact until stop }
+        data = collector.flush
+        stop = true
+        compactor.join
+        puts [before, data.heap_samples_count, keep.size].join(" ")
+      RUBY
+      out, err, status = run_ruby(code)
+      expect(status).to be_success, err
+      before, flushed, kept = out.split.map(&:to_i)
+      expect(kept).to eq(20_000)
+      expect(before).to be >= 20_000
+      expect(flushed).to eq(before)
+    end
+
+    it "names the class of an object that died mid-flush, even an anonymous class freed meanwhile" do
+      code = <<~RUBY
+        require "memprofiler_pprof_rs"
+        class Marker; end
+        collector = MemprofilerPprof::Collector.new(sample_rate: 1.0, max_heap_samples: 200_000,
+                                                    max_allocation_samples: 10)
+        collector.start!
+        classes = []
+        instances = []
+        20_000.times { klass = Class.new(Marker); classes << klass; instances << klass.new }
+        collector.stop!
+        GC.start
+        started = false
+        flush = Thread.new { started = true; collector.flush }
+        Thread.pass until started
+        5.times { Thread.pass }
+        classes = nil
+        instances = nil
+        3.times { GC.start }
+        filler = Array.new(200_000) { "x" * 10 }
+        data = flush.value
+        puts [data.heap_samples_count, collector.internal_error_count, filler.size].join(" ")
+      RUBY
+      out, err, status = run_ruby(code)
+      expect(status).to be_success, err
+      heap, errors, = out.split.map(&:to_i)
+      expect(heap).to be_positive
+      expect(errors).to eq(0)
+    end
+  end
 end

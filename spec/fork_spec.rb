@@ -127,6 +127,43 @@ RSpec.describe "fork with a running FileFlusher" do
   end
 end
 
+RSpec.describe MemprofilerPprof::Collector, "in a child forked while another thread flushes" do
+  it "flushes normally in the child, even when the collector was not active at the fork" do
+    code = <<~RUBY
+      require "memprofiler_pprof_rs"
+      collector = MemprofilerPprof::Collector.new(sample_rate: 1.0, max_heap_samples: 0)
+      collector.profile { Array.new(1000) { Object.new } }
+      started = false
+      flusher = Thread.new { started = true; loop { collector.flush } }
+      Thread.pass until started
+      results = Array.new(5) do
+        Thread.pass
+        reader, writer = IO.pipe
+        pid = fork do
+          collector.start!
+          Array.new(10) { Object.new }
+          writer.puts(collector.flush.allocation_samples_count)
+        rescue => e
+          writer.puts(e.message)
+        ensure
+          exit!(0)
+        end
+        writer.close
+        Process.wait(pid)
+        reader.read.strip
+      end
+      flusher.kill
+      puts results.join(",")
+    RUBY
+    out, err, status = run_ruby(code)
+    expect(status).to be_success, err
+    counts = out.strip.split(",")
+    expect(counts.size).to eq(5)
+    expect(counts).to all(match(/\A\d+\z/))
+    expect(counts.map(&:to_i)).to all(be >= 10)
+  end
+end
+
 RSpec.describe MemprofilerPprof::Atfork do
   it "reports a failing handler on $stderr instead of failing the fork, and removes handlers" do
     code = <<~RUBY

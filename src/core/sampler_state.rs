@@ -52,7 +52,9 @@ struct SampleRecord {
     /// The sampled object's address (stale once the object is freed).
     object: ObjectAddress,
     liveness: Liveness,
-    /// Held by the allocation list and/or the live map; 0 = slot is free.
+    /// Held by the allocation list and/or the live or watched map (which
+    /// stops a watched address from pointing at a reused record); 0 = the
+    /// slot is free.
     refs: u8,
 }
 
@@ -123,9 +125,11 @@ pub struct FlushedSample {
     pub values: [f64; 4],
 }
 
-/// A flush between `begin_flush` and `end_snapshot`.
+/// A flush between `begin_flush` and `end_snapshot`. Kept inside the state
+/// so that GC compaction can re-address it and a forked child (or any other
+/// end of the flush) can release what it holds.
 #[derive(Debug)]
-pub struct FlushInProgress {
+struct FlushInProgress {
     /// Live objects when the flush began, measured `next_live..` onwards.
     live: Vec<(ObjectAddress, SampleId)>,
     next_live: usize,
@@ -185,6 +189,8 @@ pub struct SamplerState {
     /// Counts of the addresses in `live` and `watched` (disjoint): shared
     /// with the FREEOBJ hook, which reads it without the lock.
     free_filter: Arc<AddressFilter>,
+    /// The flush being read out in steps, if any.
+    flush: Option<FlushInProgress>,
 }
 
 /// Removes every entry of `map` whose object moved, returning it with its
@@ -229,6 +235,7 @@ impl SamplerState {
             flush_classes: Vec::new(),
             drops: DropCounters::default(),
             free_filter: Arc::new(AddressFilter::new(DEFAULT_BUCKETS_LOG2)),
+            flush: None,
         }
     }
 
@@ -336,14 +343,15 @@ impl SamplerState {
         };
         let record = &mut self.records[id.0 as usize];
         if record.size == 0 {
-            // Stays in the filter: still an address whose free matters.
+            // Stays in the filter: still an address whose free matters. The
+            // live map's reference passes to the watched map.
             record.liveness = Liveness::Watched;
             self.watched.insert(object, id);
         } else {
             record.liveness = Liveness::Untracked;
             self.free_filter.remove(object);
+            self.release(id);
         }
-        self.release(id);
     }
 
     /// Stops tracking every live object (when frees can no longer be seen,
@@ -363,6 +371,7 @@ impl SamplerState {
             if record.liveness == Liveness::Watched {
                 record.liveness = Liveness::Untracked;
             }
+            self.release(id);
         }
     }
 
@@ -402,7 +411,8 @@ impl SamplerState {
             } else {
                 Liveness::Watched
             },
-            refs: u8::from(in_allocations) + u8::from(in_live),
+            // The allocation list, and the live or the watched map.
+            refs: u8::from(in_allocations) + 1,
         };
         let id = match self.free_records.pop() {
             Some(slot) => {
@@ -472,6 +482,7 @@ impl SamplerState {
                 size_if_unmeasured(record);
                 record.liveness = Liveness::Freed;
                 self.free_filter.remove(object);
+                self.release(id);
             }
         }
         match self.live.remove(&object) {
@@ -584,6 +595,7 @@ impl SamplerState {
             self.records[id.0 as usize].object = new;
             if let Some(stale) = self.watched.insert(new, id) {
                 self.records[stale.0 as usize].liveness = Liveness::Freed;
+                self.release(stale);
             }
         }
         for (id, object) in &mut self.pending_sizes {
@@ -591,6 +603,15 @@ impl SamplerState {
                 let watched = matches!(record.liveness, Liveness::Live | Liveness::Watched);
                 if record.refs > 0 && watched {
                     *object = record.object;
+                }
+            }
+        }
+        if let Some(flush) = &mut self.flush {
+            for (object, id) in &mut flush.live {
+                if let Some(record) = self.records.get(id.0 as usize) {
+                    if record.refs > 0 && record.liveness == Liveness::Live {
+                        *object = record.object;
+                    }
                 }
             }
         }
@@ -614,9 +635,9 @@ impl SamplerState {
         gc_count: u32,
         mut measure: impl FnMut(ObjectAddress) -> Option<u64>,
     ) -> FlushSnapshot {
-        let mut flush = self.begin_flush();
-        while !self.measure_live(&mut flush, gc_count, usize::MAX, &mut measure) {}
-        self.end_snapshot(flush, &mut measure)
+        self.begin_flush();
+        while !self.measure_live(gc_count, usize::MAX, &mut measure) {}
+        self.end_snapshot(&mut measure)
     }
 
     /// First step of a flush: detaches the allocation list (allocations from
@@ -624,11 +645,13 @@ impl SamplerState {
     /// measure. Cheap, so the caller can then measure them in chunks with
     /// `measure_live`, letting other threads run in between. Stacks stay
     /// stored until `finish_flush`, so the caller can resolve their frames.
-    pub fn begin_flush(&mut self) -> FlushInProgress {
+    pub fn begin_flush(&mut self) {
+        self.abandon_flush();
         self.flush_in_progress = true;
         self.pending_sizes.clear();
         self.forget_watched();
-        FlushInProgress {
+        self.flush_classes.clear();
+        self.flush = Some(FlushInProgress {
             live: self
                 .live
                 .iter()
@@ -639,19 +662,21 @@ impl SamplerState {
             allocations_seen: std::mem::take(&mut self.allocations_seen),
             samples: Vec::new(),
             drops: std::mem::take(&mut self.drops),
-        }
+        });
     }
 
     /// Measures up to `max` of the flush's live objects (those freed since
     /// `begin_flush` are skipped; those `measure` finds invalid are counted
-    /// as freed). Returns true when all are done.
+    /// as freed). Returns true when all are done (or no flush is begun).
     pub fn measure_live(
         &mut self,
-        flush: &mut FlushInProgress,
         gc_count: u32,
         max: usize,
         measure: &mut impl FnMut(ObjectAddress) -> Option<u64>,
     ) -> bool {
+        let Some(mut flush) = self.flush.take() else {
+            return true;
+        };
         let end = flush.live.len().min(flush.next_live.saturating_add(max));
         for index in flush.next_live..end {
             let (object, id) = flush.live[index];
@@ -670,9 +695,10 @@ impl SamplerState {
             if record.size == 0 {
                 record.size = size;
             }
+            let class = record.info.class;
             flush.samples.push(FlushedSample {
                 stack: record.stack,
-                class: record.info.class,
+                class,
                 gc_age: Some(gc_count.wrapping_sub(record.info.gc_count)),
                 values: [
                     0.0,
@@ -681,18 +707,25 @@ impl SamplerState {
                     f64::from(record.weight) * size as f64,
                 ],
             });
+            // Held for the flush: the sample's object may die (and its
+            // record go) before the flush names the class.
+            self.flush_classes.push(class);
         }
         flush.next_live = end;
-        end == flush.live.len()
+        let done = end == flush.live.len();
+        self.flush = Some(flush);
+        done
     }
 
     /// Last step: the allocation samples of the detached list, and the
     /// stacks and classes every sample of the flush refers to.
     pub fn end_snapshot(
         &mut self,
-        flush: FlushInProgress,
         measure: &mut impl FnMut(ObjectAddress) -> Option<u64>,
     ) -> FlushSnapshot {
+        let Some(flush) = self.flush.take() else {
+            return FlushSnapshot::default();
+        };
         let FlushInProgress {
             allocations,
             allocations_seen: seen,
@@ -745,18 +778,22 @@ impl SamplerState {
         snapshot
     }
 
-    /// Gives up a flush after `begin_flush` (e.g. its thread was killed):
-    /// its allocation samples are dropped and their records released.
-    pub fn abandon_flush(&mut self, flush: FlushInProgress) {
-        for id in flush.allocations {
-            if id != TOMBSTONE {
-                self.release(id);
+    /// Gives up a flush begun and not ended (its thread was killed, or this
+    /// is a forked child of a process that was flushing): its allocation
+    /// samples are dropped and their records released.
+    pub fn abandon_flush(&mut self) {
+        if let Some(flush) = self.flush.take() {
+            for id in flush.allocations {
+                if id != TOMBSTONE {
+                    self.release(id);
+                }
             }
         }
     }
 
     /// Ends a flush: forgets stacks no sample uses any more.
     pub fn finish_flush(&mut self) {
+        self.abandon_flush();
         self.flush_in_progress = false;
         self.flush_classes.clear();
         self.stacks.prune();
@@ -1345,6 +1382,44 @@ mod tests {
     }
 
     #[test]
+    fn classes_of_live_samples_stay_held_while_a_flush_walks() {
+        let mut st = state(0, 10);
+        let admission = st.admission();
+        let info = ObjectInfo {
+            class: 0x5550,
+            gc_count: 0,
+        };
+        st.record_allocation(0x1000, info, &frames(&[1]), 1.0, admission);
+        st.measure_pending(|_| Some(40));
+        st.begin_flush();
+        assert!(st.measure_live(0, 10, &mut |_| Some(40)));
+        // The object dies before the flush names its class.
+        st.record_free(0x1000);
+        assert!(st.held_classes().any(|c| c == 0x5550));
+        let snapshot = st.end_snapshot(&mut |_| Some(40));
+        assert_eq!(snapshot.heap_samples, 1);
+        st.finish_flush();
+        assert!(!st.held_classes().any(|c| c == 0x5550));
+    }
+
+    #[test]
+    fn a_watched_address_never_points_at_a_reused_record() {
+        // Nothing enters the allocation list; the live map holds 4, so
+        // thinning moves unmeasured samples to the watched map.
+        let mut st = state(0, 4);
+        for i in 0..5 {
+            record(&mut st, 0x1000 + i * 0x100, &[i as u64]);
+        }
+        let watched: Vec<ObjectAddress> = st.watched.keys().copied().collect();
+        for &object in &watched {
+            st.record_free(object);
+        }
+        let live = st.live_count();
+        let snapshot = st.take_snapshot(0, |_| Some(40));
+        assert_eq!(snapshot.heap_samples, live);
+    }
+
+    #[test]
     fn a_sample_record_fits_in_48_bytes() {
         // Most of the collector's memory per live sample (see memory_bytes).
         assert!(std::mem::size_of::<SampleRecord>() <= 48);
@@ -1357,14 +1432,16 @@ mod tests {
             record(&mut st, 0x1000 + i * 0x100, &[i as u64]);
         }
         st.measure_pending(|_| Some(40));
-        let mut flush = st.begin_flush();
+        st.begin_flush();
         let mut measure = |_| Some(40);
-        assert!(!st.measure_live(&mut flush, 0, 4, &mut measure));
-        // Between chunks: one object freed, one new allocation.
+        assert!(!st.measure_live(0, 4, &mut measure));
+        // Between chunks: one object freed, one new allocation, and a
+        // compaction that moves every object.
         st.record_free(0x1000 + 9 * 0x100);
         record(&mut st, 0x9000, &[99]);
-        while !st.measure_live(&mut flush, 0, 4, &mut measure) {}
-        let snapshot = st.end_snapshot(flush, &mut measure);
+        st.relocate_objects(|a| a + 8);
+        while !st.measure_live(0, 4, &mut measure) {}
+        let snapshot = st.end_snapshot(&mut measure);
         st.finish_flush();
         // 10 allocations of the interval; 9 or 10 live (the freed one may
         // have been measured before it died); the new one is not in it.
@@ -1381,8 +1458,9 @@ mod tests {
         let mut st = state(100, 100);
         record(&mut st, 0x1000, &[1]);
         st.record_free(0x1000);
-        let flush = st.begin_flush();
-        st.abandon_flush(flush);
+        st.begin_flush();
+        // E.g. in a forked child: the flush's thread is gone; finishing
+        // releases what it held.
         st.finish_flush();
         // Nothing holds the record or its stack any more.
         assert!(st.stacks().is_empty());

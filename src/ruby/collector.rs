@@ -5,7 +5,7 @@
 use std::cell::Cell;
 use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -167,6 +167,8 @@ pub struct Collector {
     has_pending: AtomicBool,
     size_measurement: Cell<SizeMeasurement>,
     flushing: AtomicBool,
+    /// The process whose thread set `flushing` (see `flush`).
+    flushing_pid: AtomicU32,
     running: AtomicBool,
     /// Every hook is off while non-main Ractors exist (see `pause_for_ractors`).
     paused_for_ractors: AtomicBool,
@@ -202,6 +204,7 @@ impl Collector {
             has_pending: AtomicBool::new(false),
             size_measurement: Cell::new(SizeMeasurement::PostponedJob),
             flushing: AtomicBool::new(false),
+            flushing_pid: AtomicU32::new(0),
             running: AtomicBool::new(false),
             paused_for_ractors: AtomicBool::new(false),
             internal_errors: AtomicU64::new(0),
@@ -454,11 +457,20 @@ impl Collector {
     // ----- flush -------------------------------------------------------------
 
     pub fn flush(&self, options: FlushOptions) -> RbResult<FlushResult> {
+        let pid = std::process::id();
         if self.flushing.swap(true, Ordering::Acquire) {
-            return Err(RbError::runtime(
-                "flush is already in progress on this collector (flush called from within a flush?)",
-            ));
+            if self.flushing_pid.load(Ordering::Relaxed) == pid {
+                return Err(RbError::runtime(
+                    "flush is already in progress on this collector (flush called from within a flush?)",
+                ));
+            }
+            // Inherited from a parent that forked while another of its
+            // threads was flushing: that flush will never end here. (The
+            // fork handler resets only the collectors it knows are active.)
+            self.end_flush();
+            self.flushing.store(true, Ordering::Release);
         }
+        self.flushing_pid.store(pid, Ordering::Relaxed);
         let result = {
             // Resets the flush state however flush_inner ends (even by panic).
             let _end = FlushEnd(self);
@@ -512,33 +524,26 @@ impl Collector {
         let mut measure = |object: usize| heap::object_size(object as VALUE);
         // SAFETY: reads a counter; no allocation, no raise.
         let gc_count = unsafe { rb_gc_count() } as u32;
-        let (mut flush, sample_rate, started_at) = self.with_sampler(|s| {
+        let (sample_rate, started_at) = self.with_sampler(|s| {
             s.state.measure_pending(measure);
             let started_at = std::mem::replace(&mut s.interval_started_at, finished_at);
-            (s.state.begin_flush(), s.state.gaps.rate(), started_at)
+            s.state.begin_flush();
+            (s.state.gaps.rate(), started_at)
         })?;
-        let walked = loop {
-            match self.with_sampler(|s| {
-                s.state
-                    .measure_live(&mut flush, gc_count, LIVE_CHUNK, &mut measure)
-            }) {
-                Ok(true) => break Ok(()),
-                Ok(false) if options.proactively_yield_gvl => {
-                    if let Err(error) = yield_to_other_threads() {
-                        break Err(error);
-                    }
-                }
-                Ok(false) => {}
-                Err(error) => break Err(error),
+        // On an error (the thread killed while it let others run), the
+        // FlushEnd guard's finish_flush releases what the flush holds.
+        loop {
+            let done =
+                self.with_sampler(|s| s.state.measure_live(gc_count, LIVE_CHUNK, &mut measure))?;
+            if done {
+                break;
             }
-        };
-        if let Err(error) = walked {
-            // The detached allocation samples still hold their records.
-            let _ = self.with_sampler(|s| s.state.abandon_flush(flush));
-            return Err(error);
+            if options.proactively_yield_gvl {
+                yield_to_other_threads()?;
+            }
         }
         let (mut snapshot, classes) = self.with_sampler(|s| {
-            let snapshot = s.state.end_snapshot(flush, &mut measure);
+            let snapshot = s.state.end_snapshot(&mut measure);
             (snapshot, s.state.flush_classes().to_vec())
         })?;
         snapshot.drops.nolock += self.nolock_drops.swap(0, Ordering::Relaxed);
