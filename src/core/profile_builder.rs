@@ -306,7 +306,9 @@ pub fn build_profile(
     profile
 }
 
-/// Serialises and gzips a profile, the form pprof tools read.
+/// Serialises and gzips a profile, the form pprof tools read (the tests'
+/// reference for `build_profile_gzipped`, which the collector uses).
+#[cfg(test)]
 pub fn encode_gzipped(profile: &pprof::Profile) -> Vec<u8> {
     let raw = profile.encode_to_vec();
     let mut encoder = GzEncoder::new(Vec::with_capacity(raw.len() / 4 + 64), Compression::new(6));
