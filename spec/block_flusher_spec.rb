@@ -3,6 +3,14 @@
 RSpec.describe MemprofilerPprof::BlockFlusher do
   include FlusherSpecHelpers
 
+  # An on_flush that hangs (a stuck upload), after saying it started.
+  def hanging_callback(started)
+    lambda do |_data|
+      started << true
+      sleep 30
+    end
+  end
+
   let(:collector) { FakeCollector.new }
 
   after { @flusher&.stop! }
@@ -48,11 +56,8 @@ RSpec.describe MemprofilerPprof::BlockFlusher do
   it "does not let a hung on_flush hang stop!: the thread is killed after stop_timeout" do
     logger = ListLogger.new
     started = Queue.new
-    hang = lambda do |_data|
-      started << true
-      sleep 30
-    end
-    @flusher = described_class.new(collector, interval: 0.01, on_flush: hang, logger: logger, stop_timeout: 0.2)
+    @flusher = described_class.new(collector, interval: 0.01, on_flush: hanging_callback(started), logger: logger,
+                                              stop_timeout: 0.2)
     @flusher.start!
     started.pop
     expect(elapsed { @flusher.stop! }).to be < 1.0
@@ -135,11 +140,8 @@ RSpec.describe MemprofilerPprof::BlockFlusher do
   it "bounds the final flush of stop!(flush: true) by stop_timeout too" do
     logger = ListLogger.new
     started = Queue.new
-    hang = lambda do |_data|
-      started << true
-      sleep 30
-    end
-    @flusher = described_class.new(collector, interval: 0.01, on_flush: hang, logger: logger, stop_timeout: 0.2)
+    @flusher = described_class.new(collector, interval: 0.01, on_flush: hanging_callback(started), logger: logger,
+                                              stop_timeout: 0.2)
     @flusher.start!
     started.pop
     expect(elapsed { @flusher.stop!(flush: true) }).to be < 1.5

@@ -77,10 +77,15 @@ module MemprofilerPprof
         nil
       end
 
-      # In a forked child, a lock held by a parent thread that no longer
-      # exists must not block registration.
-      def reset_lock_in_child
-        @registration_lock = Mutex.new
+      # After a fork, on either side. In the child, a lock held by a parent
+      # thread that no longer exists must not block registration.
+      def after_fork(in_child:)
+        if in_child
+          @registration_lock = Mutex.new
+          run(:child)
+        else
+          run(:parent)
+        end
       end
     end
 
@@ -90,12 +95,7 @@ module MemprofilerPprof
       def _fork
         Atfork.run(:prepare)
         pid = super
-        if pid.zero?
-          Atfork.reset_lock_in_child
-          Atfork.run(:child)
-        else
-          Atfork.run(:parent)
-        end
+        Atfork.after_fork(in_child: pid.zero?)
         pid
       end
     end
@@ -105,8 +105,7 @@ module MemprofilerPprof
       def daemon(*args)
         Atfork.run(:prepare)
         result = super
-        Atfork.reset_lock_in_child
-        Atfork.run(:child)
+        Atfork.after_fork(in_child: true)
         result
       end
     end
@@ -118,18 +117,13 @@ module MemprofilerPprof
         Atfork.run(:prepare)
         child_block = if block
                         proc do
-                          Atfork.reset_lock_in_child
-                          Atfork.run(:child)
+                          Atfork.after_fork(in_child: true)
                           block.call
                         end
                       end
         pid = child_block ? super(&child_block) : super()
-        if pid.nil?
-          Atfork.reset_lock_in_child
-          Atfork.run(:child)
-        else
-          Atfork.run(:parent)
-        end
+        # With a block, only the parent returns here.
+        Atfork.after_fork(in_child: pid.nil?)
         pid
       end
     end
