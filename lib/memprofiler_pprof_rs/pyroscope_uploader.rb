@@ -1,0 +1,251 @@
+# frozen_string_literal: true
+
+require "net/http"
+require "openssl"
+require "uri"
+
+module MemprofilerPprof
+  # Sends profiles to Grafana Pyroscope, through its push API (Connect,
+  # binary protobuf; the default) or its older /ingest API. Usable directly
+  # from an `on_flush` callback:
+  #
+  #   uploader = MemprofilerPprof::PyroscopeUploader.new(
+  #     server_address: "https://profiles-prod-001.grafana.net",
+  #     application_name: "shop", labels: { env: "prod" },
+  #     basic_auth_username: "123456", basic_auth_password: ENV["GRAFANA_TOKEN"])
+  #   result = uploader.upload(collector.flush)   # never raises
+  #
+  # Profiles go as heap profiles: series name `memory`, `service_name` the
+  # application name, `__delta__="false"` (this gem's alloc_* values already
+  # cover only the interval since the previous flush; inuse_* are absolute).
+  #
+  # Network errors, 429 and 5xx are retried with exponential backoff and full
+  # jitter; other 4xx are not (the server's message is logged). Every attempt
+  # is bounded by `open_timeout` and `read_timeout`. Credentials never appear
+  # in logs or in #inspect. See docs/pyroscope_protocol_notes.md for the
+  # server behaviour this follows.
+  class PyroscopeUploader
+    APIS = %i[push ingest].freeze
+    PUSH_PATH = "/push.v1.PusherService/Push"
+    INGEST_PATH = "/ingest"
+    # Pyroscope's label name rule: letters, digits, `_` and `.`, not starting
+    # with a digit (it rejects `-`).
+    LABEL_NAME = /\A[A-Za-z_.][A-Za-z0-9_.]*\z/
+    RESERVED_LABELS = %w[__name__ service_name __delta__].freeze
+
+    # The outcome of one upload.
+    Result = Struct.new(:ok, :status, :attempts, :error, keyword_init: true) do
+      def ok? = ok
+    end
+
+    RETRYABLE_ERRORS = [SystemCallError, IOError, SocketError, Timeout::Error, EOFError].freeze
+
+    attr_reader :server_address, :application_name, :labels, :api, :tenant_id,
+                :open_timeout, :read_timeout, :retries
+
+    def initialize(server_address:, application_name:, labels: {}, api: :push, basic_auth_username: nil,
+                   basic_auth_password: nil, tenant_id: nil, headers: {}, open_timeout: 5, read_timeout: 10,
+                   retries: 3, retry_base_delay: 0.5, logger: nil, spy_name: "memprofiler_pprof_rs")
+      @base = parse_address(server_address)
+      @server_address = server_address
+      @application_name = check_application_name(application_name)
+      @labels = check_labels(labels)
+      raise ArgumentError, "api must be one of #{APIS.inspect}, got #{api.inspect}" unless APIS.include?(api)
+
+      @api = api
+      if basic_auth_username.nil? != basic_auth_password.nil?
+        raise ArgumentError, "basic_auth_username and basic_auth_password go together (got only one)"
+      end
+
+      @basic_auth = basic_auth_username && [basic_auth_username.to_s, basic_auth_password.to_s]
+      @tenant_id = tenant_id&.to_s
+      raise ArgumentError, "headers must be a Hash, got #{headers.class}" unless headers.is_a?(Hash)
+
+      @headers = headers.to_h { |k, v| [k.to_s, v.to_s] }
+      @open_timeout = positive(open_timeout, :open_timeout)
+      @read_timeout = positive(read_timeout, :read_timeout)
+      unless retries.is_a?(Integer) && retries >= 0
+        raise ArgumentError, "retries must be an Integer >= 0, got #{retries.inspect}"
+      end
+
+      @retries = retries
+      @retry_base_delay = positive(retry_base_delay, :retry_base_delay)
+      unless logger.nil? || logger.respond_to?(:error)
+        raise ArgumentError, "logger must respond to #error, got #{logger.class}"
+      end
+
+      @logger = logger
+      @spy_name = spy_name.to_s
+    end
+
+    # Sends one ProfileData (or gzipped pprof bytes, with `from`/`to` Times
+    # for the ingest API). Returns a Result; never raises.
+    def upload(data, from: nil, to: nil)
+      bytes = data.respond_to?(:pprof_data) ? data.pprof_data : data
+      from ||= data.respond_to?(:started_at) ? data.started_at : nil
+      to ||= data.respond_to?(:finished_at) ? data.finished_at : nil
+      request = build_request(bytes.b, from || Time.now, to || Time.now)
+      send_with_retries(request)
+    rescue StandardError => e
+      log("upload failed: #{e.class}: #{e.message}")
+      Result.new(ok: false, status: nil, attempts: 0, error: e)
+    end
+
+    def inspect
+      auth = @basic_auth ? " basic_auth=[FILTERED]" : ""
+      tenant = @tenant_id ? " tenant_id=#{@tenant_id}" : ""
+      "#<#{self.class.name} #{@api} #{@base}#{auth}#{tenant} application_name=#{@application_name.inspect}>"
+    end
+    alias to_s inspect
+
+    # The series labels a push carries, in order.
+    def series_labels
+      [["__name__", "memory"], ["service_name", @application_name], ["__delta__", "false"]] + @labels.to_a
+    end
+
+    private
+
+    def parse_address(address)
+      uri = URI.parse(address.to_s)
+      unless %w[http https].include?(uri.scheme) && uri.host && !uri.host.empty?
+        raise ArgumentError, "server_address must be an http(s) URL, got #{address.inspect}"
+      end
+
+      uri.path = uri.path.chomp("/")
+      uri
+    rescue URI::InvalidURIError
+      raise ArgumentError, "server_address must be an http(s) URL, got #{address.inspect}"
+    end
+
+    def check_application_name(name)
+      unless name.is_a?(String) && !name.empty? && name.match?(%r{\A[A-Za-z0-9_.\-/]+\z})
+        raise ArgumentError, "application_name must be a non-empty String of letters, digits, " \
+                             "'_', '.', '-', '/', got #{name.inspect}"
+      end
+
+      name
+    end
+
+    def check_labels(labels)
+      raise ArgumentError, "labels must be a Hash, got #{labels.class}" unless labels.is_a?(Hash)
+
+      labels.to_h do |key, value|
+        name = key.to_s
+        unless name.match?(LABEL_NAME) && !RESERVED_LABELS.include?(name)
+          raise ArgumentError, "label name #{key.inspect} is not allowed (letters, digits, '_' and '.'; " \
+                               "not #{RESERVED_LABELS.join(', ')})"
+        end
+        [name, value.to_s]
+      end
+    end
+
+    def positive(value, name)
+      unless value.is_a?(Numeric) && value.real? && value.positive? && value.to_f.finite?
+        raise ArgumentError, "#{name} must be a positive number of seconds, got #{value.inspect}"
+      end
+
+      value.to_f
+    end
+
+    def build_request(bytes, from, to)
+      request = case @api
+                when :push then push_request(bytes)
+                when :ingest then ingest_request(bytes, from, to)
+                end
+      request.basic_auth(*@basic_auth) if @basic_auth
+      request["X-Scope-OrgID"] = @tenant_id if @tenant_id
+      request["User-Agent"] = "memprofiler_pprof_rs/#{MemprofilerPprof::VERSION}"
+      @headers.each { |k, v| request[k] = v }
+      request
+    end
+
+    # PushRequest{ series: [RawProfileSeries{ labels, samples: [RawSample{
+    # raw_profile }] }] } in protobuf's wire format.
+    def push_request(bytes)
+      labels = series_labels.map { |name, value| Protobuf.message(1, Protobuf.string(1, name) + Protobuf.string(2, value)) }
+      sample = Protobuf.message(2, Protobuf.bytes(1, bytes))
+      series = Protobuf.message(1, labels.join.b + sample)
+      request = Net::HTTP::Post.new(@base.path + PUSH_PATH)
+      request["Content-Type"] = "application/proto"
+      request.body = series
+      request
+    end
+
+    def ingest_request(bytes, from, to)
+      tags = @labels.map { |k, v| "#{k}=#{v}" }.join(",")
+      query = URI.encode_www_form(
+        name: "#{@application_name}{#{tags}}", from: from.to_i, until: [to.to_i, from.to_i].max,
+        format: "pprof", spyName: @spy_name
+      )
+      request = Net::HTTP::Post.new("#{@base.path}#{INGEST_PATH}?#{query}")
+      request["Content-Type"] = "application/octet-stream"
+      request.body = bytes
+      request
+    end
+
+    def send_with_retries(request)
+      attempts = 0
+      loop do
+        attempts += 1
+        status, error = attempt(request)
+        return Result.new(ok: true, status: status, attempts: attempts, error: nil) if status && status < 300
+
+        retryable = status.nil? || status == 429 || status >= 500
+        if !retryable || attempts > @retries
+          return Result.new(ok: false, status: status, attempts: attempts, error: error)
+        end
+
+        sleep(rand * @retry_base_delay * (2**(attempts - 1)))
+      end
+    end
+
+    # One HTTP exchange: [status, error]. Logs failures (never credentials).
+    def attempt(request)
+      http = Net::HTTP.new(@base.host, @base.port)
+      http.use_ssl = @base.scheme == "https"
+      http.verify_mode = OpenSSL::SSL::VERIFY_PEER if http.use_ssl?
+      http.open_timeout = @open_timeout
+      http.read_timeout = @read_timeout
+      http.write_timeout = @read_timeout if http.respond_to?(:write_timeout=)
+      response = http.start { |connection| connection.request(request) }
+      status = response.code.to_i
+      unless status < 300
+        log("#{request.method} #{request.path.split('?').first} answered #{status}: #{response.body.to_s[0, 300]}")
+      end
+      [status, nil]
+    rescue *RETRYABLE_ERRORS, OpenSSL::SSL::SSLError => e
+      log("#{request.method} #{@base.host}: #{e.class}: #{e.message}")
+      [nil, e]
+    end
+
+    def log(message)
+      text = "memprofiler_pprof_rs PyroscopeUploader: #{message}"
+      @logger ? @logger.error(text) : warn(text)
+    rescue StandardError
+      nil
+    end
+
+    # The little of protobuf's wire format a push needs.
+    module Protobuf
+      module_function
+
+      def varint(value)
+        out = +""
+        loop do
+          byte = value & 0x7f
+          value >>= 7
+          out << (value.zero? ? byte : byte | 0x80).chr
+          return out.b if value.zero?
+        end
+      end
+
+      def bytes(field, data) = varint((field << 3) | 2) + varint(data.bytesize) + data.b
+      # Pyroscope rejects invalid UTF-8: replace bad bytes.
+      def string(field, text)
+        utf8 = text.to_s.encode(Encoding::UTF_8, invalid: :replace, undef: :replace).scrub
+        bytes(field, utf8)
+      end
+      def message(field, encoded) = bytes(field, encoded)
+    end
+  end
+end

@@ -1,0 +1,119 @@
+# frozen_string_literal: true
+
+# Uploads to a loopback stand-in for Pyroscope (spec/support/fake_pyroscope.rb).
+RSpec.describe MemprofilerPprof::PyroscopeUploader do
+  before(:all) { @server = FakePyroscope.new }
+  after(:all) { @server.stop }
+  before { @server.reset }
+
+  let(:logger) { ListLogger.new }
+  let(:data) do
+    MemprofilerPprof::Collector.new(sample_rate: 1.0).profile { @kept = Array.new(200) { |i| "kept #{i}" } }
+  end
+
+  def uploader(**options)
+    described_class.new(server_address: @server.url, application_name: "shop", logger: logger,
+                        retry_base_delay: 0.01, **options)
+  end
+
+  def last_request
+    @server.all_requests.last
+  end
+
+  it "pushes a profile as one memory series with the service name, __delta__=false and the user's labels" do
+    result = uploader(labels: { env: "prod", "region.zone" => "eu-1" }).upload(data)
+    expect(result).to be_ok
+    expect(result.attempts).to eq(1)
+    request = last_request
+    expect(request.path).to eq("/push.v1.PusherService/Push")
+    expect(request.labels).to eq([%w[__name__ memory], %w[service_name shop], %w[__delta__ false],
+                                  %w[env prod], %w[region.zone eu-1]])
+    expect(request.profiles.size).to eq(1)
+    expect(request.profiles.first.sample_types.map(&:type)).to eq(%w[alloc_objects alloc_space inuse_objects inuse_space])
+  end
+
+  it "uses the ingest API with the label set in the name and the interval in from/until" do
+    result = uploader(api: :ingest, labels: { env: "prod" }).upload(data)
+    expect(result).to be_ok
+    request = last_request
+    expect(request.path).to eq("/ingest")
+    expect(request.query["name"]).to eq("shop{env=prod}")
+    expect(request.query["format"]).to eq("pprof")
+    expect(request.query["spyName"]).to eq("memprofiler_pprof_rs")
+    expect(request.query["from"].to_i).to eq(data.started_at.to_i)
+    expect(request.query["until"].to_i).to eq(data.finished_at.to_i)
+  end
+
+  it "sends basic auth, the tenant header and extra headers, and never shows the password" do
+    up = uploader(basic_auth_username: "123456", basic_auth_password: "glc_secret", tenant_id: "team-a",
+                  headers: { "X-Extra" => "1" })
+    expect(up.upload(data)).to be_ok
+    headers = last_request.headers
+    expect(headers["authorization"]).to eq("Basic #{['123456:glc_secret'].pack('m0')}")
+    expect(headers["x-scope-orgid"]).to eq("team-a")
+    expect(headers["x-extra"]).to eq("1")
+    expect(up.inspect).not_to include("glc_secret")
+    expect(up.inspect).to include("[FILTERED]")
+  end
+
+  it "retries a 500 and succeeds, losing nothing" do
+    @server.fail_next(500)
+    result = uploader.upload(data)
+    expect(result).to be_ok
+    expect(result.attempts).to eq(2)
+    requests = @server.all_requests
+    expect(requests.map(&:status)).to eq([500, 200])
+    expect(requests.last.profiles.size).to eq(1)
+  end
+
+  it "retries 429 with backoff, and gives up after the configured retries" do
+    3.times { @server.fail_next(429) }
+    result = uploader(retries: 2).upload(data)
+    expect(result).not_to be_ok
+    expect(result.status).to eq(429)
+    expect(result.attempts).to eq(3)
+    expect(@server.all_requests.map(&:status)).to eq([429, 429, 429])
+  end
+
+  it "does not retry a 400 and logs the server's message" do
+    result = uploader(labels: {}).upload("not a profile".b)
+    expect(result).not_to be_ok
+    expect(result.status).to eq(400)
+    expect(result.attempts).to eq(1)
+    expect(logger.errors.pop).to match(/answered 400: .*bad profile/)
+  end
+
+  it "gives up on a hung server after the read timeout, without raising" do
+    @server.fail_next(200, delay: 1.5)
+    started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+    result = uploader(read_timeout: 0.3, retries: 0).upload(data)
+    elapsed = Process.clock_gettime(Process::CLOCK_MONOTONIC) - started
+    expect(result).not_to be_ok
+    expect(result.error).to be_a(Net::ReadTimeout)
+    expect(elapsed).to be < 1.2
+  end
+
+  it "reports a server that is down, retrying, without raising" do
+    closed = TCPServer.new("127.0.0.1", 0)
+    port = closed.addr[1]
+    closed.close
+    up = described_class.new(server_address: "http://127.0.0.1:#{port}", application_name: "shop",
+                             logger: logger, retries: 1, retry_base_delay: 0.01)
+    result = up.upload(data)
+    expect(result).not_to be_ok
+    expect(result.attempts).to eq(2)
+    expect(result.error).to be_a(Errno::ECONNREFUSED)
+  end
+
+  it "rejects bad arguments at construction, naming the value" do
+    expect { uploader(labels: { "bad-name" => "x" }) }.to raise_error(ArgumentError, /label name "bad-name"/)
+    expect { uploader(labels: { "__name__" => "x" }) }.to raise_error(ArgumentError, /__name__/)
+    expect { described_class.new(server_address: "ftp://x", application_name: "a") }
+      .to raise_error(ArgumentError, /server_address.*ftp/)
+    expect { described_class.new(server_address: @server.url, application_name: "") }
+      .to raise_error(ArgumentError, /application_name/)
+    expect { uploader(api: :grpc) }.to raise_error(ArgumentError, /api.*:grpc/)
+    expect { uploader(basic_auth_username: "u") }.to raise_error(ArgumentError, /basic_auth/)
+    expect { uploader(read_timeout: 0) }.to raise_error(ArgumentError, /read_timeout/)
+  end
+end
