@@ -18,6 +18,8 @@ class FakePyroscope
   def initialize
     @requests = Queue.new
     @faults = Queue.new
+    @count_lock = Mutex.new
+    @in_flight = 0
     @server = WEBrick::HTTPServer.new(BindAddress: "127.0.0.1", Port: 0, Logger: WEBrick::Log.new(File::NULL),
                                       AccessLog: [])
     @server.mount_proc("/push.v1.PusherService/Push") { |req, res| handle(req, res) { push(req) } }
@@ -36,8 +38,11 @@ class FakePyroscope
     Array.new(@requests.size) { @requests.pop }
   end
 
-  # Forgets recorded requests and pending faults (between examples).
+  # Forgets recorded requests and pending faults (between examples), once
+  # requests still being answered (a delayed one, say) are done.
   def reset
+    deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 5
+    sleep 0.01 while @in_flight.positive? && Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
     @requests.clear
     @faults.clear
   end
@@ -50,6 +55,13 @@ class FakePyroscope
   private
 
   def handle(req, res)
+    @count_lock.synchronize { @in_flight += 1 }
+    answer(req, res) { yield }
+  ensure
+    @count_lock.synchronize { @in_flight -= 1 }
+  end
+
+  def answer(req, res)
     unless @faults.empty?
       status, delay = @faults.pop
       sleep(delay) if delay.positive?

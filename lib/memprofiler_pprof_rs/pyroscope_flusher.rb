@@ -1,0 +1,137 @@
+# frozen_string_literal: true
+
+module MemprofilerPprof
+  # A BlockFlusher that sends every flush to Grafana Pyroscope.
+  #
+  #   MemprofilerPprof::PyroscopeFlusher.new(collector,
+  #     server_address: "http://pyroscope:4040", application_name: "shop",
+  #     labels: { env: "prod" }).start!
+  #
+  # Flushing and uploading are separate: each flush goes into a bounded
+  # queue (`max_pending`, oldest dropped first, counted in `dropped_uploads`)
+  # that an upload thread drains, so a slow or unreachable server never
+  # delays the next flush, never blocks the application, and never makes
+  # memory grow. Upload options (auth, tenant, headers, api, timeouts,
+  # retries) are PyroscopeUploader's. Nothing is raised into the application.
+  class PyroscopeFlusher < BlockFlusher
+    UPLOADER_OPTIONS = %i[labels api basic_auth_username basic_auth_password tenant_id headers
+                          open_timeout read_timeout retries retry_base_delay spy_name].freeze
+
+    attr_reader :uploader, :max_pending
+    # Uploads that succeeded, that failed (after their retries), and flushes
+    # dropped because max_pending uploads were already waiting.
+    attr_reader :uploads_succeeded, :uploads_failed, :dropped_uploads
+
+    def initialize(collector, server_address:, application_name:, interval: 15, logger: nil, max_pending: 4,
+                   **options)
+      uploader_options = options.slice(*UPLOADER_OPTIONS)
+      @uploader = PyroscopeUploader.new(server_address: server_address, application_name: application_name,
+                                        logger: logger, **uploader_options)
+      unless max_pending.is_a?(Integer) && max_pending.positive?
+        raise ArgumentError, "max_pending must be a positive Integer, got #{max_pending.inspect}"
+      end
+
+      @max_pending = max_pending
+      @uploads_succeeded = 0
+      @uploads_failed = 0
+      @dropped_uploads = 0
+      reset_upload_queue
+      super(collector, interval: interval, logger: logger, **options.except(*UPLOADER_OPTIONS))
+    end
+
+    def start!
+      started = super
+      ensure_upload_thread
+      started
+    end
+
+    # Stops flushing (see BlockFlusher#stop!), then gives the uploads still
+    # queued (the final flush's included) up to stop_timeout to go out.
+    def stop!(flush: @flush_on_stop)
+      return in_helper_thread { stop!(flush: flush) } if trap_context?
+
+      stopped = super
+      finish_uploads
+      stopped
+    end
+
+    # Flushes waiting to be uploaded.
+    def pending_uploads
+      @upload_lock.synchronize { @pending.size }
+    end
+
+    def inspect
+      format("#<%s %s interval=%gs %s sent=%d failed=%d dropped=%d>", self.class.name, @uploader.inspect,
+             interval, running? ? "running" : "stopped", uploads_succeeded, uploads_failed, dropped_uploads)
+    end
+    alias to_s inspect
+
+    private
+
+    def handle_flush(data)
+      @upload_lock.synchronize do
+        if @pending.size >= @max_pending
+          @pending.shift
+          @dropped_uploads += 1
+        end
+        @pending << data
+        @upload_ready.signal
+      end
+      ensure_upload_thread
+      super
+    end
+
+    def reset_upload_queue
+      @upload_lock = Mutex.new
+      @upload_ready = ConditionVariable.new
+      @pending = []
+      @upload_thread = nil
+      @uploads_closing = false
+    end
+
+    def ensure_upload_thread
+      return if @upload_thread&.alive?
+
+      @uploads_closing = false
+      @upload_thread = Thread.new { upload_loop }
+      @upload_thread.name = "memprofiler_pprof_rs PyroscopeFlusher uploads"
+      @upload_thread.report_on_exception = false
+    end
+
+    def upload_loop
+      loop do
+        data = @upload_lock.synchronize do
+          @upload_ready.wait(@upload_lock, 1.0) while @pending.empty? && !@uploads_closing
+          @pending.shift
+        end
+        return if data.nil? # closing, nothing left
+
+        result = @uploader.upload(data)
+        @upload_lock.synchronize { result.ok? ? @uploads_succeeded += 1 : @uploads_failed += 1 }
+      end
+    rescue Exception => e # rubocop:disable Lint/RescueException
+      report_error("upload thread stopped", e)
+    end
+
+    def finish_uploads
+      thread = @upload_thread
+      return unless thread
+
+      @upload_lock.synchronize do
+        @uploads_closing = true
+        @upload_ready.broadcast
+      end
+      return if thread.join(@stop_timeout)
+
+      thread.kill
+      report_error("stop!", RuntimeError.new("uploads did not finish within #{@stop_timeout}s; " \
+                                             "#{pending_uploads} still queued were dropped"))
+    end
+
+    # In a forked child: the parent's queued uploads are the parent's.
+    def child_forked
+      reset_upload_queue
+      super
+    end
+  end
+end

@@ -1,0 +1,90 @@
+# frozen_string_literal: true
+
+# Phases whose allocations must land in different uploads.
+module PyroscopePhases
+  def self.first = Array.new(300) { |i| "first #{i}" }
+  def self.second = Array.new(300) { |i| "second #{i}" }
+end
+
+RSpec.describe MemprofilerPprof::PyroscopeFlusher do
+  include FlusherSpecHelpers
+
+  before(:all) { @server = FakePyroscope.new }
+  after(:all) { @server.stop }
+  before { @server.reset }
+
+  # Uncapped: the in-process stand-in server's own allocations are sampled
+  # too, and would otherwise fill max_heap_samples and thin the live set
+  # (still unbiased, but no longer exact).
+  let(:collector) do
+    MemprofilerPprof::Collector.new(sample_rate: 1.0, max_allocation_samples: 1_000_000,
+                                    max_heap_samples: 10_000_000)
+  end
+  let(:logger) { ListLogger.new }
+
+  def flusher(**options)
+    described_class.new(collector, server_address: @server.url, application_name: "shop", logger: logger,
+                                   retry_base_delay: 0.01, **options)
+  end
+
+  def through(profile, name, type)
+    total_through(profile, name, type)
+  end
+
+  it "sends each interval's allocations once (deltas) and what is alive in every upload (absolute)" do
+    f = flusher(interval: 30)
+    collector.start!
+    first = f.run(flush: true) { PyroscopePhases.first }
+    second = f.run(flush: true) { PyroscopePhases.second }
+    f.run(flush: true) { nil }
+    collector.stop!
+
+    requests = @server.all_requests
+    expect(requests.map(&:status)).to eq([200, 200, 200])
+    expect(f.uploads_succeeded).to eq(3)
+    one, two, three = requests.map { |r| r.profiles.first }
+    expect(through(one, "PyroscopePhases.first", "alloc_objects")).to be >= 300
+    expect(through(two, "PyroscopePhases.first", "alloc_objects")).to eq(0)
+    expect(through(two, "PyroscopePhases.second", "alloc_objects")).to be >= 300
+    expect(through(three, "PyroscopePhases.second", "alloc_objects")).to eq(0)
+    firsts = [one, two, three].map { |p| through(p, "PyroscopePhases.first", "inuse_objects") }
+    expect(firsts).to all(be >= 300)
+    expect(through(three, "PyroscopePhases.second", "inuse_objects")).to be >= 300
+    expect(requests.first.labels).to include(%w[__delta__ false], %w[service_name shop])
+    expect([first.size, second.size]).to eq([300, 300])
+  end
+
+  it "keeps at most max_pending uploads waiting on a slow server, dropping the oldest and counting them" do
+    6.times { @server.fail_next(200, delay: 0.4) }
+    f = flusher(interval: 0.05, max_pending: 1, stop_timeout: 0.5)
+    collector.start!
+    f.start!
+    eventually(timeout: 5) { f.dropped_uploads >= 2 }
+    expect(elapsed { f.stop! }).to be < 2.0
+    collector.stop!
+    expect(f.dropped_uploads).to be >= 2
+    expect(f.pending_uploads).to be <= 1
+  end
+
+  it "counts failed uploads to a server that is down, and never raises" do
+    closed = TCPServer.new("127.0.0.1", 0)
+    port = closed.addr[1]
+    closed.close
+    f = described_class.new(collector, server_address: "http://127.0.0.1:#{port}", application_name: "shop",
+                                       logger: logger, retries: 1, retry_base_delay: 0.01, interval: 30)
+    collector.start!
+    f.run(flush: true) { nil }
+    collector.stop!
+    expect(f.uploads_failed).to eq(1)
+    expect(f.uploads_succeeded).to eq(0)
+    expect(logger.errors.pop).to match(/ECONNREFUSED|Connection refused/)
+  end
+
+  it "hides credentials and rejects bad options at construction" do
+    f = flusher(basic_auth_username: "1", basic_auth_password: "glc_secret")
+    expect(f.inspect).not_to include("glc_secret")
+    expect { flusher(max_pending: 0) }.to raise_error(ArgumentError, /max_pending.*0/)
+    expect { flusher(labels: { "a-b" => 1 }) }.to raise_error(ArgumentError, /a-b/)
+    expect { flusher(nonsense: true) }.to raise_error(ArgumentError, /nonsense/)
+  end
+end
