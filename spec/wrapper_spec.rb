@@ -167,6 +167,39 @@ RSpec.describe "memprofiler_pprof_rs_profile" do
     expect(parse_profile(File.binread(profile_paths.last)).period).to eq(1)
   end
 
+  it "sends the profiles to Pyroscope when PYROSCOPE_SERVER_ADDRESS is set, and writes no files" do
+    server = FakePyroscope.new
+    script = write_script
+    _out, err, status = run_wrapped(RbConfig.ruby, script, env: {
+                                      "PYROSCOPE_SERVER_ADDRESS" => server.url,
+                                      "PYROSCOPE_APPLICATION_NAME" => "wrapped",
+                                      "PYROSCOPE_TAGS" => "env=test,team=core",
+                                      "MEMPROFILER_PPROF_RS_FILE_PATTERN" => nil,
+                                      "MEMPROFILER_PPROF_RS_SAMPLE_RATE" => "1"
+                                    })
+    expect(status).to be_success, err
+    requests = server.all_requests
+    expect(requests.map(&:status)).to eq([200]) # the exit flush
+    expect(requests.first.labels).to eq([%w[__name__ memory], %w[service_name wrapped], %w[__delta__ false],
+                                         %w[env test], %w[team core]])
+    profile = requests.first.profiles.first
+    expect(total_through(profile, "WrappedApp#fill", "inuse_objects")).to be >= 3_000
+    expect(Dir["#{@dir}/**/*.pprof"]).to be_empty
+  ensure
+    server&.stop
+  end
+
+  it "reports an unusable Pyroscope setting by name and still runs" do
+    script = write_script
+    out, err, status = run_wrapped(RbConfig.ruby, script, env: {
+                                     "PYROSCOPE_SERVER_ADDRESS" => "http://127.0.0.1:9",
+                                     "PYROSCOPE_TAGS" => "not-a-pair"
+                                   })
+    expect(status).to be_success, err
+    expect(out).to include("app ran in")
+    expect(err).to include('not sending profiles to Pyroscope: PYROSCOPE_TAGS entry "not-a-pair" is not key=value')
+  end
+
   it "explains its usage, and fails like a shell for a missing command" do
     _out, err, status = Open3.capture3(wrapper)
     expect(status.exitstatus).to eq(2)

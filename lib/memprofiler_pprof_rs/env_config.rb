@@ -28,6 +28,7 @@ module MemprofilerPprof
     attr_reader :warnings
 
     def initialize(env = ENV)
+      @env = env
       @warnings = []
       @values = SETTINGS.to_h do |name, (default, parser, valid)|
         variable, raw = lookup(env, name)
@@ -67,6 +68,41 @@ module MemprofilerPprof
     # Keywords for FileFlusher.new.
     def file_flusher_options
       { pattern: file_pattern, interval: flush_interval, keep: keep_files, flush_on_stop: flush_at_exit }
+    end
+
+    # True if a file pattern was set explicitly (with Pyroscope on, files
+    # are written only then).
+    def file_pattern_set?
+      !lookup(@env, :file_pattern)[1].to_s.strip.empty?
+    end
+
+    # Keywords for PyroscopeFlusher.new from the variables Pyroscope's
+    # agents use (PYROSCOPE_SERVER_ADDRESS, PYROSCOPE_APPLICATION_NAME,
+    # PYROSCOPE_BASIC_AUTH_USER / _PASSWORD, PYROSCOPE_TENANT_ID, and
+    # PYROSCOPE_TAGS or PYROSCOPE_LABELS as "k=v,k2=v2"), or nil when
+    # PYROSCOPE_SERVER_ADDRESS is not set or a value is unusable (reported
+    # in `warnings`). The interval is FLUSH_INTERVAL if set, else 15 s.
+    def pyroscope_options
+      address = @env["PYROSCOPE_SERVER_ADDRESS"].to_s.strip
+      return nil if address.empty?
+
+      options = {
+        server_address: address,
+        application_name: present("PYROSCOPE_APPLICATION_NAME") || default_application_name,
+        labels: parse_tags(present("PYROSCOPE_TAGS") || present("PYROSCOPE_LABELS") || ""),
+        basic_auth_username: present("PYROSCOPE_BASIC_AUTH_USER"),
+        basic_auth_password: present("PYROSCOPE_BASIC_AUTH_PASSWORD"),
+        tenant_id: present("PYROSCOPE_TENANT_ID"),
+        interval: lookup(@env, :flush_interval)[1].to_s.strip.empty? ? 15.0 : flush_interval,
+        flush_on_stop: flush_at_exit
+      }
+      # Checked now, so that a bad value is reported at boot, once.
+      PyroscopeUploader.new(**options.slice(:server_address, :application_name, :labels, :basic_auth_username,
+                                            :basic_auth_password, :tenant_id))
+      options
+    rescue ArgumentError => e
+      @warnings << "not sending profiles to Pyroscope: #{e.message}"
+      nil
     end
 
     private
@@ -114,6 +150,25 @@ module MemprofilerPprof
     def parse_pattern(raw)
       FileFlusher.validate_pattern(raw)
       raw
+    end
+
+    def present(variable)
+      value = @env[variable].to_s.strip
+      value.empty? ? nil : value
+    end
+
+    def default_application_name
+      name = File.basename($PROGRAM_NAME.to_s).gsub(%r{[^A-Za-z0-9_.\-/]}, "_")
+      name.empty? ? "ruby" : name
+    end
+
+    def parse_tags(raw)
+      raw.split(",").map(&:strip).reject(&:empty?).to_h do |pair|
+        key, value = pair.split("=", 2)
+        raise ArgumentError, "PYROSCOPE_TAGS entry #{pair.inspect} is not key=value" if value.nil? || key.empty?
+
+        [key.strip, value.strip]
+      end
     end
 
     def parse_flag(raw)
