@@ -1,5 +1,7 @@
 # frozen_string_literal: true
 
+require "zlib"
+
 # The shape of every profile: what pprof tools (and Pyroscope) rely on.
 RSpec.describe "profile shape" do
   let(:unlimited) { { max_allocation_samples: 10_000_000, max_heap_samples: 10_000_000 } }
@@ -132,5 +134,34 @@ RSpec.describe "profile shape" do
     expect(data.pprof_data.bytesize).to be < 1_000_000
     _out, err, status = go_pprof(data, "-top")
     expect(status.exitstatus).to eq(0), err
+  end
+
+  it "folds the smallest samples into (other) to respect max_profile_bytes, keeping the totals" do
+    collector = MemprofilerPprof::Collector.new(sample_rate: 1.0, **unlimited)
+    collector.start!
+    # Many distinct stacks: 600 methods on their own lines, each keeping 20
+    # objects, called through a chain 30 deep.
+    holder = Module.new
+    600.times do |i|
+      holder.module_eval(<<~RUBY, "folding.rb", i * 10 + 1)
+        def self.keep#{i}(depth) = depth.zero? ? Array.new(20) { |j| "\#{j}" } : keep#{i}(depth - 1)
+      RUBY
+    end
+    @kept = Array.new(600) { |i| holder.public_send(:"keep#{i}", 30) }
+    GC.start
+    collector.flush # the allocations of the setup
+    full = collector.flush
+    limited = collector.flush(max_profile_bytes: 20_000)
+    collector.stop!
+
+    expect(full.folded_samples_count).to eq(0)
+    expect(limited.folded_samples_count).to be_positive
+    expect(Zlib.gunzip(limited.pprof_data).bytesize).to be <= 20_000
+    full_profile = parse_profile(full)
+    limited_profile = parse_profile(limited)
+    expect(limited_profile.total("inuse_objects")).to be_within(20).of(full_profile.total("inuse_objects"))
+    expect(stacks_of(limited_profile)).to include(["(other)"])
+    expect(limited_profile.comments.join).to include("folded into one (other) sample")
+    expect { collector.flush(max_profile_bytes: 0) }.to raise_error(ArgumentError, /max_profile_bytes.*0/)
   end
 end

@@ -80,6 +80,26 @@ RSpec.describe MemprofilerPprof::PyroscopeFlusher do
     expect(logger.errors.pop).to match(/ECONNREFUSED|Connection refused/)
   end
 
+  it "folds the smallest samples into (other) so an upload stays under max_profile_bytes" do
+    holder = Module.new
+    300.times do |i|
+      holder.module_eval(<<~RUBY, "upload_folding.rb", i * 10 + 1)
+        def self.keep#{i}(depth) = depth.zero? ? Array.new(10) { |j| "\#{j}" } : keep#{i}(depth - 1)
+      RUBY
+    end
+    f = flusher(interval: 30, max_profile_bytes: 15_000)
+    collector.start!
+    kept = f.run(flush: true) { Array.new(300) { |i| holder.public_send(:"keep#{i}", 30) } }
+    collector.stop!
+    request = @server.all_requests.last
+    expect(request.status).to eq(200)
+    profile = request.profiles.first
+    expect(stacks_of(profile)).to include(["(other)"])
+    expect(profile.total("inuse_objects")).to be >= 3_000
+    expect(kept.size).to eq(300)
+    expect { flusher(max_profile_bytes: -1) }.to raise_error(ArgumentError, /max_profile_bytes.*-1/)
+  end
+
   it "hides credentials and rejects bad options at construction" do
     f = flusher(basic_auth_username: "1", basic_auth_password: "glc_secret")
     expect(f.inspect).not_to include("glc_secret")

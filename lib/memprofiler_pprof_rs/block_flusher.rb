@@ -178,6 +178,11 @@ module MemprofilerPprof
 
     private
 
+    # Keywords for Collector#flush; subclasses may add to them.
+    def flush_options
+      { yield_gvl: @yield_gvl, proactively_yield_gvl: @proactively_yield_gvl }
+    end
+
     # Called with each ProfileData; subclasses write or upload it.
     def handle_flush(data)
       @on_flush&.call(data)
@@ -276,7 +281,7 @@ module MemprofilerPprof
     def flush_once
       @flush_lock.synchronize do
         data = begin
-          @collector.flush(yield_gvl: @yield_gvl, proactively_yield_gvl: @proactively_yield_gvl)
+          @collector.flush(**flush_options)
         rescue Exception => e # rubocop:disable Lint/RescueException
           report_error("flush failed", e)
           next nil

@@ -109,19 +109,30 @@ module MemprofilerPprof
     # millisecond or two at a time instead of ~100 ms in one go (see
     # bench/run flush). Pass false to get that gem's behaviour.
     #
+    # max_profile_bytes: if the uncompressed profile would be larger, the
+    # samples with the fewest bytes are folded into one "(other)" sample
+    # (totals unchanged) until it fits; ProfileData#folded_samples_count
+    # says how many, and a profile comment says so too.
+    #
     # Flushes of one collector from several threads run one after another.
-    def flush(yield_gvl: true, proactively_yield_gvl: true)
+    def flush(yield_gvl: true, proactively_yield_gvl: true, max_profile_bytes: nil)
       self.class.validate_flag(yield_gvl, :yield_gvl)
       self.class.validate_flag(proactively_yield_gvl, :proactively_yield_gvl)
+      unless max_profile_bytes.nil? || (max_profile_bytes.is_a?(Integer) && max_profile_bytes.positive?)
+        raise ArgumentError, "max_profile_bytes must be a positive Integer or nil, got #{max_profile_bytes.inspect}"
+      end
+
       @flush_lock.synchronize do
-        ProfileData.from_native(_native_flush(yield_gvl, proactively_yield_gvl))
+        ProfileData.from_native(_native_flush(yield_gvl, proactively_yield_gvl, max_profile_bytes))
       end
     rescue ThreadError => e
       raise unless e.message.include?("trap context")
 
       # Mutex#synchronize refuses to run in a signal trap handler; another
       # thread may, and the handler waits for it.
-      Thread.new { flush(yield_gvl: yield_gvl, proactively_yield_gvl: proactively_yield_gvl) }.value
+      Thread.new do
+        flush(yield_gvl: yield_gvl, proactively_yield_gvl: proactively_yield_gvl, max_profile_bytes: max_profile_bytes)
+      end.value
     end
 
     # start!, run the block, flush, stop!; returns the ProfileData. The hooks

@@ -21,13 +21,16 @@ module MemprofilerPprof
     # The interval the allocation samples cover (Time).
     attr_reader :started_at, :finished_at
 
+    # Samples folded into one "(other)" sample to respect max_profile_bytes.
+    attr_reader :folded_samples_count
+
     def self.from_native(values)
-      pprof, allocs, heap, nolock, alloc_buf, heap_buf, flush_ns, ser_ns, rate, start_ns, end_ns = values
+      pprof, allocs, heap, nolock, alloc_buf, heap_buf, flush_ns, ser_ns, folded, rate, start_ns, end_ns = values
       new(
         pprof_data: pprof, allocation_samples_count: allocs, heap_samples_count: heap,
         dropped_samples_nolock: nolock, dropped_samples_allocation_bufsize: alloc_buf,
         dropped_samples_heap_bufsize: heap_buf, flush_duration_nsecs: flush_ns,
-        pprof_serialization_nsecs: ser_ns, sample_rate: rate,
+        pprof_serialization_nsecs: ser_ns, folded_samples_count: folded, sample_rate: rate,
         started_at: Time.at(Rational(start_ns, 1_000_000_000)),
         finished_at: Time.at(Rational(end_ns, 1_000_000_000))
       )
@@ -36,7 +39,8 @@ module MemprofilerPprof
     def initialize(pprof_data:, allocation_samples_count: 0, heap_samples_count: 0,
                    dropped_samples_nolock: 0, dropped_samples_allocation_bufsize: 0,
                    dropped_samples_heap_bufsize: 0, flush_duration_nsecs: 0,
-                   pprof_serialization_nsecs: 0, sample_rate: nil, started_at: nil, finished_at: nil)
+                   pprof_serialization_nsecs: 0, folded_samples_count: 0, sample_rate: nil, started_at: nil,
+                   finished_at: nil)
       @pprof_data = pprof_data
       @allocation_samples_count = allocation_samples_count
       @heap_samples_count = heap_samples_count
@@ -45,6 +49,7 @@ module MemprofilerPprof
       @dropped_samples_heap_bufsize = dropped_samples_heap_bufsize
       @flush_duration_nsecs = flush_duration_nsecs
       @pprof_serialization_nsecs = pprof_serialization_nsecs
+      @folded_samples_count = folded_samples_count
       @sample_rate = sample_rate
       @started_at = started_at
       @finished_at = finished_at

@@ -17,13 +17,17 @@ module MemprofilerPprof
     UPLOADER_OPTIONS = %i[labels api basic_auth_username basic_auth_password tenant_id headers
                           open_timeout read_timeout retries retry_base_delay spy_name].freeze
 
-    attr_reader :uploader, :max_pending
+    attr_reader :uploader, :max_pending, :max_profile_bytes
     # Uploads that succeeded, that failed (after their retries), and flushes
     # dropped because max_pending uploads were already waiting.
     attr_reader :uploads_succeeded, :uploads_failed, :dropped_uploads
 
+    # Below Pyroscope's default 2 MiB ingestion burst (its size limit is
+    # 4 MiB): a larger profile would be refused with 429 on every retry.
+    DEFAULT_MAX_PROFILE_BYTES = 2_000_000
+
     def initialize(collector, server_address:, application_name:, interval: 15, logger: nil, max_pending: 4,
-                   **options)
+                   max_profile_bytes: DEFAULT_MAX_PROFILE_BYTES, **options)
       uploader_options = options.slice(*UPLOADER_OPTIONS)
       @uploader = PyroscopeUploader.new(server_address: server_address, application_name: application_name,
                                         logger: logger, **uploader_options)
@@ -32,6 +36,11 @@ module MemprofilerPprof
       end
 
       @max_pending = max_pending
+      unless max_profile_bytes.is_a?(Integer) && max_profile_bytes.positive?
+        raise ArgumentError, "max_profile_bytes must be a positive Integer, got #{max_profile_bytes.inspect}"
+      end
+
+      @max_profile_bytes = max_profile_bytes
       @uploads_succeeded = 0
       @uploads_failed = 0
       @dropped_uploads = 0
@@ -67,6 +76,10 @@ module MemprofilerPprof
     alias to_s inspect
 
     private
+
+    def flush_options
+      super.merge(max_profile_bytes: @max_profile_bytes)
+    end
 
     def handle_flush(data)
       @upload_lock.synchronize do

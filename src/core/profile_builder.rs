@@ -18,6 +18,13 @@ use super::stack_table::{Frame, FrameRef, StackId, TRUNCATION_FRAME};
 /// Function key of the "(no Ruby frames)" placeholder: frame references are
 /// aligned addresses of Ruby objects, so never 1.
 const NO_RUBY_FRAMES: FrameRef = 1;
+/// Function key of the "(other)" frame that folded samples are put under.
+const FOLDED_FRAME: FrameRef = 2;
+
+/// What samples are merged by: stack, class, GC age (live samples only).
+type SampleKey = (StackId, ClassRef, Option<u32>);
+/// A merged sample: its key and the sums of its four values.
+type MergedSample = (SampleKey, [f64; 4]);
 use super::string_table::StringTable;
 
 /// What the binding layer found out about a frame at flush time.
@@ -40,6 +47,9 @@ pub struct ProfileMeta {
     /// The process the profile describes (the mapping's file name).
     pub program: String,
     pub comments: Vec<String>,
+    /// If set, the smallest samples are folded into one "(other)" sample
+    /// until the uncompressed profile fits in this many bytes.
+    pub max_raw_bytes: Option<usize>,
 }
 
 /// Go's heap-profile sample types, in the C gem's slot order.
@@ -64,6 +74,8 @@ struct ProfileBuilder<'a> {
     functions: FastHashMap<(FrameRef, i64), u64>,
     locations: FastHashMap<(u64, i64), u64>,
     profile: pprof::Profile,
+    /// Samples folded into "(other)" by `fold_to_fit`.
+    folded: usize,
 }
 
 impl<'a> ProfileBuilder<'a> {
@@ -78,6 +90,7 @@ impl<'a> ProfileBuilder<'a> {
             functions: FastHashMap::default(),
             locations: FastHashMap::default(),
             profile: pprof::Profile::default(),
+            folded: 0,
         }
     }
 
@@ -181,6 +194,70 @@ impl<'a> ProfileBuilder<'a> {
         }
     }
 
+    /// Estimates the profile's encoded size (conservatively: 3 bytes per
+    /// location id, every frame's tables counted) and, if it exceeds `max`,
+    /// removes the samples with the fewest bytes (alloc_space + inuse_space)
+    /// from `merged` until it fits. Returns how many were removed and the
+    /// sum of their values, for one "(other)" sample.
+    fn fold_to_fit(
+        &self,
+        merged: &mut Vec<MergedSample>,
+        snapshot: &FlushSnapshot,
+        max: usize,
+    ) -> Option<(usize, [f64; 4])> {
+        let sample_bytes = |stack: &StackId| {
+            let frames = snapshot.stacks.get(stack).map_or(1, |f| f.len().max(1));
+            3 * frames + 72
+        };
+        let tables: usize = self
+            .frames
+            .values()
+            .map(|info| 48 + info.name.len() + info.filename.as_ref().map_or(0, String::len))
+            .sum::<usize>()
+            + self
+                .classes
+                .values()
+                .map(|name| 8 + name.len())
+                .sum::<usize>()
+            + 4_096;
+        let mut total: usize = tables
+            + merged
+                .iter()
+                .map(|((stack, _, _), _)| sample_bytes(stack))
+                .sum::<usize>();
+        if total <= max {
+            return None;
+        }
+        let mut order: Vec<usize> = (0..merged.len()).collect();
+        order.sort_by(|&a, &b| {
+            let size = |i: usize| merged[i].1[1] + merged[i].1[3];
+            size(a).total_cmp(&size(b)).then(a.cmp(&b))
+        });
+        let mut fold = vec![false; merged.len()];
+        let mut count = 0;
+        for index in order {
+            if total <= max {
+                break;
+            }
+            total -= sample_bytes(&merged[index].0 .0);
+            fold[index] = true;
+            count += 1;
+        }
+        let mut sums = [0.0; 4];
+        let mut position = 0;
+        merged.retain(|(_, values)| {
+            let folded = fold[position];
+            position += 1;
+            if folded {
+                for (sum, value) in sums.iter_mut().zip(values) {
+                    *sum += value;
+                }
+            }
+            !folded
+        });
+        Some((count, sums))
+    }
+
     /// Builds everything but the samples into `self.profile`; each sample
     /// goes to `emit` as soon as it is made, so a caller can encode it and
     /// drop it rather than hold every sample's location list at once.
@@ -189,7 +266,7 @@ impl<'a> ProfileBuilder<'a> {
         snapshot: &FlushSnapshot,
         meta: &ProfileMeta,
         mut emit: impl FnMut(pprof::Sample),
-    ) -> pprof::Profile {
+    ) -> (pprof::Profile, usize) {
         for (name, unit) in SAMPLE_TYPES {
             let value_type = pprof::ValueType {
                 r#type: self.strings.intern(name),
@@ -200,8 +277,7 @@ impl<'a> ProfileBuilder<'a> {
 
         // Merge samples with the same stack and labels; sort for a
         // deterministic profile.
-        type Key = (StackId, ClassRef, Option<u32>);
-        let mut merged: FastHashMap<Key, [f64; 4]> = FastHashMap::default();
+        let mut merged: FastHashMap<SampleKey, [f64; 4]> = FastHashMap::default();
         for sample in &snapshot.samples {
             let key = (sample.stack, sample.class, sample.gc_age);
             let sums = merged.entry(key).or_insert([0.0; 4]);
@@ -211,6 +287,10 @@ impl<'a> ProfileBuilder<'a> {
         }
         let mut merged: Vec<_> = merged.into_iter().collect();
         merged.sort_by_key(|(key, _)| *key);
+        let folded = match meta.max_raw_bytes {
+            Some(max) => self.fold_to_fit(&mut merged, snapshot, max),
+            None => None,
+        };
         let class_key = self.strings.intern(CLASS_LABEL);
         let age_key = self.strings.intern(GC_AGE_LABEL);
         let age_unit = self.strings.intern(GC_AGE_UNIT);
@@ -243,6 +323,23 @@ impl<'a> ProfileBuilder<'a> {
                 value: sums.iter().map(|v| v.round() as i64).collect(),
                 label,
             });
+        }
+
+        if let Some((count, sums)) = folded {
+            let function = self.function_id(FOLDED_FRAME, "(other)", "", 0);
+            let location_id = vec![self.location_id(function, 0)];
+            let label = vec![pprof::Label {
+                key: class_key,
+                str: self.strings.intern("(other)"),
+                num: 0,
+                num_unit: 0,
+            }];
+            emit(pprof::Sample {
+                location_id,
+                value: sums.iter().map(|v| v.round() as i64).collect(),
+                label,
+            });
+            self.folded = count;
         }
 
         let program = if meta.program.is_empty() {
@@ -279,13 +376,20 @@ impl<'a> ProfileBuilder<'a> {
             meta.sample_rate, self.profile.period
         )];
         comments.extend(meta.comments.iter().cloned());
+        if self.folded > 0 {
+            comments.push(format!(
+                "{} samples (the smallest) folded into one (other) sample to keep the profile under {} bytes; totals unchanged",
+                self.folded,
+                meta.max_raw_bytes.unwrap_or(0)
+            ));
+        }
         for comment in comments {
             let index = self.strings.intern(&comment);
             self.profile.comment.push(index);
         }
         self.profile.default_sample_type = self.strings.intern("inuse_space");
         self.profile.string_table = self.strings.into_strings();
-        self.profile
+        (self.profile, self.folded)
     }
 }
 
@@ -300,7 +404,7 @@ pub fn build_profile(
     meta: &ProfileMeta,
 ) -> pprof::Profile {
     let mut samples = Vec::new();
-    let mut profile =
+    let (mut profile, _) =
         ProfileBuilder::new(frames, classes).build(snapshot, meta, |sample| samples.push(sample));
     profile.sample = samples;
     profile
@@ -327,15 +431,17 @@ const PROFILE_SAMPLE_FIELD: u32 = 2;
 /// list (hundreds of bytes each) at once. Protobuf lets a message's fields
 /// come in any order, so the samples go first and the tables they filled
 /// (locations, functions, strings) after them.
+/// Returns the gzipped bytes and how many samples were folded into
+/// "(other)" to respect `meta.max_raw_bytes`.
 pub fn build_profile_gzipped(
     snapshot: &FlushSnapshot,
     frames: &FastHashMap<FrameRef, FrameInfo>,
     classes: &FastHashMap<ClassRef, String>,
     meta: &ProfileMeta,
-) -> Vec<u8> {
+) -> (Vec<u8>, usize) {
     let mut encoder = GzEncoder::new(Vec::new(), Compression::new(6));
     let mut buffer = Vec::new();
-    let profile = ProfileBuilder::new(frames, classes).build(snapshot, meta, |sample| {
+    let (profile, folded) = ProfileBuilder::new(frames, classes).build(snapshot, meta, |sample| {
         buffer.clear();
         prost::encoding::message::encode(PROFILE_SAMPLE_FIELD, &sample, &mut buffer);
         encoder
@@ -345,7 +451,10 @@ pub fn build_profile_gzipped(
     encoder
         .write_all(&profile.encode_to_vec())
         .expect("writing to a Vec cannot fail");
-    encoder.finish().expect("writing to a Vec cannot fail")
+    (
+        encoder.finish().expect("writing to a Vec cannot fail"),
+        folded,
+    )
 }
 
 #[cfg(test)]
@@ -401,6 +510,7 @@ mod tests {
 
     fn meta() -> ProfileMeta {
         ProfileMeta {
+            max_raw_bytes: None,
             time_nanos: 1_700_000_000_000_000_000,
             duration_nanos: 5_000_000_000,
             sample_rate: 1.0,
@@ -581,7 +691,8 @@ mod tests {
     fn streamed_encoding_gives_the_same_profile() {
         let (snapshot, frames) = example();
         let built = build_profile(&snapshot, &frames, &classes(), &meta());
-        let streamed = build_profile_gzipped(&snapshot, &frames, &classes(), &meta());
+        let (streamed, folded) = build_profile_gzipped(&snapshot, &frames, &classes(), &meta());
+        assert_eq!(folded, 0);
         let mut raw = Vec::new();
         GzDecoder::new(&streamed[..])
             .read_to_end(&mut raw)
@@ -589,6 +700,59 @@ mod tests {
         let decoded = pprof::Profile::decode(&raw[..]).expect("decode");
         assert_eq!(decoded, built);
         assert!(!decoded.sample.is_empty());
+    }
+
+    #[test]
+    fn samples_are_folded_into_other_to_fit_a_size_limit_with_totals_kept() {
+        let mut state = SamplerState::new(GapSampler::new(1.0, 1), 10_000, 10_000);
+        let mut frames = FastHashMap::default();
+        for i in 0..2_000u64 {
+            let stack: Vec<Frame> = (0..40)
+                .map(|d| frame(8 * (1 + (i * 40 + d) % 3_000), d as i32))
+                .collect();
+            let admission = state.admission();
+            state.record_allocation(
+                0x10_0000 + i as usize * 40,
+                ObjectInfo::default(),
+                &stack,
+                1.0,
+                admission,
+            );
+        }
+        for f in 1..=3_000u64 {
+            frames.insert(8 * f, info(&format!("M{f}#m"), Some("app.rb"), 1));
+        }
+        state.measure_pending(|object| Some(40 + (object as u64 % 1_000)));
+        let snapshot = state.take_snapshot(0, |object| Some(40 + (object as u64 % 1_000)));
+        let unlimited = build_profile(&snapshot, &frames, &classes(), &meta());
+        let raw_unlimited = unlimited.encode_to_vec().len();
+        let limit = raw_unlimited / 3;
+        let limited_meta = ProfileMeta {
+            max_raw_bytes: Some(limit),
+            ..meta()
+        };
+        let (gz, folded) = build_profile_gzipped(&snapshot, &frames, &classes(), &limited_meta);
+        let mut raw = Vec::new();
+        GzDecoder::new(&gz[..])
+            .read_to_end(&mut raw)
+            .expect("gunzip");
+        assert!(folded > 0);
+        assert!(raw.len() <= limit, "{} > {}", raw.len(), limit);
+        let profile = pprof::Profile::decode(&raw[..]).expect("decode");
+        let total = |p: &pprof::Profile, i: usize| p.sample.iter().map(|s| s.value[i]).sum::<i64>();
+        for i in 0..4 {
+            let difference = (total(&profile, i) - total(&unlimited, i)).abs();
+            assert!(
+                difference <= folded as i64,
+                "sample type {i}: totals differ by {difference}"
+            );
+        }
+        let names: Vec<String> = profile
+            .sample
+            .iter()
+            .flat_map(|s| function_names(&profile, s))
+            .collect();
+        assert!(names.iter().any(|n| n.starts_with("(other)")));
     }
 
     #[test]

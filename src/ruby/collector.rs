@@ -69,6 +69,8 @@ pub struct FlushResult {
     pub finished_at: SystemTime,
     pub flush_duration_nanos: u64,
     pub serialization_nanos: u64,
+    /// Samples folded into "(other)" to respect max_profile_bytes.
+    pub folded_samples: usize,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -77,6 +79,9 @@ pub struct FlushOptions {
     pub yield_gvl: bool,
     /// Also let other threads run between the phases that need the GVL.
     pub proactively_yield_gvl: bool,
+    /// Fold the smallest samples into "(other)" to stay under this many
+    /// uncompressed bytes.
+    pub max_profile_bytes: Option<usize>,
 }
 
 /// One raw event hook (rb_add_event_hook2 with RAW_ARG). Cheaper than a
@@ -577,15 +582,17 @@ impl Collector {
             } else {
                 vec!["object sizes unavailable on this Ruby (no rb_obj_memsize_of)".into()]
             },
+            max_raw_bytes: options.max_profile_bytes,
         };
         let build = || build_profile_gzipped(&snapshot, &frames, &class_names, &meta);
-        let pprof = if options.yield_gvl {
+        let (pprof, folded_samples) = if options.yield_gvl {
             without_gvl(build)?
         } else {
             build()
         };
         Ok(FlushResult {
             pprof,
+            folded_samples,
             allocation_samples: snapshot.allocation_samples,
             heap_samples: snapshot.heap_samples,
             drops: snapshot.drops,

@@ -9,7 +9,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use rb_sys::{
     rb_ary_new_capa, rb_ary_push, rb_data_type_struct, rb_data_type_struct__bindgen_ty_1,
     rb_data_type_t, rb_data_typed_object_wrap, rb_float_new, rb_str_new, rb_ull2inum, Qfalse, Qnil,
-    Qtrue, FIX2LONG, FIXNUM_P, NUM2DBL, RB_FLOAT_TYPE_P, RTYPEDDATA_GET_DATA, RTYPEDDATA_P,
+    Qtrue, FIX2LONG, FIXNUM_P, NIL_P, NUM2DBL, RB_FLOAT_TYPE_P, RTYPEDDATA_GET_DATA, RTYPEDDATA_P,
     RTYPEDDATA_TYPE, TEST, VALUE,
 };
 
@@ -317,11 +317,23 @@ unsafe extern "C" fn native_flush(
     rb_self: VALUE,
     yield_gvl: VALUE,
     proactively_yield_gvl: VALUE,
+    max_profile_bytes: VALUE,
 ) -> VALUE {
     method_entry(|| {
+        // SAFETY: NIL_P and FIXNUM checks read the VALUE's bits only; the
+        // Ruby side passes nil or a positive Integer (a Bignum means "no
+        // practical limit").
+        let max_profile_bytes = unsafe {
+            if NIL_P(max_profile_bytes) || !FIXNUM_P(max_profile_bytes) {
+                None
+            } else {
+                usize::try_from(FIX2LONG(max_profile_bytes)).ok()
+            }
+        };
         let options = FlushOptions {
             yield_gvl: TEST(yield_gvl),
             proactively_yield_gvl: TEST(proactively_yield_gvl),
+            max_profile_bytes,
         };
         let result: FlushResult = collector_of(rb_self)?.flush(options)?;
         let numbers = [
@@ -332,6 +344,7 @@ unsafe extern "C" fn native_flush(
             result.drops.heap_bufsize,
             result.flush_duration_nanos,
             result.serialization_nanos,
+            result.folded_samples as u64,
         ];
         let times = [
             nanos_since_epoch(result.started_at),
@@ -344,7 +357,7 @@ unsafe extern "C" fn native_flush(
             // SAFETY: plain Ruby allocations with valid pointers and lengths;
             // under protect, so a NoMemoryError comes back as an RbError.
             unsafe {
-                let array = rb_ary_new_capa(11);
+                let array = rb_ary_new_capa(12);
                 rb_ary_push(
                     array,
                     rb_str_new(pprof.as_ptr().cast(), pprof.len() as c_long),
@@ -439,6 +452,6 @@ pub fn methods() -> Vec<MethodDef> {
             0,
             true
         ),
-        method_def!(c"_native_flush", native_flush, 2, true),
+        method_def!(c"_native_flush", native_flush, 3, true),
     ]
 }
