@@ -100,6 +100,23 @@ RSpec.describe MemprofilerPprof::PyroscopeFlusher do
     expect { flusher(max_profile_bytes: -1) }.to raise_error(ArgumentError, /max_profile_bytes.*-1/)
   end
 
+  it "can be configured from PYROSCOPE_* variables (for an initializer)" do
+    env = { "PYROSCOPE_SERVER_ADDRESS" => @server.url, "PYROSCOPE_APPLICATION_NAME" => "from_env",
+            "PYROSCOPE_LABELS" => "env=staging", "PYROSCOPE_TENANT_ID" => "t1" }
+    f = described_class.from_env(collector, env: env, logger: logger, interval: 30)
+    expect(f.interval).to eq(30)
+    collector.start!
+    f.run(flush: true) { nil }
+    collector.stop!
+    request = @server.all_requests.last
+    expect(request.labels).to include(%w[service_name from_env], %w[env staging])
+    expect(request.headers["x-scope-orgid"]).to eq("t1")
+    expect(described_class.from_env(collector, env: {})).to be_nil
+    expect(described_class.from_env(collector, env: { "PYROSCOPE_SERVER_ADDRESS" => "nope" }, logger: logger))
+      .to be_nil
+    expect(logger.errors.pop).to include("not sending profiles to Pyroscope: server_address")
+  end
+
   it "hides credentials and rejects bad options at construction" do
     f = flusher(basic_auth_username: "1", basic_auth_password: "glc_secret")
     expect(f.inspect).not_to include("glc_secret")

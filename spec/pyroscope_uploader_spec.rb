@@ -1,5 +1,7 @@
 # frozen_string_literal: true
 
+require "zlib"
+
 # Uploads to a loopback stand-in for Pyroscope (spec/support/fake_pyroscope.rb).
 RSpec.describe MemprofilerPprof::PyroscopeUploader do
   before(:all) { @server = FakePyroscope.new }
@@ -81,6 +83,49 @@ RSpec.describe MemprofilerPprof::PyroscopeUploader do
     expect(result.status).to eq(400)
     expect(result.attempts).to eq(1)
     expect(logger.errors.pop).to match(/answered 400: .*bad profile/)
+  end
+
+  # A profile Pyroscope must refuse: a sample type name with '-'.
+  def profile_with_dash
+    varint = lambda do |value|
+      bytes = +""
+      loop do
+        byte = value & 0x7f
+        value >>= 7
+        bytes << (value.zero? ? byte : byte | 0x80).chr
+        break bytes.b if value.zero?
+      end
+    end
+    field = ->(number, data) { varint.call((number << 3) | 2) + varint.call(data.bytesize) + data.b }
+    value_type = "\x08\x01\x10\x02".b
+    strings = ["", "alloc-objects", "count"].map { |text| field.call(6, text) }.join
+    now = varint.call(9 << 3) + varint.call(Time.now.to_i * 1_000_000_000)
+    Zlib.gzip(field.call(1, value_type) + strings + now)
+  end
+
+  it "is refused (400, not retried) for a profile the server rejects, with the reason logged" do
+    result = uploader.upload(profile_with_dash)
+    expect(result.status).to eq(400)
+    expect(result.attempts).to eq(1)
+    expect(logger.errors.pop).to include("invalid sample type")
+  end
+
+  it "verifies the server's certificate over HTTPS" do
+    require "webrick/https"
+    server = WEBrick::HTTPServer.new(BindAddress: "127.0.0.1", Port: 0, SSLEnable: true,
+                                     SSLCertName: [%w[CN localhost]], Logger: WEBrick::Log.new(File::NULL),
+                                     AccessLog: [])
+    server.mount_proc("/") { |_req, res| res.body = "{}" }
+    thread = Thread.new { server.start }
+    up = described_class.new(server_address: "https://127.0.0.1:#{server.config[:Port]}", application_name: "shop",
+                             logger: logger, retries: 0)
+    result = up.upload(data)
+    expect(result).not_to be_ok
+    expect(result.error).to be_a(OpenSSL::SSL::SSLError)
+    expect(result.error.message).to match(/certificate verify failed/)
+  ensure
+    server&.shutdown
+    thread&.join(5)
   end
 
   it "gives up on a hung server after the read timeout, without raising" do

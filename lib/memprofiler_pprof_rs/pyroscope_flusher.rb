@@ -48,6 +48,22 @@ module MemprofilerPprof
       super(collector, interval: interval, logger: logger, **options.except(*UPLOADER_OPTIONS))
     end
 
+    # For an initializer: a flusher configured from the PYROSCOPE_*
+    # variables (see EnvConfig#pyroscope_options), or nil when
+    # PYROSCOPE_SERVER_ADDRESS is not set or a value is unusable (reported
+    # to `logger`, or $stderr). Keywords given here override the variables.
+    #
+    #   MemprofilerPprof::PyroscopeFlusher.from_env(collector)&.start!
+    def self.from_env(collector, env: ENV, logger: nil, **overrides)
+      config = EnvConfig.new(env)
+      options = config.pyroscope_options
+      config.warnings.each do |message|
+        text = "memprofiler_pprof_rs: #{message}"
+        logger ? logger.error(text) : warn(text)
+      end
+      options && new(collector, logger: logger, **options, **overrides)
+    end
+
     def start!
       started = super
       ensure_upload_thread

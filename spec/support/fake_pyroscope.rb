@@ -140,6 +140,9 @@ class FakePyroscope
 
       profile = MemprofilerPprof::PprofReader.parse(raw)
       return [record, status, "invalid sample type"] if profile.sample_types.any? { |t| t.type.include?("-") }
+      return [record, status, "invalid UTF-8 in the string table"] unless profile.strings.all?(&:valid_encoding?)
+      return [record, status, "location or function id 0"] if zero_ids?(raw)
+      return [record, status, "sample label name with '-'"] if sample_label_dash?(profile)
 
       seconds = profile.time_nanos / 1e9
       return [record, status, "out of window"] unless seconds.between?(Time.now.to_f - 3600, Time.now.to_f + 600)
@@ -156,6 +159,25 @@ class FakePyroscope
     [record, 200, "ok"]
   rescue Zlib::Error, MemprofilerPprof::PprofReader::FormatError => e
     [record, status, "bad profile: #{e.message}"]
+  end
+
+  # Profile.location (field 4) and Profile.function (field 5): id is field 1.
+  def zero_ids?(raw)
+    zero = false
+    each_field(raw) do |field, value|
+      next unless [4, 5].include?(field)
+
+      id = nil
+      MemprofilerPprof::PprofReader.each_field(value) { |f, _wire, v| id = v if f == 1 }
+      zero ||= id.nil? || id.zero?
+    end
+    zero
+  end
+
+  # Pyroscope turns pprof sample labels into series labels, which may not
+  # contain '-'.
+  def sample_label_dash?(profile)
+    profile.samples.any? { |sample| sample.labels.any? { |label| label.key.include?("-") } }
   end
 
   def each_field(bytes, &block)
