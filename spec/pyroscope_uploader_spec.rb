@@ -110,6 +110,40 @@ RSpec.describe MemprofilerPprof::PyroscopeUploader do
     expect(logger.errors.pop).to include("invalid sample type")
   end
 
+  # The stand-in server itself: the request forms the real one accepts and
+  # this gem does not send (Connect JSON, multipart /ingest).
+  describe "stand-in server" do
+    def post(path, body, content_type)
+      uri = URI("#{@server.url}#{path}")
+      Net::HTTP.post(uri, body, "Content-Type" => content_type)
+    end
+
+    it "accepts the Connect JSON form of a push, and refuses '-' in a label name" do
+      series = { labels: [{ name: "__name__", value: "memory" }, { name: "service_name", value: "js" }],
+                 samples: [{ rawProfile: [data.pprof_data].pack("m0") }] }
+      response = post("/push.v1.PusherService/Push", JSON.generate(series: [series]), "application/json")
+      expect(response.code).to eq("200")
+      series[:labels] << { name: "bad-name", value: "x" }
+      response = post("/push.v1.PusherService/Push", JSON.generate(series: [series]), "application/json")
+      expect(response.code).to eq("400")
+      expect(JSON.parse(response.body)).to include("code" => "invalid_argument")
+      expect(post("/push.v1.PusherService/Push", "x", "text/plain").code).to eq("415")
+    end
+
+    it "accepts a multipart /ingest without format, and refuses a bad name" do
+      boundary = "memprofilerboundary"
+      body = "--#{boundary}\r\nContent-Disposition: form-data; name=\"profile\"; filename=\"profile.pprof\"\r\n" \
+             "Content-Type: application/octet-stream\r\n\r\n".b + data.pprof_data + "\r\n--#{boundary}--\r\n".b
+      now = Time.now.to_i
+      response = post("/ingest?name=multi%7Benv%3Dx%7D&from=#{now}&until=#{now}", body,
+                      "multipart/form-data; boundary=#{boundary}")
+      expect(response.code).to eq("200")
+      response = post("/ingest?name=bad%20name&from=#{now}&until=#{now}&format=pprof", data.pprof_data,
+                      "application/octet-stream")
+      expect(response.code).to eq("422")
+    end
+  end
+
   it "verifies the server's certificate over HTTPS" do
     require "webrick/https"
     server = WEBrick::HTTPServer.new(BindAddress: "127.0.0.1", Port: 0, SSLEnable: true,

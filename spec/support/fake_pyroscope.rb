@@ -86,9 +86,43 @@ class FakePyroscope
   def push(req)
     record = Request.new(query: {}, labels: [], profiles: [])
     return [record, 405, "POST only"] unless req.request_method == "POST"
-    return [record, 415, "unsupported content type"] unless req["Content-Type"] == "application/proto"
 
-    each_field(req.body.to_s.b) do |field, value|
+    body = req.body.to_s.b
+    body = Zlib.gunzip(body) if req["Content-Encoding"] == "gzip"
+    case req["Content-Type"]
+    when "application/proto" then push_proto(body, record)
+    when "application/json", "application/json; charset=utf-8" then push_json(body, record)
+    else [record, 415, "unsupported content type #{req['Content-Type'].inspect}"]
+    end
+  end
+
+  # The Connect JSON form: {"series":[{"labels":[{"name","value"}],
+  # "samples":[{"rawProfile": base64}]}]}.
+  def push_json(body, record)
+    request = JSON.parse(body)
+    Array(request["series"]).each do |series|
+      record.labels = Array(series["labels"]).map { |pair| [pair["name"].to_s, pair["value"].to_s] }
+      Array(series["samples"]).each { |sample| record.profiles << sample["rawProfile"].to_s.unpack1("m") }
+      invalid = label_problem(record.labels)
+      return [record, 400, invalid] if invalid
+    end
+    check_profiles(record, 400)
+  rescue JSON::ParserError => e
+    [record, 400, "invalid JSON: #{e.message}"]
+  end
+
+  def label_problem(labels)
+    names = labels.map(&:first)
+    return "invalid labels" unless labels.all? { |n, v| n.valid_encoding? && v.valid_encoding? }
+    return "__name__ missing" unless labels.any? { |n, v| n == "__name__" && !v.empty? }
+    return "invalid label name" unless names.all? { |n| n == "__name__" || n.match?(LABEL_NAME) }
+    return "duplicate label" unless names.uniq.size == names.size
+
+    nil
+  end
+
+  def push_proto(body, record)
+    each_field(body) do |field, value|
       next unless field == 1 # series
 
       labels = []
@@ -103,19 +137,24 @@ class FakePyroscope
         end
       end
       record.labels = labels
-      names = labels.map(&:first)
-      return [record, 400, "invalid labels"] unless labels.all? { |n, v| n.valid_encoding? && v.valid_encoding? }
-      return [record, 400, "__name__ missing"] unless labels.any? { |n, v| n == "__name__" && !v.empty? }
-      return [record, 400, "invalid label name"] unless names.all? { |n| n == "__name__" || n.match?(LABEL_NAME) }
-      return [record, 400, "duplicate label"] unless names.uniq.size == names.size
+      invalid = label_problem(labels)
+      return [record, 400, invalid] if invalid
     end
     check_profiles(record, 400)
   end
 
-  # Legacy: /ingest?name=app{k=v,...}&from=&until=&format=pprof, raw body.
+  # Legacy: /ingest?name=app{k=v,...}&from=&until=&format=pprof with the
+  # profile as the raw body; without `format`, a multipart/form-data body
+  # whose `profile` part is the profile (as the real server switches).
   def ingest(req)
     query = URI.decode_www_form(req.query_string.to_s).to_h
-    record = Request.new(query: query, labels: [], profiles: [req.body.to_s.b])
+    body = req.body.to_s.b
+    if query["format"].nil? && req["Content-Type"].to_s.start_with?("multipart/form-data")
+      part = req.query["profile"]
+      body = part.to_s.b
+      query["format"] = "pprof" if part
+    end
+    record = Request.new(query: query, labels: [], profiles: [body])
     name = query["name"].to_s
     match = name.match(/\A([A-Za-z0-9_.\-\/]+)(?:\{(.*)\})?\z/)
     return [record, 422, "invalid name #{name.inspect}"] unless match
