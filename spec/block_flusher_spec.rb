@@ -235,6 +235,22 @@ RSpec.describe MemprofilerPprof::BlockFlusher do
     expect(flusher.flush_count).to eq(1)
   end
 
+  it "makes the final flush of stop!(flush: true) called from its own on_flush, without waiting" do
+    flusher = nil
+    calls = 0
+    on_flush = lambda do |_|
+      calls += 1
+      flusher.stop!(flush: true) if calls == 1
+    end
+    flusher = described_class.new(collector, interval: 0.02, on_flush: on_flush, stop_timeout: 5)
+    flusher.start!
+    eventually(timeout: 2) { calls == 2 }
+    sleep 0.1
+    expect(calls).to eq(2)
+    expect(flusher.running?).to be(false)
+    expect(flusher.error_count).to eq(0)
+  end
+
   it "runs its thread at the given priority, with a name" do
     @flusher = described_class.new(collector, interval: 30, priority: -2)
     @flusher.start!

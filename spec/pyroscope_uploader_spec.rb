@@ -58,6 +58,25 @@ RSpec.describe MemprofilerPprof::PyroscopeUploader do
     expect(up.inspect).to include("[FILTERED]")
   end
 
+  it "takes credentials given in the address as Basic auth and never shows them" do
+    address = @server.url.sub("http://", "http://123456:glc_url_secret@")
+    up = described_class.new(server_address: address, application_name: "shop", logger: logger)
+    expect(up.upload(data)).to be_ok
+    expect(last_request.headers["authorization"]).to eq("Basic #{['123456:glc_url_secret'].pack('m0')}")
+    expect(up.inspect).not_to include("glc_url_secret")
+    expect(up.server_address).to eq(@server.url)
+    expect { described_class.new(server_address: "ftp://u:glc_url_secret@x", application_name: "a") }
+      .to raise_error(ArgumentError) { |e| expect(e.message).not_to include("glc_url_secret") }
+  end
+
+  it "refuses labels Pyroscope would refuse, and label values the ingest API cannot carry" do
+    expect { uploader(labels: { "a.b" => 1, "a_b" => 2 }) }.to raise_error(ArgumentError, /a\.b and a_b/)
+    expect { uploader(labels: (1..28).to_h { |i| ["l#{i}", i] }) }.to raise_error(ArgumentError, /at most 27/)
+    expect { uploader(api: :ingest, labels: { region: "eu,admin=true" }) }
+      .to raise_error(ArgumentError, /region=.*ingest API/)
+    expect { uploader(headers: { "X-Bad" => "a\r\nInjected: 1" }) }.to raise_error(ArgumentError, /line break/)
+  end
+
   it "retries a 500 and succeeds, losing nothing" do
     @server.fail_next(500)
     result = uploader.upload(data)

@@ -108,9 +108,14 @@ module MemprofilerPprof
       end
       return false if thread == :not_running
 
-      # From on_flush itself (the flusher thread), joining would deadlock;
-      # the thread ends after the callback returns.
-      join_or_kill(thread, "the flush under way") unless thread.nil? || thread.equal?(Thread.current)
+      # From on_flush itself (the flusher thread), joining would deadlock:
+      # the thread ends after the callback returns, and makes the final
+      # flush itself (another thread would wait for the flush lock it holds).
+      if thread.equal?(Thread.current)
+        @final_flush_in_loop = flush
+        return true
+      end
+      join_or_kill(thread, "the flush under way") unless thread.nil?
       if flush
         final = Thread.new { flush_once }
         final.name = "memprofiler_pprof_rs #{log_name} final flush"
@@ -230,6 +235,7 @@ module MemprofilerPprof
       @running = false
       @paused = false
       @generation = 0
+      @final_flush_in_loop = false
     end
 
     def spawn_thread(generation)
@@ -246,6 +252,12 @@ module MemprofilerPprof
         return unless wait_until(next_at, generation)
 
         flush_once
+        if @final_flush_in_loop
+          # stop!(flush: true) was called from on_flush.
+          @final_flush_in_loop = false
+          flush_once
+          return
+        end
         # Counted from the planned time, so a slow flush shortens the next
         # wait; after a very slow one the next starts at once, not in a burst.
         next_at = [next_at + @interval, now].max

@@ -59,7 +59,11 @@ module MemprofilerPprof
       options = config.pyroscope_options
       config.warnings.each do |message|
         text = "memprofiler_pprof_rs: #{message}"
-        logger ? logger.error(text) : warn(text)
+        begin
+          logger ? logger.error(text) : warn(text)
+        rescue StandardError
+          warn(text)
+        end
       end
       options && new(collector, logger: logger, **options, **overrides)
     end
@@ -116,15 +120,18 @@ module MemprofilerPprof
       @pending = []
       @upload_thread = nil
       @uploads_closing = false
+      @uploading = false
     end
 
     def ensure_upload_thread
-      return if @upload_thread&.alive?
+      @upload_lock.synchronize do
+        return if @upload_thread&.alive?
 
-      @uploads_closing = false
-      @upload_thread = Thread.new { upload_loop }
-      @upload_thread.name = "memprofiler_pprof_rs PyroscopeFlusher uploads"
-      @upload_thread.report_on_exception = false
+        @uploads_closing = false
+        @upload_thread = Thread.new { upload_loop }
+        @upload_thread.name = "memprofiler_pprof_rs PyroscopeFlusher uploads"
+        @upload_thread.report_on_exception = false
+      end
     end
 
     def upload_loop
@@ -135,8 +142,12 @@ module MemprofilerPprof
         end
         return if data.nil? # closing, nothing left
 
+        @upload_lock.synchronize { @uploading = true }
         result = @uploader.upload(data)
-        @upload_lock.synchronize { result.ok? ? @uploads_succeeded += 1 : @uploads_failed += 1 }
+        @upload_lock.synchronize do
+          @uploading = false
+          result.ok? ? @uploads_succeeded += 1 : @uploads_failed += 1
+        end
       end
     rescue Exception => e # rubocop:disable Lint/RescueException
       report_error("upload thread stopped", e)
@@ -153,8 +164,18 @@ module MemprofilerPprof
       return if thread.join(@stop_timeout)
 
       thread.kill
+      thread.join(1)
+      # What could not go out is counted, not kept for a later start!.
+      lost = @upload_lock.synchronize do
+        queued = @pending.size
+        @dropped_uploads += queued
+        @uploads_failed += 1 if @uploading
+        @pending.clear
+        queued + (@uploading ? 1 : 0)
+      end
+      @uploading = false
       report_error("stop!", RuntimeError.new("uploads did not finish within #{@stop_timeout}s; " \
-                                             "#{pending_uploads} still queued were dropped"))
+                                             "#{lost} not sent (the one under way counted as failed)"))
     end
 
     # In a forked child: the parent's queued uploads are the parent's.

@@ -2,7 +2,9 @@
 
 require "net/http"
 require "openssl"
+require "timeout"
 require "uri"
+require "zlib"
 
 module MemprofilerPprof
   # Sends profiles to Grafana Pyroscope, through its push API (Connect,
@@ -38,7 +40,9 @@ module MemprofilerPprof
       def ok? = ok
     end
 
-    RETRYABLE_ERRORS = [SystemCallError, IOError, SocketError, Timeout::Error, EOFError].freeze
+    RETRYABLE_ERRORS = [SystemCallError, IOError, SocketError, Timeout::Error, EOFError, Net::ProtocolError,
+                        Net::HTTPBadResponse, Zlib::Error].freeze
+    MAX_BACKOFF = 30.0
 
     attr_reader :server_address, :application_name, :labels, :api, :tenant_id,
                 :open_timeout, :read_timeout, :retries
@@ -47,12 +51,19 @@ module MemprofilerPprof
                    basic_auth_password: nil, tenant_id: nil, headers: {}, open_timeout: 5, read_timeout: 10,
                    retries: 3, retry_base_delay: 0.5, logger: nil, spy_name: "memprofiler_pprof_rs")
       @base = parse_address(server_address)
-      @server_address = server_address
+      # Credentials in the URL (https://user:token@host) become Basic auth;
+      # the address kept and shown never carries them.
+      if @base.userinfo
+        basic_auth_username ||= URI.decode_www_form_component(@base.user.to_s)
+        basic_auth_password ||= URI.decode_www_form_component(@base.password.to_s)
+        @base = URI.parse(@base.to_s.sub(%r{//[^/@]*@}, "//"))
+      end
+      @server_address = @base.to_s
       @application_name = check_application_name(application_name)
-      @labels = check_labels(labels)
       raise ArgumentError, "api must be one of #{APIS.inspect}, got #{api.inspect}" unless APIS.include?(api)
 
       @api = api
+      @labels = check_labels(labels)
       if basic_auth_username.nil? != basic_auth_password.nil?
         raise ArgumentError, "basic_auth_username and basic_auth_password go together (got only one)"
       end
@@ -62,6 +73,11 @@ module MemprofilerPprof
       raise ArgumentError, "headers must be a Hash, got #{headers.class}" unless headers.is_a?(Hash)
 
       @headers = headers.to_h { |k, v| [k.to_s, v.to_s] }
+      @headers.each do |name, value|
+        if "#{name}#{value}".match?(/[\r\n]/) || name.empty?
+          raise ArgumentError, "header #{name.inspect} has an empty name or a line break"
+        end
+      end
       @open_timeout = positive(open_timeout, :open_timeout)
       @read_timeout = positive(read_timeout, :read_timeout)
       unless retries.is_a?(Integer) && retries >= 0
@@ -94,7 +110,7 @@ module MemprofilerPprof
     def inspect
       auth = @basic_auth ? " basic_auth=[FILTERED]" : ""
       tenant = @tenant_id ? " tenant_id=#{@tenant_id}" : ""
-      "#<#{self.class.name} #{@api} #{@base}#{auth}#{tenant} application_name=#{@application_name.inspect}>"
+      "#<#{self.class.name} #{@api} #{@server_address}#{auth}#{tenant} application_name=#{@application_name.inspect}>"
     end
     alias to_s inspect
 
@@ -108,13 +124,18 @@ module MemprofilerPprof
     def parse_address(address)
       uri = URI.parse(address.to_s)
       unless %w[http https].include?(uri.scheme) && uri.host && !uri.host.empty?
-        raise ArgumentError, "server_address must be an http(s) URL, got #{address.inspect}"
+        raise ArgumentError, "server_address must be an http(s) URL, got #{without_credentials(address)}"
       end
 
       uri.path = uri.path.chomp("/")
       uri
     rescue URI::InvalidURIError
-      raise ArgumentError, "server_address must be an http(s) URL, got #{address.inspect}"
+      raise ArgumentError, "server_address must be an http(s) URL, got #{without_credentials(address)}"
+    end
+
+    # For messages: the address with anything between "//" and "@" hidden.
+    def without_credentials(address)
+      address.to_s.sub(%r{//[^/@]*@}, "//[FILTERED]@").inspect
     end
 
     def check_application_name(name)
@@ -126,17 +147,37 @@ module MemprofilerPprof
       name
     end
 
+    # Pyroscope's limits: 30 labels in all (3 are ours), values up to 2048
+    # characters, names compared after '.' becomes '_'.
+    MAX_USER_LABELS = 27
+    MAX_LABEL_VALUE = 2048
+
     def check_labels(labels)
       raise ArgumentError, "labels must be a Hash, got #{labels.class}" unless labels.is_a?(Hash)
+      if labels.size > MAX_USER_LABELS
+        raise ArgumentError, "at most #{MAX_USER_LABELS} labels, got #{labels.size}"
+      end
 
-      labels.to_h do |key, value|
+      checked = labels.to_h do |key, value|
         name = key.to_s
         unless name.match?(LABEL_NAME) && !RESERVED_LABELS.include?(name)
           raise ArgumentError, "label name #{key.inspect} is not allowed (letters, digits, '_' and '.'; " \
                                "not #{RESERVED_LABELS.join(', ')})"
         end
-        [name, value.to_s]
+        value = value.to_s
+        if value.size > MAX_LABEL_VALUE
+          raise ArgumentError, "label #{name} is longer than #{MAX_LABEL_VALUE} characters"
+        end
+        # The ingest API's label-set syntax cannot carry these.
+        if @api == :ingest && value.match?(/[,{}=]/)
+          raise ArgumentError, "label #{name}=#{value.inspect}: the ingest API cannot carry ',', '{', '}' or '='"
+        end
+        [name, value]
       end
+      clash = checked.keys.group_by { |name| name.tr(".", "_") }.find { |_, names| names.size > 1 }
+      raise ArgumentError, "labels #{clash[1].join(' and ')} are the same name to Pyroscope" if clash
+
+      checked
     end
 
     def positive(value, name)
@@ -195,19 +236,23 @@ module MemprofilerPprof
           return Result.new(ok: false, status: status, attempts: attempts, error: error)
         end
 
-        sleep(rand * @retry_base_delay * (2**(attempts - 1)))
+        sleep(rand * [@retry_base_delay * (2**(attempts - 1)), MAX_BACKOFF].min)
       end
     end
 
     # One HTTP exchange: [status, error]. Logs failures (never credentials).
     def attempt(request)
-      http = Net::HTTP.new(@base.host, @base.port)
+      http = Net::HTTP.new(@base.hostname, @base.port) # hostname: IPv6 without brackets
       http.use_ssl = @base.scheme == "https"
       http.verify_mode = OpenSSL::SSL::VERIFY_PEER if http.use_ssl?
       http.open_timeout = @open_timeout
       http.read_timeout = @read_timeout
       http.write_timeout = @read_timeout if http.respond_to?(:write_timeout=)
-      response = http.start { |connection| connection.request(request) }
+      # The timeouts bound each read; this bounds the whole exchange (a
+      # server trickling bytes).
+      response = Timeout.timeout(@open_timeout + (2 * @read_timeout)) do
+        http.start { |connection| connection.request(request) }
+      end
       status = response.code.to_i
       unless status < 300
         log("#{request.method} #{request.path.split('?').first} answered #{status}: #{response.body.to_s[0, 300]}")

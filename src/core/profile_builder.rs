@@ -209,11 +209,25 @@ impl<'a> ProfileBuilder<'a> {
             let frames = snapshot.stacks.get(stack).map_or(1, |f| f.len().max(1));
             3 * frames + 72
         };
+        // Every (frame, line) may be a location, and for a C frame also a
+        // function of its own (C frames take their caller's file).
+        let mut locations: std::collections::HashSet<(FrameRef, i32)> = Default::default();
+        for frames in snapshot.stacks.values() {
+            locations.extend(frames.iter().map(|f| (f.frame, f.line)));
+        }
+        let c_frame_functions: usize = locations
+            .iter()
+            .filter_map(|(frame, _)| self.frames.get(frame))
+            .filter(|info| info.filename.is_none())
+            .map(|info| 48 + info.name.len())
+            .sum();
         let tables: usize = self
             .frames
             .values()
             .map(|info| 48 + info.name.len() + info.filename.as_ref().map_or(0, String::len))
             .sum::<usize>()
+            + 28 * locations.len()
+            + c_frame_functions
             + self
                 .classes
                 .values()
@@ -265,6 +279,7 @@ impl<'a> ProfileBuilder<'a> {
         mut self,
         snapshot: &FlushSnapshot,
         meta: &ProfileMeta,
+        fold_target: Option<usize>,
         mut emit: impl FnMut(pprof::Sample),
     ) -> (pprof::Profile, usize) {
         for (name, unit) in SAMPLE_TYPES {
@@ -287,7 +302,7 @@ impl<'a> ProfileBuilder<'a> {
         }
         let mut merged: Vec<_> = merged.into_iter().collect();
         merged.sort_by_key(|(key, _)| *key);
-        let folded = match meta.max_raw_bytes {
+        let folded = match fold_target {
             Some(max) => self.fold_to_fit(&mut merged, snapshot, max),
             None => None,
         };
@@ -405,7 +420,9 @@ pub fn build_profile(
 ) -> pprof::Profile {
     let mut samples = Vec::new();
     let (mut profile, _) =
-        ProfileBuilder::new(frames, classes).build(snapshot, meta, |sample| samples.push(sample));
+        ProfileBuilder::new(frames, classes).build(snapshot, meta, meta.max_raw_bytes, |sample| {
+            samples.push(sample)
+        });
     profile.sample = samples;
     profile
 }
@@ -432,29 +449,72 @@ const PROFILE_SAMPLE_FIELD: u32 = 2;
 /// come in any order, so the samples go first and the tables they filled
 /// (locations, functions, strings) after them.
 /// Returns the gzipped bytes and how many samples were folded into
-/// "(other)" to respect `meta.max_raw_bytes`.
+/// "(other)" to respect `meta.max_raw_bytes`. The size estimate behind the
+/// folding is conservative, but if the encoded profile still came out too
+/// large it is built again with a proportionally smaller target.
 pub fn build_profile_gzipped(
     snapshot: &FlushSnapshot,
     frames: &FastHashMap<FrameRef, FrameInfo>,
     classes: &FastHashMap<ClassRef, String>,
     meta: &ProfileMeta,
 ) -> (Vec<u8>, usize) {
-    let mut encoder = GzEncoder::new(Vec::new(), Compression::new(6));
+    let Some(max) = meta.max_raw_bytes else {
+        let (gz, folded, _) = encode_streamed(snapshot, frames, classes, meta, None);
+        return (gz, folded);
+    };
+    let mut target = max;
+    loop {
+        let (gz, folded, raw_len) = encode_streamed(snapshot, frames, classes, meta, Some(target));
+        if raw_len <= max || target < 1_024 {
+            return (gz, folded);
+        }
+        target = (target as f64 * (max as f64 / raw_len as f64) * 0.9) as usize;
+    }
+}
+
+/// Counts what goes through it (the uncompressed size).
+struct CountingWriter<W> {
+    inner: W,
+    written: usize,
+}
+
+impl<W: Write> Write for CountingWriter<W> {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(bytes)?;
+        self.written += n;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// One streamed build: gzipped bytes, samples folded, uncompressed size.
+fn encode_streamed(
+    snapshot: &FlushSnapshot,
+    frames: &FastHashMap<FrameRef, FrameInfo>,
+    classes: &FastHashMap<ClassRef, String>,
+    meta: &ProfileMeta,
+    fold_target: Option<usize>,
+) -> (Vec<u8>, usize, usize) {
+    let mut out = CountingWriter {
+        inner: GzEncoder::new(Vec::new(), Compression::new(6)),
+        written: 0,
+    };
     let mut buffer = Vec::new();
-    let (profile, folded) = ProfileBuilder::new(frames, classes).build(snapshot, meta, |sample| {
-        buffer.clear();
-        prost::encoding::message::encode(PROFILE_SAMPLE_FIELD, &sample, &mut buffer);
-        encoder
-            .write_all(&buffer)
-            .expect("writing to a Vec cannot fail");
-    });
-    encoder
-        .write_all(&profile.encode_to_vec())
+    let (profile, folded) =
+        ProfileBuilder::new(frames, classes).build(snapshot, meta, fold_target, |sample| {
+            buffer.clear();
+            prost::encoding::message::encode(PROFILE_SAMPLE_FIELD, &sample, &mut buffer);
+            out.write_all(&buffer)
+                .expect("writing to a Vec cannot fail");
+        });
+    out.write_all(&profile.encode_to_vec())
         .expect("writing to a Vec cannot fail");
-    (
-        encoder.finish().expect("writing to a Vec cannot fail"),
-        folded,
-    )
+    let raw_len = out.written;
+    let gz = out.inner.finish().expect("writing to a Vec cannot fail");
+    (gz, folded, raw_len)
 }
 
 #[cfg(test)]
@@ -753,6 +813,45 @@ mod tests {
             .flat_map(|s| function_names(&profile, s))
             .collect();
         assert!(names.iter().any(|n| n.starts_with("(other)")));
+    }
+
+    #[test]
+    fn the_size_limit_holds_when_methods_appear_at_many_lines() {
+        let mut state = SamplerState::new(GapSampler::new(1.0, 1), 10_000, 10_000);
+        let mut frames = FastHashMap::default();
+        for i in 0..3_000u64 {
+            // 20 methods only, but each sample at other lines: thousands of
+            // locations for few functions.
+            let stack: Vec<Frame> = (0..30)
+                .map(|d| frame(8 * (1 + (d % 20)), (i * 31 + d) as i32))
+                .collect();
+            let admission = state.admission();
+            state.record_allocation(
+                0x10_0000 + i as usize * 40,
+                ObjectInfo::default(),
+                &stack,
+                1.0,
+                admission,
+            );
+        }
+        for f in 1..=20u64 {
+            frames.insert(8 * f, info(&format!("M{f}#m"), Some("app.rb"), 1));
+        }
+        state.measure_pending(|_| Some(40));
+        let snapshot = state.take_snapshot(0, |_| Some(40));
+        for limit in [100_000, 30_000] {
+            let limited = ProfileMeta {
+                max_raw_bytes: Some(limit),
+                ..meta()
+            };
+            let (gz, folded) = build_profile_gzipped(&snapshot, &frames, &classes(), &limited);
+            let mut raw = Vec::new();
+            GzDecoder::new(&gz[..])
+                .read_to_end(&mut raw)
+                .expect("gunzip");
+            assert!(folded > 0);
+            assert!(raw.len() <= limit, "{} > {}", raw.len(), limit);
+        }
     }
 
     #[test]
