@@ -106,20 +106,11 @@ RSpec.describe MemprofilerPprof::PyroscopeUploader do
 
   # A profile Pyroscope must refuse: a sample type name with '-'.
   def profile_with_dash
-    varint = lambda do |value|
-      bytes = +""
-      loop do
-        byte = value & 0x7f
-        value >>= 7
-        bytes << (value.zero? ? byte : byte | 0x80).chr
-        break bytes.b if value.zero?
-      end
-    end
-    field = ->(number, data) { varint.call((number << 3) | 2) + varint.call(data.bytesize) + data.b }
-    value_type = "\x08\x01\x10\x02".b
-    strings = ["", "alloc-objects", "count"].map { |text| field.call(6, text) }.join
-    now = varint.call(9 << 3) + varint.call(Time.now.to_i * 1_000_000_000)
-    Zlib.gzip(field.call(1, value_type) + strings + now)
+    wire = MemprofilerPprof::PyroscopeUploader::Protobuf
+    value_type = "\x08\x01\x10\x02".b # type: string 1, unit: string 2
+    strings = ["", "alloc-objects", "count"].map { |text| wire.bytes(6, text) }.join
+    now = wire.varint(9 << 3) + wire.varint(Time.now.to_i * 1_000_000_000) # time_nanos
+    Zlib.gzip(wire.bytes(1, value_type) + strings + now)
   end
 
   it "is refused (400, not retried) for a profile the server rejects, with the reason logged" do
