@@ -189,6 +189,19 @@ RSpec.describe "memprofiler_pprof_rs_profile" do
     server&.stop
   end
 
+  it "also writes files when a file pattern is set together with Pyroscope" do
+    server = FakePyroscope.new
+    script = write_script
+    _out, err, status = run_wrapped(RbConfig.ruby, script, env: { "PYROSCOPE_SERVER_ADDRESS" => server.url })
+    expect(status).to be_success, err
+    expect(server.all_requests.map(&:status)).to eq([200])
+    expect(profile_paths.size).to eq(1)
+    expect(total_through(parse_profile(File.binread(profile_paths.first)), "WrappedApp#fill", "alloc_objects"))
+      .to be_positive
+  ensure
+    server&.stop
+  end
+
   it "reports an unusable Pyroscope setting by name and still runs" do
     script = write_script
     out, err, status = run_wrapped(RbConfig.ruby, script, env: {

@@ -81,14 +81,22 @@ module MemprofilerPprof
       File.join(Dir.pwd.gsub("%", "%%"), pattern)
     end
 
-    private
-
-    def handle_flush(data)
+    # Writes one profile as a flush would (next name from the pattern, never
+    # overwriting, keep: applied) without flushing; returns its path. For
+    # code that flushes by other means, e.g. an on_flush of another flusher.
+    def write(data)
       path = write_without_overwriting(data, path_for)
       @index += 1
       @last_path = path
       @written << path
       delete_old_files
+      path
+    end
+
+    private
+
+    def handle_flush(data)
+      write(data)
       super
     end
 

@@ -38,7 +38,7 @@ module MemprofilerPprof
       # An on_flush that also writes each profile to the configured files.
       def file_writer(config)
         files = FileFlusher.new(@collector, **config.file_flusher_options)
-        ->(data) { files.send(:handle_flush, data) }
+        files.method(:write)
       end
 
       def report(message)

@@ -537,6 +537,12 @@ mod tests {
         Frame { frame, line }
     }
 
+    /// Records a sampled allocation of `object` with `stack` (weight 1).
+    fn record(state: &mut SamplerState, object: usize, stack: &[Frame]) {
+        let admission = state.admission();
+        state.record_allocation(object, ObjectInfo::default(), stack, 1.0, admission);
+    }
+
     /// A profile with two samples of one stack, one of another, and a C frame.
     fn example() -> (FlushSnapshot, FastHashMap<FrameRef, FrameInfo>) {
         let mut state = SamplerState::new(GapSampler::new(1.0, 1), 100, 100);
@@ -544,14 +550,7 @@ mod tests {
         let leaf_c = [frame(24, 0), frame(8, 12), frame(16, 30)];
         let plain = [frame(8, 14), frame(16, 30)];
         for (i, stack) in [&leaf_c[..], &leaf_c[..], &plain[..]].iter().enumerate() {
-            let admission = state.admission();
-            state.record_allocation(
-                0x1000 + i * 40,
-                ObjectInfo::default(),
-                stack,
-                1.0,
-                admission,
-            );
+            record(&mut state, 0x1000 + i * 40, stack);
         }
         state.measure_pending(|_| Some(40));
         let snapshot = state.take_snapshot(0, |_| Some(40));
@@ -719,8 +718,7 @@ mod tests {
             (0x2000, vec![frame(16, 0)]), // only frame: kept
             (0x3000, vec![]),
         ] {
-            let admission = state.admission();
-            state.record_allocation(object, ObjectInfo::default(), &stack, 1.0, admission);
+            record(&mut state, object, &stack);
         }
         let snapshot = state.take_snapshot(0, |_| Some(40));
         let mut frames = FastHashMap::default();
@@ -770,14 +768,7 @@ mod tests {
             let stack: Vec<Frame> = (0..40)
                 .map(|d| frame(8 * (1 + (i * 40 + d) % 3_000), d as i32))
                 .collect();
-            let admission = state.admission();
-            state.record_allocation(
-                0x10_0000 + i as usize * 40,
-                ObjectInfo::default(),
-                &stack,
-                1.0,
-                admission,
-            );
+            record(&mut state, 0x10_0000 + i as usize * 40, &stack);
         }
         for f in 1..=3_000u64 {
             frames.insert(8 * f, info(&format!("M{f}#m"), Some("app.rb"), 1));
@@ -825,14 +816,7 @@ mod tests {
             let stack: Vec<Frame> = (0..30)
                 .map(|d| frame(8 * (1 + (d % 20)), (i * 31 + d) as i32))
                 .collect();
-            let admission = state.admission();
-            state.record_allocation(
-                0x10_0000 + i as usize * 40,
-                ObjectInfo::default(),
-                &stack,
-                1.0,
-                admission,
-            );
+            record(&mut state, 0x10_0000 + i as usize * 40, &stack);
         }
         for f in 1..=20u64 {
             frames.insert(8 * f, info(&format!("M{f}#m"), Some("app.rb"), 1));
