@@ -256,6 +256,11 @@ impl StackTable {
         self.stacks
     }
 
+    /// Distinct frames the stored stacks hold (each keeps a Ruby object alive).
+    pub fn frame_count(&self) -> usize {
+        self.live_frames().count()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.stacks == 0
     }

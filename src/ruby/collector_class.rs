@@ -298,6 +298,22 @@ unsafe extern "C" fn live_heap_samples_count(rb_self: VALUE) -> VALUE {
     })
 }
 
+/// [stored stacks, frames they hold]: for bench/memory_bounds.rb and specs
+/// that check unreferenced stacks and frames are let go.
+unsafe extern "C" fn table_sizes(rb_self: VALUE) -> VALUE {
+    method_entry(|| {
+        let (stacks, frames) = collector_of(rb_self)?
+            .with_sampler(|s| (s.state.stacks().len(), s.state.stacks().frame_count()))?;
+        // SAFETY: allocates a two-element Array of Integers; under protect.
+        protect(|| unsafe {
+            let pair = rb_ary_new_capa(2);
+            rb_ary_push(pair, rb_ull2inum(stacks as u64));
+            rb_ary_push(pair, rb_ull2inum(frames as u64));
+            pair
+        })
+    })
+}
+
 unsafe extern "C" fn internal_error_count(rb_self: VALUE) -> VALUE {
     method_entry(|| ruby_uint(collector_of(rb_self)?.internal_errors()))
 }
@@ -453,5 +469,6 @@ pub fn methods() -> Vec<MethodDef> {
             true
         ),
         method_def!(c"_native_flush", native_flush, 3, true),
+        method_def!(c"_native_table_sizes", table_sizes, 0, true),
     ]
 }
