@@ -188,7 +188,7 @@ mod tests {
             .map(|_| {
                 let lock = Arc::clone(&lock);
                 std::thread::spawn(move || {
-                    for _ in 0..10_000 {
+                    for _ in 0..crate::core::miri_scaled(10_000) {
                         *lock.lock().expect("lock") += 1;
                     }
                 })
@@ -197,10 +197,14 @@ mod tests {
         for t in threads {
             t.join().expect("thread");
         }
-        assert_eq!(*lock.lock().expect("lock"), 40_000);
+        assert_eq!(
+            *lock.lock().expect("lock"),
+            4 * crate::core::miri_scaled(10_000) as u64
+        );
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "Miri cannot fork")]
     fn a_forked_child_gets_a_usable_lock() {
         let lock = SamplerLock::new(7u32);
         lock.lock_for_fork();

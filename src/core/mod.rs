@@ -12,3 +12,18 @@ pub mod sample_gate;
 pub mod sampler_state;
 pub mod stack_table;
 pub mod string_table;
+
+/// A test's loop count, cut to 1% under Miri (which interprets every
+/// instruction, about 1,000x slower) so `script/memcheck` finishes.
+#[cfg(test)]
+pub(crate) const fn miri_scaled(n: usize) -> usize {
+    if cfg!(miri) {
+        if n >= 100 {
+            n / 100
+        } else {
+            1
+        }
+    } else {
+        n
+    }
+}

@@ -761,6 +761,10 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "thousands of samples through gzip, no unsafe code; too slow under Miri"
+    )]
     fn samples_are_folded_into_other_to_fit_a_size_limit_with_totals_kept() {
         let mut state = SamplerState::new(GapSampler::new(1.0, 1), 10_000, 10_000);
         let mut frames = FastHashMap::default();
@@ -807,6 +811,10 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "thousands of samples through gzip, no unsafe code; too slow under Miri"
+    )]
     fn the_size_limit_holds_when_methods_appear_at_many_lines() {
         let mut state = SamplerState::new(GapSampler::new(1.0, 1), 10_000, 10_000);
         let mut frames = FastHashMap::default();

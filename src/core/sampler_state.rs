@@ -1009,6 +1009,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "statistical, no unsafe code; too slow under Miri")]
     fn a_full_live_map_thins_but_still_estimates_the_whole_live_heap() {
         let mut errors = Vec::new();
         for seed in 0..20 {
@@ -1066,6 +1067,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "statistical, no unsafe code; too slow under Miri")]
     fn a_full_allocation_list_keeps_a_uniform_sample_of_the_whole_interval() {
         // 1,000 early allocations from one stack, then 1,000 late ones from
         // another, through a list of 100: the late ones must not be lost.
@@ -1324,7 +1326,7 @@ mod tests {
         let mut st = SamplerState::new(GapSampler::new(1.0, 3), 50, 300);
         let mut rng = SmallRng::seed_from_u64(5);
         let filter = st.free_filter();
-        for round in 0..20_000u64 {
+        for round in 0..crate::core::miri_scaled(20_000) as u64 {
             let object = 0x10_0000 + (rng.random::<u64>() % 2_000) as usize * 40;
             match rng.random::<u32>() % 10 {
                 0..=4 => {
