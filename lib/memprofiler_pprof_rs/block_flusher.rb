@@ -53,7 +53,9 @@ module MemprofilerPprof
       @stop_timeout = stop_timeout.to_f
       @logger = logger
       @on_flush = on_flush
-      @priority = priority
+      # Thread#priority= clamps to -3..3 but raises RangeError on an Integer
+      # beyond a C long, which start! would only find out too late.
+      @priority = priority&.clamp(-3, 3)
       @yield_gvl = self.class.check_flag(yield_gvl, :yield_gvl)
       @proactively_yield_gvl = self.class.check_flag(proactively_yield_gvl, :proactively_yield_gvl)
       @flush_on_stop = self.class.check_flag(flush_on_stop, :flush_on_stop)

@@ -122,17 +122,30 @@ module MemprofilerPprof
         raise ArgumentError, "max_profile_bytes must be a positive Integer or nil, got #{max_profile_bytes.inspect}"
       end
 
-      @flush_lock.synchronize do
-        ProfileData.from_native(_native_flush(yield_gvl, proactively_yield_gvl, max_profile_bytes))
-      end
-    rescue ThreadError => e
-      raise unless e.message.include?("trap context")
+      # (No extra method call on the common path: the first call of each
+      # call site allocates an inline cache, which the flush would sample.)
+      lock = @flush_lock || flush_lock
+      begin
+        lock.synchronize do
+          ProfileData.from_native(_native_flush(yield_gvl, proactively_yield_gvl, max_profile_bytes))
+        end
+      rescue ThreadError => e
+        # A flush interrupted by a finalizer or a signal trap on its own
+        # thread, which flushes again: waiting for the outer flush would
+        # wait forever (in a trap handler, even SIGTERM could not end the
+        # process).
+        if lock.owned?
+          raise "#{self.class}#flush called while this thread is already flushing this collector " \
+                "(from a finalizer or signal trap that interrupted the flush?)"
+        end
+        raise unless e.message.include?("trap context")
 
-      # Mutex#synchronize refuses to run in a signal trap handler; another
-      # thread may, and the handler waits for it.
-      Thread.new do
-        flush(yield_gvl: yield_gvl, proactively_yield_gvl: proactively_yield_gvl, max_profile_bytes: max_profile_bytes)
-      end.value
+        # Mutex#synchronize refuses to run in a signal trap handler; another
+        # thread may, and the handler waits for it.
+        Thread.new do
+          flush(yield_gvl: yield_gvl, proactively_yield_gvl: proactively_yield_gvl, max_profile_bytes: max_profile_bytes)
+        end.value
+      end
     end
 
     # start!, run the block, flush, stop!; returns the ProfileData. The hooks
@@ -149,24 +162,35 @@ module MemprofilerPprof
       end
     end
 
+    # Guards creation of the flush lock of a subclass whose initialize does
+    # not call super (the native part works without initialize).
+    FLUSH_LOCK_GUARD = Mutex.new
+    private_constant :FLUSH_LOCK_GUARD
+
     # Hook failures caught inside the extension (should stay 0; for diagnosis).
     def internal_error_count
       _native_internal_error_count
     end
 
+    private def flush_lock
+      @flush_lock || FLUSH_LOCK_GUARD.synchronize { @flush_lock ||= Mutex.new }
+    end
+
     # ----- argument checks (shared by initialize and the setters) -----
 
+    # Any real Numeric (Integer, Float, Rational, BigDecimal, ...); objects
+    # that merely respond to to_f are refused, as Ruby's own Float
+    # arguments refuse them.
     def self.validate_fraction(rate, name)
-      unless rate.is_a?(Integer) || rate.is_a?(Float) || rate.is_a?(Rational)
+      float = rate.to_f if rate.is_a?(Numeric) && rate.real?
+      unless float.is_a?(Float)
         raise TypeError, "#{name} must be a Float between 0.0 and 1.0, got #{rate.inspect}"
       end
-
-      rate = rate.to_f
-      unless rate.finite? && rate >= 0.0 && rate <= 1.0
+      unless float.finite? && float >= 0.0 && float <= 1.0
         raise ArgumentError, "#{name} must be between 0.0 and 1.0, got #{rate.inspect}"
       end
 
-      rate
+      float + 0.0 # -0.0 becomes 0.0
     end
 
     # Largest cap passed to the extension; larger values mean "no cap" anyway.

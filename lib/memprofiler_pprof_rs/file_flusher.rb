@@ -53,9 +53,13 @@ module MemprofilerPprof
     def self.validate_pattern(pattern)
       pattern = pattern.to_path if pattern.respond_to?(:to_path)
       raise ArgumentError, "pattern must be a String, got #{pattern.inspect}" unless pattern.is_a?(String)
+      # File names are bytes: a pattern whose bytes are not valid in its
+      # encoding (say, read from a directory listing) is used as bytes.
+      pattern = pattern.b unless pattern.valid_encoding?
       if pattern.empty? || pattern.end_with?("/")
         raise ArgumentError, "pattern must name a file, got #{pattern.inspect}"
       end
+      raise ArgumentError, "pattern must not contain a NUL byte, got #{pattern.inspect}" if pattern.include?("\0")
 
       # Only named references (and %%) are allowed: a bare %s would print
       # the whole hash of values into the file name.
@@ -78,7 +82,12 @@ module MemprofilerPprof
       return pattern if pattern.start_with?("/")
 
       # A `%` in the working directory's name is literal, not a format.
-      File.join(Dir.pwd.gsub("%", "%%"), pattern)
+      directory = Dir.pwd.gsub("%", "%%")
+      begin
+        File.join(directory, pattern)
+      rescue Encoding::CompatibilityError
+        File.join(directory.b, pattern.b)
+      end
     end
 
     # Writes one profile as a flush would (next name from the pattern, never

@@ -70,11 +70,14 @@ module MemprofilerPprof
 
       @basic_auth = basic_auth_username && [basic_auth_username.to_s, basic_auth_password.to_s]
       @tenant_id = tenant_id&.to_s
+      if @tenant_id && (@tenant_id.empty? || @tenant_id.b.match?(/[\r\n\0]/n))
+        raise ArgumentError, "tenant_id must be a non-empty String without line breaks, got #{@tenant_id.inspect}"
+      end
       raise ArgumentError, "headers must be a Hash, got #{headers.class}" unless headers.is_a?(Hash)
 
       @headers = headers.to_h { |k, v| [k.to_s, v.to_s] }
       @headers.each do |name, value|
-        if "#{name}#{value}".match?(/[\r\n]/) || name.empty?
+        if "#{name.b}#{value.b}".match?(/[\r\n\0]/n) || name.empty?
           raise ArgumentError, "header #{name.inspect} has an empty name or a line break"
         end
       end
@@ -98,6 +101,9 @@ module MemprofilerPprof
     # for the ingest API). Returns a Result; never raises.
     def upload(data, from: nil, to: nil)
       bytes = data.respond_to?(:pprof_data) ? data.pprof_data : data
+      unless bytes.is_a?(String)
+        raise TypeError, "upload needs a ProfileData or a String of gzipped pprof bytes, got #{data.inspect[0, 100]}"
+      end
       from ||= data.respond_to?(:started_at) ? data.started_at : nil
       to ||= data.respond_to?(:finished_at) ? data.finished_at : nil
       request = build_request(bytes.b, from || Time.now, to || Time.now)

@@ -7,7 +7,7 @@ use rb_sys::{
 };
 
 use super::errors::{protect, RbResult};
-use super::frames::rust_string;
+use super::frames::utf8_string;
 use crate::core::fast_hash::FastHashMap;
 use crate::core::sampler_state::{ClassRef, ObjectInfo};
 
@@ -95,7 +95,7 @@ fn class_name(klass: VALUE) -> RbResult<Option<String>> {
     // SAFETY: `klass` is a live class; rb_class_name may allocate, so it
     // runs under protect.
     let name = protect(|| unsafe { rb_class_name(klass) })?;
-    Ok(rust_string(name).filter(|n| !n.starts_with("#<")))
+    Ok(utf8_string(name)?.filter(|n| !n.starts_with("#<")))
 }
 
 /// The class's name; for an anonymous class (`Class.new(Foo)`), its nearest

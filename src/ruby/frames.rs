@@ -5,9 +5,10 @@ use std::ffi::c_int;
 use std::sync::Arc;
 
 use rb_sys::{
-    rb_profile_frame_first_lineno, rb_profile_frame_full_label, rb_profile_frame_path,
-    rb_profile_frames, ruby_value_type, FIX2LONG, FIXNUM_P, NIL_P, RB_TYPE_P, RSTRING_LEN,
-    RSTRING_PTR, VALUE,
+    rb_ascii8bit_encindex, rb_enc_get, rb_enc_get_index, rb_profile_frame_first_lineno,
+    rb_profile_frame_full_label, rb_profile_frame_path, rb_profile_frames, rb_str_conv_enc,
+    rb_usascii_encindex, rb_utf8_encindex, rb_utf8_encoding, ruby_value_type, FIX2LONG, FIXNUM_P,
+    NIL_P, RB_TYPE_P, RSTRING_LEN, RSTRING_PTR, VALUE,
 };
 
 use super::errors::{protect, RbResult};
@@ -93,6 +94,37 @@ pub fn rust_string(value: VALUE) -> Option<String> {
     Some(String::from_utf8_lossy(bytes).into_owned())
 }
 
+/// A name or path as UTF-8, for the profile: a String in another encoding
+/// (a class or method named in ISO-8859-1 or Shift_JIS source) is converted
+/// from it first; bytes that are still not UTF-8 (binary names, invalid
+/// sequences) become U+FFFD. Calls into Ruby (allocates), so only at flush.
+pub fn utf8_string(value: VALUE) -> RbResult<Option<String>> {
+    // SAFETY: RB_TYPE_P reads the flags only; for a String the encoding
+    // index is read from its header (no allocation, no raise).
+    let is_string = !NIL_P(value) && unsafe { RB_TYPE_P(value, ruby_value_type::RUBY_T_STRING) };
+    if !is_string {
+        return Ok(None);
+    }
+    // SAFETY: `value` is a String (checked above).
+    let index = unsafe { rb_enc_get_index(value) };
+    // SAFETY: these read Ruby's fixed encoding table indexes.
+    let plain = unsafe {
+        [
+            rb_utf8_encindex(),
+            rb_usascii_encindex(),
+            rb_ascii8bit_encindex(),
+        ]
+    };
+    if plain.contains(&index) {
+        return Ok(rust_string(value));
+    }
+    // SAFETY: `value` is a String; rb_str_conv_enc allocates the converted
+    // copy (under protect) and returns `value` itself when it cannot convert.
+    let converted =
+        protect(|| unsafe { rb_str_conv_enc(value, rb_enc_get(value), rb_utf8_encoding()) })?;
+    Ok(rust_string(converted))
+}
+
 /// Names, files and first lines of every frame in `stacks`. Calls into Ruby
 /// (which allocates), so it must run without the sampler lock held; the
 /// frames stay alive because the stack table still holds (and marks) them.
@@ -116,9 +148,9 @@ pub fn resolve_frames(
             // SAFETY (all three): `value` is a frame from rb_profile_frames,
             // kept alive by the collector's mark function.
             let label = protect(|| unsafe { rb_profile_frame_full_label(value) })?;
-            let name = rust_string(label).unwrap_or_else(|| "(unknown)".to_string());
+            let name = utf8_string(label)?.unwrap_or_else(|| "(unknown)".to_string());
             let path = protect(|| unsafe { rb_profile_frame_path(value) })?;
-            let filename = rust_string(path);
+            let filename = utf8_string(path)?;
             let first_line = protect(|| unsafe { rb_profile_frame_first_lineno(value) })?;
             let start_line = if FIXNUM_P(first_line) {
                 // SAFETY: checked to be a Fixnum.
