@@ -245,7 +245,10 @@ module MemprofilerPprof
     # Prepended to Ractor's singleton class.
     module PauseSamplingOnNew
       def new(*args, **kwargs, &block)
-        MemprofilerPprof::RactorSafety.ractor_created!
+        # A Ractor made by another Ractor: Ractors already exist, so the
+        # hooks are already off, and module state is not writable there
+        # (trying would make every nested Ractor.new raise IsolationError).
+        MemprofilerPprof::RactorSafety.ractor_created! if Ractor.current == Ractor.main
         super
       end
     end
