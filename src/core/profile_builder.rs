@@ -27,16 +27,7 @@ type SampleKey = (StackId, ClassRef, Option<u32>);
 type MergedSample = (SampleKey, [f64; 4]);
 use super::string_table::StringTable;
 
-/// What the binding layer found out about a frame at flush time.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FrameInfo {
-    /// Ruby's label: `Foo#bar`, `block in Foo#bar`, `Integer#times`, `<main>`.
-    pub name: String,
-    /// Source file; None for methods implemented in C, which are shown at
-    /// their caller's file and line, as Ruby's own backtraces do.
-    pub filename: Option<String>,
-    pub start_line: i64,
-}
+pub use super::stack_table::FrameInfo;
 
 /// Profile-wide facts that are not in the snapshot.
 #[derive(Debug, Clone, Default)]

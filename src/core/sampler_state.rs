@@ -15,7 +15,7 @@ use rand::{RngExt, SeedableRng};
 use super::address_filter::{AddressFilter, DEFAULT_BUCKETS_LOG2};
 use super::fast_hash::FastHashMap;
 use super::sample_gate::{mix_seed, GapSampler};
-use super::stack_table::{Frame, StackId, StackTable};
+use super::stack_table::{Frame, FrameInfo, FrameRef, StackId, StackTable};
 
 /// Address of a sampled Ruby object (its VALUE). Never dereferenced here.
 pub type ObjectAddress = usize;
@@ -146,6 +146,9 @@ struct FlushInProgress {
 pub struct FlushSnapshot {
     pub samples: Vec<FlushedSample>,
     pub stacks: FastHashMap<StackId, Arc<[Frame]>>,
+    /// Names of the resolved frames (held by name since an earlier flush)
+    /// that `stacks` contains; the binding layer names the others.
+    pub resolved_frames: FastHashMap<FrameRef, FrameInfo>,
     pub allocation_samples: usize,
     pub heap_samples: usize,
     pub drops: DropCounters,
@@ -771,6 +774,16 @@ impl SamplerState {
                 .entry(sample.stack)
                 .or_insert_with(|| self.stacks.frames(sample.stack));
         }
+        for frames in snapshot.stacks.values() {
+            for frame in frames.iter() {
+                if let Some(info) = self.stacks.resolved_info(frame.frame) {
+                    snapshot
+                        .resolved_frames
+                        .entry(frame.frame)
+                        .or_insert_with(|| info.clone());
+                }
+            }
+        }
         let mut classes: Vec<ClassRef> = snapshot.samples.iter().map(|s| s.class).collect();
         classes.sort_unstable();
         classes.dedup();
@@ -787,6 +800,21 @@ impl SamplerState {
                 if id != TOMBSTONE {
                     self.release(id);
                 }
+            }
+        }
+    }
+
+    /// After a flush has named its frames (`names`): the stacks hold those
+    /// frames by name from now on instead of keeping the Ruby objects alive
+    /// (see `StackTable::detach_frames`); samples of merged stacks move.
+    pub fn detach_resolved_frames(&mut self, names: &FastHashMap<FrameRef, FrameInfo>) {
+        let moved = self.stacks.detach_frames(names);
+        if moved.is_empty() {
+            return;
+        }
+        for record in self.records.iter_mut().filter(|r| r.refs > 0) {
+            if let Some(&stack) = moved.get(&record.stack) {
+                record.stack = stack;
             }
         }
     }
@@ -973,6 +1001,52 @@ mod tests {
         st.finish_flush();
         assert!(third.samples.is_empty());
         assert!(st.stacks().is_empty(), "unused stacks are pruned");
+    }
+
+    fn names(entries: &[(u64, &str)]) -> FastHashMap<FrameRef, FrameInfo> {
+        entries
+            .iter()
+            .map(|&(frame, name)| {
+                let info = FrameInfo {
+                    name: name.to_string(),
+                    filename: None,
+                    start_line: 0,
+                };
+                (frame, info)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn named_frames_let_go_of_ruby_objects_and_samples_follow_merged_stacks() {
+        let mut st = state(100, 100);
+        record(&mut st, 0x1000, &[8, 16]);
+        st.measure_pending(|_| Some(40));
+        let first = st.take_snapshot(0, |_| Some(40));
+        st.detach_resolved_frames(&names(&[(8, "A#a"), (16, "<main>")]));
+        st.finish_flush();
+        assert_eq!(st.stacks().frame_count(), 0);
+        // The next interval: the same path, its method entry elsewhere.
+        record(&mut st, 0x2000, &[24, 16]);
+        st.measure_pending(|_| Some(40));
+        let second = st.take_snapshot(0, |_| Some(40));
+        // Both samples are in the profile; the new one's names come from
+        // the flush, the old one's from the table.
+        assert_eq!(totals(&second), [1.0, 40.0, 2.0, 80.0]);
+        assert_eq!(second.resolved_frames.len(), 2);
+        st.detach_resolved_frames(&names(&[(24, "A#a"), (16, "<main>")]));
+        st.finish_flush();
+        assert_eq!(st.stacks().len(), 1, "the two stacks merged");
+        assert_eq!(st.stacks().frame_count(), 0);
+        // Frees release the merged stack through both samples.
+        assert!(st.record_free(0x1000));
+        assert!(st.record_free(0x2000));
+        let third = st.take_snapshot(0, |_| Some(40));
+        st.finish_flush();
+        assert!(third.samples.is_empty());
+        assert!(st.stacks().is_empty());
+        assert_eq!(st.stacks().resolved_frame_count(), 0);
+        assert_eq!(first.stacks.len(), 1);
     }
 
     #[test]

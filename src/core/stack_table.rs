@@ -3,6 +3,15 @@
 //! refcounted by the samples that use them; stacks nobody uses are removed
 //! by `prune` (called at flush, never from an allocation hook), which also
 //! tells which frames no longer need to be kept alive.
+//!
+//! A frame starts as a Ruby object (a method entry or iseq, kept alive by
+//! the collector's mark function). Once a flush has named it, `detach_frames`
+//! replaces it by its name ("resolved frame"), so the collector stops keeping
+//! the Ruby object alive. Otherwise a sampled object that its own method's
+//! code refers to (an inline cache made on the method's first call, a
+//! constant) would keep that method, its class and everything they reference
+//! alive for as long as the sample lives, i.e. for ever: code generated at
+//! run time (anonymous classes, eval, templates) would leak.
 
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
@@ -16,6 +25,23 @@ pub type FrameRef = u64;
 /// Stands for the frames cut off when a stack is deeper than the capture
 /// limit. 0 is never a frame handle (it is Ruby's `false`).
 pub const TRUNCATION_FRAME: FrameRef = 0;
+
+/// Ruby frame handles are heap addresses (even); resolved frames (held by
+/// name, see `detach_frames`) get odd handles.
+pub fn is_resolved_frame(frame: FrameRef) -> bool {
+    frame & 1 == 1
+}
+
+/// What the binding layer found out about a frame at flush time.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct FrameInfo {
+    /// Ruby's label: `Foo#bar`, `block in Foo#bar`, `Integer#times`, `<main>`.
+    pub name: String,
+    /// Source file; None for methods implemented in C, which are shown at
+    /// their caller's file and line, as Ruby's own backtraces do.
+    pub filename: Option<String>,
+    pub start_line: i64,
+}
 
 /// One entry of a backtrace: which frame, at which line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -71,6 +97,13 @@ pub struct StackTable {
     /// Stack positions stored (sum of stack lengths).
     positions: usize,
     stacks: usize,
+    /// Names of resolved frames, indexed by handle >> 1.
+    resolved: Vec<Option<FrameInfo>>,
+    free_resolved: Vec<u32>,
+    resolved_by_info: FastHashMap<FrameInfo, FrameRef>,
+    /// Stacks stored with Ruby frames in them since the last
+    /// `detach_frames` (may also hold ids since pruned or reused).
+    with_ruby_frames: Vec<u32>,
 }
 
 fn hash_frames(frames: &[Frame]) -> u64 {
@@ -109,6 +142,9 @@ impl StackTable {
         let ids: Box<[u32]> = frames.iter().map(|&frame| self.frame_id(frame)).collect();
         self.positions += ids.len();
         self.stacks += 1;
+        let holds_ruby_frames = frames
+            .iter()
+            .any(|f| f.frame != TRUNCATION_FRAME && !is_resolved_frame(f.frame));
         let next_same_hash = self.by_hash.get(&hash).copied().unwrap_or(NO_STACK);
         let entry = StackEntry {
             frames: ids,
@@ -128,6 +164,9 @@ impl StackTable {
             }
         };
         self.by_hash.insert(hash, slot);
+        if holds_ruby_frames {
+            self.with_ruby_frames.push(slot);
+        }
         StackId(slot)
     }
 
@@ -167,8 +206,112 @@ impl StackTable {
             *count -= 1;
             if *count == 0 {
                 self.frame_refs.remove(&frame.frame);
+                if is_resolved_frame(frame.frame) {
+                    self.forget_resolved(frame.frame);
+                }
             }
         }
+    }
+
+    /// The handle of the resolved frame named `info` (the same for the same
+    /// name, file and line, so stacks of one code path resolved at different
+    /// flushes are stored once).
+    fn resolved_frame(&mut self, info: &FrameInfo) -> FrameRef {
+        if let Some(&frame) = self.resolved_by_info.get(info) {
+            return frame;
+        }
+        let index = match self.free_resolved.pop() {
+            Some(index) => {
+                self.resolved[index as usize] = Some(info.clone());
+                index
+            }
+            None => {
+                let index = u32::try_from(self.resolved.len()).expect("fewer than 2^32 frames");
+                self.resolved.push(Some(info.clone()));
+                index
+            }
+        };
+        let frame = (u64::from(index) << 1) | 1;
+        self.resolved_by_info.insert(info.clone(), frame);
+        frame
+    }
+
+    fn forget_resolved(&mut self, frame: FrameRef) {
+        let index = (frame >> 1) as usize;
+        if let Some(info) = self.resolved.get_mut(index).and_then(Option::take) {
+            self.resolved_by_info.remove(&info);
+            self.free_resolved.push(index as u32);
+        }
+    }
+
+    /// The name of a resolved frame.
+    pub fn resolved_info(&self, frame: FrameRef) -> Option<&FrameInfo> {
+        if !is_resolved_frame(frame) {
+            return None;
+        }
+        self.resolved.get((frame >> 1) as usize)?.as_ref()
+    }
+
+    /// Replaces the Ruby frames that `names` names (a flush's resolution) by
+    /// resolved frames, in every stack stored with Ruby frames since the
+    /// last call. A stack that becomes equal to one already stored is merged
+    /// into it; the returned map says which stack ids now live under which
+    /// (the caller moves its samples over). Frames `names` lacks (stacks
+    /// taken while the flush ran) stay Ruby frames until the next call.
+    pub fn detach_frames(
+        &mut self,
+        names: &FastHashMap<FrameRef, FrameInfo>,
+    ) -> FastHashMap<StackId, StackId> {
+        let mut moved = FastHashMap::default();
+        for slot in std::mem::take(&mut self.with_ruby_frames) {
+            let Some(entry) = self.entries.get(slot as usize).and_then(Option::as_ref) else {
+                continue; // pruned since
+            };
+            if entry.refs == 0 {
+                // Unused: pruned at the end of this flush, unless a new
+                // sample takes it again first (then it is converted later).
+                self.with_ruby_frames.push(slot);
+                continue;
+            }
+            let refs = entry.refs;
+            let old: Vec<Frame> = entry
+                .frames
+                .iter()
+                .map(|&id| self.frame_slots[id as usize].frame)
+                .collect();
+            let mut changed = false;
+            let new: Vec<Frame> = old
+                .iter()
+                .map(|frame| match names.get(&frame.frame) {
+                    Some(info) if !is_resolved_frame(frame.frame) => {
+                        changed = true;
+                        Frame {
+                            frame: self.resolved_frame(info),
+                            line: frame.line,
+                        }
+                    }
+                    _ => *frame,
+                })
+                .collect();
+            if !changed {
+                self.with_ruby_frames.push(slot);
+                continue;
+            }
+            // The new stack first (so shared frames keep their slots), then
+            // the old one goes with all its references.
+            let new_id = self.intern(&new);
+            self.entry_mut(new_id).refs += refs - 1;
+            let old_entry = self.entries[slot as usize].take().expect("checked above");
+            self.unlink(slot, &old_entry);
+            for &frame in old_entry.frames.iter() {
+                self.release_frame(frame);
+            }
+            self.positions -= old_entry.frames.len();
+            self.stacks -= 1;
+            self.free_ids.push(slot);
+            moved.insert(StackId(slot), new_id);
+        }
+        moved
     }
 
     pub fn retain(&mut self, id: StackId) {
@@ -244,21 +387,28 @@ impl StackTable {
         }
     }
 
-    /// Every frame some stored stack contains: what the GC must keep alive.
+    /// Every Ruby frame some stored stack contains: what the GC must keep
+    /// alive (resolved frames are held by name, not by Ruby object).
     pub fn live_frames(&self) -> impl Iterator<Item = FrameRef> + '_ {
         self.frame_refs
             .keys()
             .copied()
-            .filter(|&f| f != TRUNCATION_FRAME)
+            .filter(|&f| f != TRUNCATION_FRAME && !is_resolved_frame(f))
     }
 
     pub fn len(&self) -> usize {
         self.stacks
     }
 
-    /// Distinct frames the stored stacks hold (each keeps a Ruby object alive).
+    /// Distinct Ruby frames the stored stacks hold (each keeps a Ruby
+    /// object alive).
     pub fn frame_count(&self) -> usize {
         self.live_frames().count()
+    }
+
+    /// Distinct frames held by name.
+    pub fn resolved_frame_count(&self) -> usize {
+        self.resolved_by_info.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -276,6 +426,16 @@ impl StackTable {
             + self.free_frame_slots.capacity() * size_of::<u32>()
             + self.frame_ids.capacity() * (size_of::<Frame>() + size_of::<u32>() + 4)
             + self.frame_refs.capacity() * (size_of::<FrameRef>() + size_of::<u32>() + 4)
+            + self.with_ruby_frames.capacity() * size_of::<u32>()
+            + self.resolved.capacity() * size_of::<Option<FrameInfo>>()
+            + self.resolved_by_info.capacity()
+                * (size_of::<FrameInfo>() + size_of::<FrameRef>() + 4)
+            + self
+                .resolved
+                .iter()
+                .flatten()
+                .map(|info| 2 * (info.name.len() + info.filename.as_ref().map_or(0, String::len)))
+                .sum::<usize>()
     }
 
     fn entry(&self, id: StackId) -> &StackEntry {
@@ -383,5 +543,69 @@ mod tests {
             table.intern(&stack(&[(8 * (i + 1), 1), (16, 2)]));
         }
         assert!(table.memory_bytes() > empty);
+    }
+
+    fn named(entries: &[(u64, &str)]) -> FastHashMap<FrameRef, FrameInfo> {
+        entries
+            .iter()
+            .map(|&(frame, name)| {
+                let info = FrameInfo {
+                    name: name.to_string(),
+                    filename: Some("app.rb".to_string()),
+                    start_line: 1,
+                };
+                (frame, info)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn detached_frames_are_held_by_name_and_equal_stacks_merge() {
+        let mut table = StackTable::new();
+        let first = table.intern(&stack(&[(0x100, 1), (0x200, 2)]));
+        let moved = table.detach_frames(&named(&[(0x100, "A#a"), (0x200, "B#b")]));
+        let resolved = moved[&first];
+        assert_eq!(table.live_frames().count(), 0, "no Ruby object kept alive");
+        assert_eq!(table.resolved_frame_count(), 2);
+        let names: Vec<String> = table
+            .frames(resolved)
+            .iter()
+            .map(|f| table.resolved_info(f.frame).expect("named").name.clone())
+            .collect();
+        assert_eq!(names, ["A#a", "B#b"]);
+
+        // The same code path sampled again, one method entry now at another
+        // address: a Ruby-frame stack until the next flush names it, then
+        // the same stack as before.
+        let again = table.intern(&stack(&[(0x300, 1), (0x200, 2)]));
+        assert_eq!(table.live_frames().count(), 2);
+        let moved = table.detach_frames(&named(&[(0x300, "A#a"), (0x200, "B#b")]));
+        assert_eq!(moved[&again], resolved);
+        assert_eq!(table.refs(resolved), 2);
+        assert_eq!(table.len(), 1);
+        assert_eq!(table.live_frames().count(), 0);
+
+        // Once no sample uses it, the stack and its names go.
+        table.release(resolved);
+        table.release(resolved);
+        table.prune();
+        assert!(table.is_empty());
+        assert_eq!(table.resolved_frame_count(), 0);
+    }
+
+    #[test]
+    fn frames_a_flush_did_not_name_stay_ruby_frames_until_a_later_one() {
+        let mut table = StackTable::new();
+        let id = table.intern(&stack(&[(0x100, 1), (0x200, 2), (TRUNCATION_FRAME, 0)]));
+        // Taken while the flush ran: only one of its frames was named.
+        let moved = table.detach_frames(&named(&[(0x100, "A#a")]));
+        let partly = moved[&id];
+        assert_eq!(table.live_frames().collect::<Vec<_>>(), [0x200]);
+        let moved = table.detach_frames(&named(&[(0x200, "B#b")]));
+        let fully = moved[&partly];
+        assert_eq!(table.live_frames().count(), 0);
+        assert_eq!(table.frames(fully)[2].frame, TRUNCATION_FRAME);
+        // Nothing left to name: nothing moves.
+        assert!(table.detach_frames(&named(&[])).is_empty());
     }
 }

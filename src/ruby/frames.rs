@@ -14,7 +14,7 @@ use rb_sys::{
 use super::errors::{protect, RbResult};
 use crate::core::fast_hash::FastHashMap;
 use crate::core::profile_builder::FrameInfo;
-use crate::core::stack_table::{Frame, FrameRef, StackId, TRUNCATION_FRAME};
+use crate::core::stack_table::{is_resolved_frame, Frame, FrameRef, StackId, TRUNCATION_FRAME};
 
 /// Deepest stack kept; deeper ones end in a "(truncated stack)" frame.
 pub const MAX_FRAMES: usize = 1024;
@@ -125,7 +125,8 @@ pub fn utf8_string(value: VALUE) -> RbResult<Option<String>> {
     Ok(rust_string(converted))
 }
 
-/// Names, files and first lines of every frame in `stacks`. Calls into Ruby
+/// Names, files and first lines of every Ruby frame in `stacks` (resolved
+/// frames already have theirs). Calls into Ruby
 /// (which allocates), so it must run without the sampler lock held; the
 /// frames stay alive because the stack table still holds (and marks) them.
 /// With `yield_every`, lets other threads run after that many frames.
@@ -136,7 +137,10 @@ pub fn resolve_frames(
     let mut resolved: FastHashMap<FrameRef, FrameInfo> = FastHashMap::default();
     for frames in stacks.values() {
         for frame in frames.iter() {
-            if frame.frame == TRUNCATION_FRAME || resolved.contains_key(&frame.frame) {
+            if frame.frame == TRUNCATION_FRAME
+                || is_resolved_frame(frame.frame)
+                || resolved.contains_key(&frame.frame)
+            {
                 continue;
             }
             if let Some(every) = yield_every {
