@@ -16,8 +16,9 @@
 # - a thread flushes every --interval seconds, as a BlockFlusher would.
 # Every interval it prints a row of the curve: RSS, the collector's own
 # memory (ObjectSpace.memsize_of), live heap samples, the stacks and frames
-# it holds (if it held on to frames no sample uses any more, these would
-# grow with the retired code), iseqs alive in the whole VM, profile size.
+# it holds (Ruby frames until a flush names them, then names; if it held on
+# to frames no sample uses any more, these would grow with the retired
+# code), iseqs alive in the whole VM, profile size.
 # At the end it compares the rows after the warm-up (the first 60 s or fifth
 # of the run), the peak of their second half against the peak of their
 # first, and says whether it is flat: the collector's memory within +10%,
@@ -93,18 +94,18 @@ flusher = Thread.new do
     flush_ms = (now - flush_started) * 1000
     GC.start # so that iseqs counts what is alive, not what awaits sweeping
     iseqs = ObjectSpace.count_imemo_objects[:imemo_iseq] || 0
-    stacks, frames = collector.__send__(:_native_table_sizes)
+    stacks, frames, named = collector.__send__(:_native_table_sizes)
     row = {
       t: now - started, rss_mb: rss_mb, collector_kb: ObjectSpace.memsize_of(collector) / 1024.0,
-      live_samples: collector.live_heap_samples_count, stacks: stacks, frames: frames, iseqs: iseqs,
+      live_samples: collector.live_heap_samples_count, stacks: stacks, frames: frames, named: named, iseqs: iseqs,
       profile_kb: data.pprof_data.bytesize / 1024.0, flush_ms: flush_ms,
       allocations: data.allocation_samples_count
     }
     rows_lock.synchronize { rows << row }
-    puts format("%6.0f s  rss %6.1f MB  collector %7.1f kB  live samples %6d  stacks %5d  frames %5d  " \
-                "VM iseqs %6d  profile %6.1f kB  flush %5.1f ms",
-                row[:t], row[:rss_mb], row[:collector_kb], row[:live_samples], row[:stacks], row[:frames], row[:iseqs],
-                row[:profile_kb], row[:flush_ms])
+    puts format("%6.0f s  rss %6.1f MB  collector %7.1f kB  live samples %6d  stacks %5d  frames: Ruby %4d " \
+                "named %5d  VM iseqs %6d  profile %6.1f kB  flush %5.1f ms",
+                row[:t], row[:rss_mb], row[:collector_kb], row[:live_samples], row[:stacks], row[:frames], row[:named],
+                row[:iseqs], row[:profile_kb], row[:flush_ms])
     $stdout.flush
   end
 end
@@ -160,15 +161,16 @@ collector_growth = peak.(second, :collector_kb) / peak.(first, :collector_kb) - 
 rss_growth_mb = peak.(second, :rss_mb) - peak.(first, :rss_mb)
 # The generated methods are retired at a steady rate; if the collector held
 # on to frames no sample uses, the frames it holds would grow with them.
-frames_growth = peak.(second, :frames) / [peak.(first, :frames), 1].max - 1
+held = ->(r) { r[:frames] + r[:named] }
+frames_growth = second.map(&held).max.to_f / [first.map(&held).max, 1].max - 1
 stack_range = after.map { |r| r[:stacks] }.minmax
-frame_range = after.map { |r| r[:frames] }.minmax
+frame_range = after.map(&held).minmax
 flat = collector_growth <= 0.10 && rss_growth_mb <= peak.(first, :rss_mb) * 0.10 + 20 && frames_growth <= 0.25
 puts format("after the %.0f s warm-up, peak of the second half against the first: collector memory %.1f -> %.1f kB " \
-            "(%+.1f%%), RSS %.1f -> %.1f MB (%+.1f MB), frames held %d -> %d (%+.0f%%); stacks held %d..%d, " \
+            "(%+.1f%%), RSS %.1f -> %.1f MB (%+.1f MB), frames held (Ruby + named) %d -> %d (%+.0f%%); stacks held %d..%d, " \
             "frames held %d..%d: %s",
             warmup, peak.(first, :collector_kb), peak.(second, :collector_kb), collector_growth * 100,
-            peak.(first, :rss_mb), peak.(second, :rss_mb), rss_growth_mb, peak.(first, :frames), peak.(second, :frames),
+            peak.(first, :rss_mb), peak.(second, :rss_mb), rss_growth_mb, first.map(&held).max, second.map(&held).max,
             frames_growth * 100, *stack_range, *frame_range, flat ? "FLAT" : "GROWING")
 if options[:csv]
   File.write(options[:csv], ([rows.first.keys.join(",")] + rows.map { |r| r.values.map { |v| v.is_a?(Float) ? v.round(2) : v }.join(",") }).join("\n") + "\n")
