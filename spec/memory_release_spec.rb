@@ -1,5 +1,6 @@
 # frozen_string_literal: true
 
+require "json"
 require "objspace"
 require "weakref"
 
@@ -7,7 +8,8 @@ require "weakref"
 # needs any more (stacks, frame names), and must not keep the app's code
 # alive: a frame is held as a Ruby object only until a flush has named it.
 RSpec.describe MemprofilerPprof::Collector, "releasing what no sample needs" do
-  # [stored stacks, frames held as Ruby objects, frames held by name]
+  # [stored stacks, frames held as Ruby objects, frames held by name,
+  #  classes held by name]
   def table_sizes(collector)
     collector.__send__(:_native_table_sizes)
   end
@@ -53,6 +55,36 @@ RSpec.describe MemprofilerPprof::Collector, "releasing what no sample needs" do
     files = later.samples.flat_map { |s| s.frames.map(&:filename) }.uniq
     expect(files.grep(/\A\(generated-\d+\.rb\)\z/).size).to eq(50)
     expect(kept.size).to eq(50)
+  end
+
+  it "lets a class that holds its own sampled instance be collected once flushed" do
+    # In a fresh process: this suite's own setup keeps anonymous classes
+    # alive, profiler or not.
+    code = <<~RUBY
+      require "memprofiler_pprof_rs"
+      require "weakref"
+      # A memoized default instance: the class holds its instance, whose
+      # sample holds the class (for its label) until a flush names it. Made
+      # in a method, so no stale stack slot refers to them.
+      def self_holding_classes(count)
+        Array.new(count) { Class.new.tap { |k| k.instance_variable_set(:@default, k.new) } }.map { |k| WeakRef.new(k) }
+      end
+      c = MemprofilerPprof::Collector.new(sample_rate: 1.0, max_allocation_samples: 1_000_000,
+                                          max_heap_samples: 1_000_000)
+      c.start!
+      weak = self_holding_classes(20)
+      c.flush
+      named = c.__send__(:_native_table_sizes)[3]
+      3.times { GC.start }
+      c.flush
+      p [weak.count { |ref| !ref.weakref_alive? }, named, c.__send__(:_native_table_sizes)[3]]
+    RUBY
+    out, err, status = run_ruby(code)
+    expect(status.exitstatus).to eq(0), err
+    collected, named, named_after = JSON.parse(out)
+    expect(collected).to be >= 15
+    expect(named).to be >= 1
+    expect(named_after).to be <= named
   end
 
   it "forgets stacks and frame names once their samples are freed and flushed" do

@@ -6,6 +6,7 @@
 pub mod address_filter;
 pub mod fast_hash;
 pub mod lock;
+pub mod named_classes;
 pub mod pprof;
 pub mod profile_builder;
 pub mod sample_gate;

@@ -14,6 +14,7 @@ use rand::{RngExt, SeedableRng};
 
 use super::address_filter::{AddressFilter, DEFAULT_BUCKETS_LOG2};
 use super::fast_hash::FastHashMap;
+use super::named_classes::{is_named_class, is_ruby_class, NamedClasses};
 use super::sample_gate::{mix_seed, GapSampler};
 use super::stack_table::{Frame, FrameInfo, FrameRef, StackId, StackTable};
 
@@ -22,7 +23,7 @@ pub type ObjectAddress = usize;
 
 /// An opaque handle to a sampled object's class (in the binding layer: the
 /// class VALUE, or an odd number standing for an internal object type).
-pub type ClassRef = u64;
+pub use super::named_classes::ClassRef;
 
 /// What the binding layer knows about an object when it is sampled.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -149,6 +150,8 @@ pub struct FlushSnapshot {
     /// Names of the resolved frames (held by name since an earlier flush)
     /// that `stacks` contains; the binding layer names the others.
     pub resolved_frames: FastHashMap<FrameRef, FrameInfo>,
+    /// Names of the classes held by name that `samples` refer to.
+    pub resolved_classes: FastHashMap<ClassRef, String>,
     pub allocation_samples: usize,
     pub heap_samples: usize,
     pub drops: DropCounters,
@@ -188,6 +191,8 @@ pub struct SamplerState {
     /// Classes of the flush in progress: held until `finish_flush`, since
     /// the samples that referred to them may already be released.
     flush_classes: Vec<ClassRef>,
+    /// Classes of samples held by name (after a flush named them).
+    named_classes: NamedClasses,
     drops: DropCounters,
     /// Counts of the addresses in `live` and `watched` (disjoint): shared
     /// with the FREEOBJ hook, which reads it without the lock.
@@ -221,6 +226,7 @@ impl SamplerState {
         let retain_seed = gaps.seed().wrapping_add(1);
         SamplerState {
             stacks: StackTable::new(),
+            named_classes: NamedClasses::default(),
             records: Vec::new(),
             free_records: Vec::new(),
             live: FastHashMap::default(),
@@ -787,6 +793,12 @@ impl SamplerState {
         let mut classes: Vec<ClassRef> = snapshot.samples.iter().map(|s| s.class).collect();
         classes.sort_unstable();
         classes.dedup();
+        for &class in classes.iter().filter(|&&c| is_named_class(c)) {
+            if let Some(name) = self.named_classes.name(class) {
+                snapshot.resolved_classes.insert(class, name.to_string());
+            }
+        }
+        classes.retain(|&c| !is_named_class(c));
         self.flush_classes = classes;
         snapshot
     }
@@ -817,6 +829,25 @@ impl SamplerState {
                 record.stack = stack;
             }
         }
+    }
+
+    /// After a flush has named its classes (`names`): samples hold those
+    /// classes by name from now on (see `named_classes`).
+    pub fn detach_resolved_classes(&mut self, names: &FastHashMap<ClassRef, String>) {
+        for record in self.records.iter_mut().filter(|r| r.refs > 0) {
+            let class = record.info.class;
+            if !is_ruby_class(class) {
+                continue;
+            }
+            if let Some(name) = names.get(&class) {
+                record.info.class = self.named_classes.acquire(name);
+            }
+        }
+    }
+
+    /// Classes held by name.
+    pub fn named_class_count(&self) -> usize {
+        self.named_classes.len()
     }
 
     /// Ends a flush: forgets stacks no sample uses any more.
@@ -917,6 +948,7 @@ impl SamplerState {
             + self.pending_sizes.capacity() * size_of::<(SampleId, ObjectAddress)>()
             + self.watched.capacity() * (size_of::<ObjectAddress>() + size_of::<SampleId>() + 8)
             + self.free_filter.memory_bytes()
+            + self.named_classes.memory_bytes()
     }
 
     fn release(&mut self, id: SampleId) {
@@ -924,8 +956,9 @@ impl SamplerState {
         debug_assert!(record.refs > 0, "sample released more often than held");
         record.refs -= 1;
         if record.refs == 0 {
-            let stack = record.stack;
+            let (stack, class) = (record.stack, record.info.class);
             self.stacks.release(stack);
+            self.named_classes.release(class);
             self.free_records.push(id.0);
         }
     }
@@ -1047,6 +1080,50 @@ mod tests {
         assert!(st.stacks().is_empty());
         assert_eq!(st.stacks().resolved_frame_count(), 0);
         assert_eq!(first.stacks.len(), 1);
+    }
+
+    #[test]
+    fn named_classes_replace_ruby_classes_and_go_with_their_samples() {
+        let mut st = state(100, 100);
+        let info = ObjectInfo {
+            class: 0x7000,
+            ..ObjectInfo::default()
+        };
+        for object in [0x1000, 0x2000] {
+            let admission = st.admission();
+            st.record_allocation(object, info, &frames(&[8]), 1.0, admission);
+        }
+        st.measure_pending(|_| Some(40));
+        let _ = st.take_snapshot(0, |_| Some(40));
+        assert_eq!(st.flush_classes(), [0x7000]);
+        let names: FastHashMap<ClassRef, String> =
+            [(0x7000, "Foo".to_string())].into_iter().collect();
+        st.detach_resolved_classes(&names);
+        st.finish_flush();
+        assert!(!st.held_classes().any(is_ruby_class), "no class kept alive");
+        assert_eq!(st.named_class_count(), 1);
+
+        // The next flush names them from the table.
+        let second = st.take_snapshot(0, |_| Some(40));
+        assert!(st.flush_classes().is_empty());
+        assert_eq!(
+            second.resolved_classes.values().collect::<Vec<_>>(),
+            ["Foo"]
+        );
+        st.finish_flush();
+
+        assert!(st.record_free(0x1000));
+        let _ = st.take_snapshot(0, |_| Some(40));
+        st.finish_flush();
+        assert_eq!(st.named_class_count(), 1);
+        assert!(st.record_free(0x2000));
+        let _ = st.take_snapshot(0, |_| Some(40));
+        st.finish_flush();
+        assert_eq!(
+            st.named_class_count(),
+            0,
+            "the name goes with its last sample"
+        );
     }
 
     #[test]

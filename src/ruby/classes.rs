@@ -88,7 +88,7 @@ pub unsafe fn object_info(object: VALUE) -> ObjectInfo {
 
 /// Class handles that are real class VALUEs (to be marked).
 pub fn is_class_value(class: ClassRef) -> bool {
-    class != 0 && class & 1 == 0
+    crate::core::named_classes::is_ruby_class(class)
 }
 
 fn class_name(klass: VALUE) -> RbResult<Option<String>> {
@@ -121,9 +121,10 @@ fn class_label(klass: VALUE) -> RbResult<String> {
     Ok("(anonymous class)".to_string())
 }
 
-/// Names for the classes of a flush. Calls into Ruby (allocates), so it runs
-/// without the sampler lock; the classes are kept alive (marked) by the
-/// collector until the flush finishes.
+/// Names for the classes of a flush (Ruby classes and internal types; the
+/// core names classes it already holds by name). Calls into Ruby
+/// (allocates), so it runs without the sampler lock; the classes are kept
+/// alive (marked) by the collector until the flush finishes.
 pub fn resolve_classes(classes: &[ClassRef]) -> RbResult<FastHashMap<ClassRef, String>> {
     let mut names = FastHashMap::default();
     for &class in classes {

@@ -563,9 +563,11 @@ impl Collector {
             .store(current_thread(), Ordering::Relaxed);
         let yield_every = options.proactively_yield_gvl.then_some(256);
         let ruby_frames = resolve_frames(&snapshot.stacks, yield_every)?;
-        let class_names = resolve_classes(&classes)?;
+        let ruby_classes = resolve_classes(&classes)?;
         let mut frames = std::mem::take(&mut snapshot.resolved_frames);
         frames.extend(ruby_frames.iter().map(|(&f, info)| (f, info.clone())));
+        let mut class_names = std::mem::take(&mut snapshot.resolved_classes);
+        class_names.extend(ruby_classes.iter().map(|(&c, name)| (c, name.clone())));
         self.suppressed_thread.store(0, Ordering::Relaxed);
 
         // 3. Pure Rust: build and compress the profile, without the GVL if
@@ -592,12 +594,14 @@ impl Collector {
         } else {
             build()
         };
-        // 4. The frames just named are held by name from now on, no longer
-        //    as Ruby objects kept alive (see StackTable::detach_frames).
-        if self
-            .with_sampler(|s| s.state.detach_resolved_frames(&ruby_frames))
-            .is_err()
-        {
+        // 4. The frames and classes just named are held by name from now on,
+        //    no longer as Ruby objects kept alive (see StackTable::detach_frames
+        //    and core::named_classes).
+        let detached = self.with_sampler(|s| {
+            s.state.detach_resolved_frames(&ruby_frames);
+            s.state.detach_resolved_classes(&ruby_classes);
+        });
+        if detached.is_err() {
             // Nothing lost: they stay Ruby frames until the next flush.
             self.count_internal_error();
         }

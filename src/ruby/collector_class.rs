@@ -298,8 +298,9 @@ unsafe extern "C" fn live_heap_samples_count(rb_self: VALUE) -> VALUE {
     })
 }
 
-/// [stored stacks, frames held as Ruby objects, frames held by name]: for
-/// bench/memory_bounds.rb and specs that check what is let go.
+/// [stored stacks, frames held as Ruby objects, frames held by name, classes
+/// held by name]: for bench/memory_bounds.rb and specs that check what is
+/// let go.
 unsafe extern "C" fn table_sizes(rb_self: VALUE) -> VALUE {
     method_entry(|| {
         let sizes = collector_of(rb_self)?.with_sampler(|s| {
@@ -308,11 +309,12 @@ unsafe extern "C" fn table_sizes(rb_self: VALUE) -> VALUE {
                 stacks.len(),
                 stacks.frame_count(),
                 stacks.resolved_frame_count(),
+                s.state.named_class_count(),
             ]
         })?;
-        // SAFETY: allocates a three-element Array of Integers; under protect.
+        // SAFETY: allocates a four-element Array of Integers; under protect.
         protect(|| unsafe {
-            let array = rb_ary_new_capa(3);
+            let array = rb_ary_new_capa(4);
             for size in sizes {
                 rb_ary_push(array, rb_ull2inum(size as u64));
             }

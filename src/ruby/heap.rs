@@ -63,8 +63,11 @@ const T_MASK: VALUE = 0x1f;
 #[inline(never)]
 pub fn is_live_object(object: VALUE) -> bool {
     if let Some(markable) = api().markable_object {
-        // SAFETY: this function accepts any VALUE: it first checks that the
-        // address lies inside a heap page before reading it.
+        // SAFETY: `object` is the address of an object we saw allocated and
+        // whose free we watch (the caller's contract), so it lies in a heap
+        // page. (On Ruby 3.1 this function reads the flags word and page
+        // header right after the special-constant test, without checking
+        // that the address is in the heap, so any VALUE would not do.)
         if unsafe { markable(object) } == 0 {
             return false;
         }
