@@ -13,7 +13,9 @@
 #
 #   ruby script/valgrind_report.rb LOG...   (exit 1 if anything was kept)
 
-OURS = /memprofiler_pprof_rs\.so|memprofiler_pprof_rs-[0-9a-f]+\)/
+# The .so by name, the core test binary, or (builds with debug info, where
+# valgrind prints source lines instead of the object) the crate's symbols.
+OURS = /memprofiler_pprof_rs\.so|memprofiler_pprof_rs-[0-9a-f]+\)|memprofiler_pprof_rs::/
 ALLOCATOR = %r{vgpreload_memcheck|/valgrind/}
 
 def frames(record)
