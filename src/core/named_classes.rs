@@ -71,6 +71,17 @@ impl NamedClasses {
         class
     }
 
+    /// One more holder of a named class (a flush that will name it after its
+    /// samples may have gone); other handles are ignored.
+    pub fn hold(&mut self, class: ClassRef) {
+        if !is_named_class(class) {
+            return;
+        }
+        if let Some(entry) = self.entry_mut(class) {
+            entry.holders += 1;
+        }
+    }
+
     /// Drops one holder of a named class; the name goes with the last one.
     /// Other handles are ignored.
     pub fn release(&mut self, class: ClassRef) {

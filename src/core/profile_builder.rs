@@ -17,7 +17,7 @@ use super::stack_table::{Frame, FrameRef, StackId, TRUNCATION_FRAME};
 
 /// Function key of the "(no Ruby frames)" placeholder: frame references are
 /// aligned addresses of Ruby objects, so never 1.
-const NO_RUBY_FRAMES: FrameRef = 1;
+const NO_RUBY_FRAMES: FrameRef = 1; // never a frame handle (see stack_table)
 /// Function key of the "(other)" frame that folded samples are put under.
 const FOLDED_FRAME: FrameRef = 2;
 

@@ -193,6 +193,8 @@ pub struct SamplerState {
     flush_classes: Vec<ClassRef>,
     /// Classes of samples held by name (after a flush named them).
     named_classes: NamedClasses,
+    /// Holds the flush in progress took on named classes.
+    flush_named_holds: Vec<ClassRef>,
     drops: DropCounters,
     /// Counts of the addresses in `live` and `watched` (disjoint): shared
     /// with the FREEOBJ hook, which reads it without the lock.
@@ -227,6 +229,7 @@ impl SamplerState {
         SamplerState {
             stacks: StackTable::new(),
             named_classes: NamedClasses::default(),
+            flush_named_holds: Vec::new(),
             records: Vec::new(),
             free_records: Vec::new(),
             live: FastHashMap::default(),
@@ -718,7 +721,7 @@ impl SamplerState {
             });
             // Held for the flush: the sample's object may die (and its
             // record go) before the flush names the class.
-            self.flush_classes.push(class);
+            self.hold_class_for_flush(class);
         }
         flush.next_live = end;
         let done = end == flush.live.len();
@@ -764,6 +767,10 @@ impl SamplerState {
                 }
             }
             let weight = f64::from(record.alloc_weight) * scale;
+            let class = record.info.class;
+            // Its record may be the class name's last holder.
+            self.hold_class_for_flush(class);
+            let record = &self.records[id.0 as usize];
             snapshot.samples.push(FlushedSample {
                 stack: record.stack,
                 class: record.info.class,
@@ -780,16 +787,13 @@ impl SamplerState {
                 .entry(sample.stack)
                 .or_insert_with(|| self.stacks.frames(sample.stack));
         }
-        for frames in snapshot.stacks.values() {
-            for frame in frames.iter() {
-                if let Some(info) = self.stacks.resolved_info(frame.frame) {
-                    snapshot
-                        .resolved_frames
-                        .entry(frame.frame)
-                        .or_insert_with(|| info.clone());
-                }
-            }
-        }
+        // All of them (per distinct frame, not per stack position; the
+        // builder picks what it needs).
+        snapshot.resolved_frames = self
+            .stacks
+            .resolved_infos()
+            .map(|(frame, info)| (frame, info.clone()))
+            .collect();
         let mut classes: Vec<ClassRef> = snapshot.samples.iter().map(|s| s.class).collect();
         classes.sort_unstable();
         classes.dedup();
@@ -820,12 +824,35 @@ impl SamplerState {
     /// frames by name from now on instead of keeping the Ruby objects alive
     /// (see `StackTable::detach_frames`); samples of merged stacks move.
     pub fn detach_resolved_frames(&mut self, names: &FastHashMap<FrameRef, FrameInfo>) {
-        let moved = self.stacks.detach_frames(names);
-        if moved.is_empty() {
-            return;
+        self.stacks.begin_detach();
+        while !self.detach_resolved_frames_batch(names, usize::MAX) {}
+    }
+
+    /// Queues the stacks to detach (`detach_resolved_frames` in batches).
+    pub fn begin_detach(&mut self) {
+        self.stacks.begin_detach();
+    }
+
+    /// One batch of `detach_resolved_frames`: at most `max_stacks` stacks,
+    /// their samples moved in the same step. Returns whether all are done.
+    pub fn detach_resolved_frames_batch(
+        &mut self,
+        names: &FastHashMap<FrameRef, FrameInfo>,
+        max_stacks: usize,
+    ) -> bool {
+        let (moved, done) = self.stacks.detach_batch(names, max_stacks);
+        if !moved.is_empty() {
+            self.remap_stacks(&moved);
         }
+        done
+    }
+
+    fn remap_stacks(&mut self, moved: &[u32]) {
         for record in self.records.iter_mut().filter(|r| r.refs > 0) {
-            if let Some(&stack) = moved.get(&record.stack) {
+            if let Some(stack) = moved
+                .get(record.stack.index())
+                .and_then(|&s| StackId::from_stored(s))
+            {
                 record.stack = stack;
             }
         }
@@ -834,14 +861,27 @@ impl SamplerState {
     /// After a flush has named its classes (`names`): samples hold those
     /// classes by name from now on (see `named_classes`).
     pub fn detach_resolved_classes(&mut self, names: &FastHashMap<ClassRef, String>) {
+        // Each name is hashed once; every further record is a hold.
+        let mut named: FastHashMap<ClassRef, ClassRef> = FastHashMap::default();
         for record in self.records.iter_mut().filter(|r| r.refs > 0) {
             let class = record.info.class;
             if !is_ruby_class(class) {
                 continue;
             }
-            if let Some(name) = names.get(&class) {
-                record.info.class = self.named_classes.acquire(name);
-            }
+            let Some(name) = names.get(&class) else {
+                continue;
+            };
+            record.info.class = match named.get(&class) {
+                Some(&handle) => {
+                    self.named_classes.hold(handle);
+                    handle
+                }
+                None => {
+                    let handle = self.named_classes.acquire(name);
+                    named.insert(class, handle);
+                    handle
+                }
+            };
         }
     }
 
@@ -850,11 +890,26 @@ impl SamplerState {
         self.named_classes.len()
     }
 
+    /// Keeps a sample's class until the flush ends: a Ruby class in
+    /// `flush_classes` (marked), a named one by a hold on its name.
+    fn hold_class_for_flush(&mut self, class: ClassRef) {
+        if is_named_class(class) {
+            self.named_classes.hold(class);
+            self.flush_named_holds.push(class);
+        } else {
+            self.flush_classes.push(class);
+        }
+    }
+
     /// Ends a flush: forgets stacks no sample uses any more.
     pub fn finish_flush(&mut self) {
+        self.stacks.end_detach();
         self.abandon_flush();
         self.flush_in_progress = false;
         self.flush_classes.clear();
+        for class in std::mem::take(&mut self.flush_named_holds) {
+            self.named_classes.release(class);
+        }
         self.stacks.prune();
     }
 
@@ -1648,5 +1703,369 @@ mod tests {
         };
         assert_eq!(child(7), child(7));
         assert_ne!(child(7), child(8));
+    }
+
+    fn rec_class(st: &mut SamplerState, object: ObjectAddress, class: ClassRef, stack: &[u64]) {
+        let admission = st.admission();
+        let info = ObjectInfo {
+            class,
+            ..ObjectInfo::default()
+        };
+        st.record_allocation(object, info, &frames(stack), 1.0, admission);
+    }
+
+    /// An allocation sample taken during flush K (after end_snapshot, before
+    /// step 4) gets the named handle at step 4; when its object dies and the
+    /// allocation list holds the last holder, end_snapshot of flush K+1
+    /// releases the record before looking the name up: the name is lost.
+    #[test]
+    fn named_class_of_an_allocation_sample_outlives_its_last_record() {
+        let mut st = state(100, 100);
+        rec_class(&mut st, 0x1000, 0x7000, &[8]);
+        st.measure_pending(|_| Some(40));
+        let _ = st.take_snapshot(0, |_| Some(40));
+        // Another thread samples an object of the same class mid-flush.
+        rec_class(&mut st, 0x2000, 0x7000, &[8]);
+        let names: FastHashMap<ClassRef, String> =
+            [(0x7000, "Foo".to_string())].into_iter().collect();
+        st.detach_resolved_classes(&names);
+        st.finish_flush();
+        st.measure_pending(|_| Some(40));
+        assert!(st.record_free(0x1000));
+        assert!(st.record_free(0x2000));
+        let snap = st.take_snapshot(0, |_| Some(40));
+        st.finish_flush();
+        assert_eq!(snap.allocation_samples, 1);
+        let class = snap.samples[0].class;
+        assert!(is_named_class(class));
+        assert_eq!(
+            snap.resolved_classes.get(&class).map(String::as_str),
+            Some("Foo"),
+            "class name of the allocation sample lost"
+        );
+    }
+
+    /// Live path: measured in a chunk, then the object dies (another thread
+    /// ran between chunks) before end_snapshot.
+    #[test]
+    fn named_class_of_a_live_sample_freed_mid_flush_keeps_its_name() {
+        let mut st = state(100, 100);
+        rec_class(&mut st, 0x1000, 0x7000, &[8]);
+        st.measure_pending(|_| Some(40));
+        let _ = st.take_snapshot(0, |_| Some(40));
+        let names: FastHashMap<ClassRef, String> =
+            [(0x7000, "Foo".to_string())].into_iter().collect();
+        st.detach_resolved_classes(&names);
+        st.finish_flush();
+        st.begin_flush();
+        let mut m = |_: ObjectAddress| Some(40u64);
+        while !st.measure_live(0, 1, &mut m) {}
+        assert!(st.record_free(0x1000)); // freed while the flush yielded
+        let snap = st.end_snapshot(&mut m);
+        st.finish_flush();
+        assert_eq!(snap.heap_samples, 1);
+        let class = snap.samples[0].class;
+        assert_eq!(
+            snap.resolved_classes.get(&class).map(String::as_str),
+            Some("Foo"),
+            "class name of the live sample lost"
+        );
+    }
+
+    /// Timing, not a check: `cargo test --release --lib detach_cost -- --ignored --nocapture`.
+    #[test]
+    #[ignore = "a timing to read, not a check"]
+    fn detach_cost_on_a_large_heap() {
+        use rand::RngExt;
+        let mut rng = SmallRng::seed_from_u64(7);
+        let paths: Vec<Vec<Frame>> = (0..4000)
+            .map(|_| {
+                let depth = rng.random_range(1..=100usize);
+                (0..depth)
+                    .map(|_| {
+                        // A method appears at one of its few call sites.
+                        let method = rng.random_range(0..3000u64);
+                        Frame {
+                            frame: 0x10000 + method * 0x40,
+                            line: (method % 400) as i32 + rng.random_range(0..3),
+                        }
+                    })
+                    .collect()
+            })
+            .collect();
+        let mut st = state(1_000_000, 1_000_000);
+        for i in 0..50_000usize {
+            let p = &paths[rng.random_range(0..paths.len())];
+            let admission = st.admission();
+            let info = ObjectInfo {
+                class: 0x100000 + (i as u64 % 2000) * 0x28,
+                ..ObjectInfo::default()
+            };
+            st.record_allocation(0x1000_0000 + i * 40, info, p, 1.0, admission);
+        }
+        st.measure_pending(|_| Some(40));
+        let t = std::time::Instant::now();
+        let snap = st.take_snapshot(0, |_| Some(40));
+        eprintln!(
+            "take_snapshot (first) {:?}, stacks {}",
+            t.elapsed(),
+            snap.stacks.len()
+        );
+        let names: FastHashMap<FrameRef, FrameInfo> = (0..3000u64)
+            .map(|m| {
+                (
+                    0x10000 + m * 0x40,
+                    FrameInfo {
+                        name: format!("BenchWorkloads::Scenario::Calls.method_{m}"),
+                        filename: Some("/work/main/bench/lib/workloads.rb".to_string()),
+                        start_line: m as i64,
+                    },
+                )
+            })
+            .collect();
+        let classes: FastHashMap<ClassRef, String> = (0..2000u64)
+            .map(|c| {
+                (
+                    0x100000 + c * 0x28,
+                    format!("BenchWorkloads::Scenario::Class{c}"),
+                )
+            })
+            .collect();
+        let t = std::time::Instant::now();
+        st.detach_resolved_frames(&names);
+        eprintln!("detach_resolved_frames {:?}", t.elapsed());
+        let t = std::time::Instant::now();
+        st.detach_resolved_classes(&classes);
+        eprintln!("detach_resolved_classes {:?}", t.elapsed());
+        let t = std::time::Instant::now();
+        st.finish_flush();
+        eprintln!("finish_flush {:?}", t.elapsed());
+        let t = std::time::Instant::now();
+        let snap = st.take_snapshot(0, |_| Some(40));
+        eprintln!(
+            "take_snapshot (second) {:?} resolved {}",
+            t.elapsed(),
+            snap.resolved_frames.len()
+        );
+        st.detach_resolved_frames(&FastHashMap::default());
+        st.finish_flush();
+        // Steady state: one interval's 10,000 new samples over the same paths.
+        for i in 0..10_000usize {
+            let p = &paths[rng.random_range(0..paths.len())];
+            let admission = st.admission();
+            let info = ObjectInfo {
+                class: 0x100000 + (i as u64 % 2000) * 0x28,
+                ..ObjectInfo::default()
+            };
+            st.record_allocation(0x2000_0000 + i * 40, info, p, 1.0, admission);
+        }
+        st.measure_pending(|_| Some(40));
+        st.begin_flush();
+        let mut m = |_: ObjectAddress| Some(40u64);
+        while !st.measure_live(0, usize::MAX, &mut m) {}
+        let t = std::time::Instant::now();
+        let snap = st.end_snapshot(&mut m);
+        eprintln!(
+            "end_snapshot (steady) {:?} stacks {} resolved {}",
+            t.elapsed(),
+            snap.stacks.len(),
+            snap.resolved_frames.len()
+        );
+        let t = std::time::Instant::now();
+        st.detach_resolved_frames(&names);
+        eprintln!(
+            "detach_resolved_frames (steady, 10k new samples) {:?}, stacks now {}",
+            t.elapsed(),
+            st.stacks().len()
+        );
+        st.finish_flush();
+    }
+
+    /// Random interleavings of samples, frees, flushes (with frames sampled
+    /// "during" the flush left unnamed), detaches and prunes: every live
+    /// sample keeps its original names, refcounts stay consistent.
+    #[test]
+    #[cfg_attr(miri, ignore = "200 random runs; too slow under Miri")]
+    fn random_flushes_and_detaches_keep_names_and_refcounts() {
+        use rand::RngExt;
+        for seed in 0..200u64 {
+            let mut rng = SmallRng::seed_from_u64(seed);
+            let mut st = state(1_000, 1_000);
+            // Ruby frame value -> name; values get "reused" for other names
+            // only once no stack holds them (like a freed iseq).
+            let name_of = |v: u64, gen: &FastHashMap<u64, u32>| {
+                format!("m{}g{}", v, gen.get(&v).copied().unwrap_or(0))
+            };
+            let mut gen: FastHashMap<u64, u32> = FastHashMap::default();
+            let mut expected: FastHashMap<ObjectAddress, Vec<(String, i32)>> =
+                FastHashMap::default();
+            let mut next_obj = 0x1000usize;
+            for _round in 0..30 {
+                for _ in 0..rng.random_range(0..20) {
+                    let depth = rng.random_range(0..5usize);
+                    let stack: Vec<Frame> = (0..depth)
+                        .map(|_| Frame {
+                            frame: 8 * rng.random_range(1..6u64),
+                            line: rng.random_range(1..3),
+                        })
+                        .collect();
+                    let admission = st.admission();
+                    let obj = next_obj;
+                    next_obj += 40;
+                    if st
+                        .record_allocation(obj, ObjectInfo::default(), &stack, 1.0, admission)
+                        .is_some()
+                        && admission.live
+                    {
+                        expected.insert(
+                            obj,
+                            stack
+                                .iter()
+                                .map(|f| (name_of(f.frame, &gen), f.line))
+                                .collect(),
+                        );
+                    }
+                }
+                st.measure_pending(|_| Some(8));
+                let objs: Vec<_> = expected.keys().copied().collect();
+                for o in objs {
+                    if rng.random_bool(0.3) {
+                        st.record_free(o);
+                        expected.remove(&o);
+                    }
+                }
+                let snap = st.take_snapshot(0, |_| Some(8));
+                // Check every live sample's names.
+                let mut got: Vec<Vec<(String, i32)>> = snap
+                    .samples
+                    .iter()
+                    .filter(|s| s.gc_age.is_some())
+                    .map(|s| {
+                        snap.stacks[&s.stack]
+                            .iter()
+                            .map(|f| {
+                                let n = match snap.resolved_frames.get(&f.frame) {
+                                    Some(info) => info.name.clone(),
+                                    None => {
+                                        assert!(!is_resolved_frame_(f.frame));
+                                        name_of(f.frame, &gen)
+                                    }
+                                };
+                                (n, f.line)
+                            })
+                            .collect()
+                    })
+                    .collect();
+                let mut want: Vec<Vec<(String, i32)>> = expected.values().cloned().collect();
+                got.sort();
+                want.sort();
+                assert_eq!(got, want, "seed {seed}");
+                // Names of the snapshot's Ruby frames, as resolve_frames would.
+                let mut names: FastHashMap<FrameRef, FrameInfo> = FastHashMap::default();
+                for frames in snap.stacks.values() {
+                    for f in frames.iter() {
+                        if !is_resolved_frame_(f.frame) {
+                            names.insert(
+                                f.frame,
+                                FrameInfo {
+                                    name: name_of(f.frame, &gen),
+                                    filename: None,
+                                    start_line: 0,
+                                },
+                            );
+                        }
+                    }
+                }
+                // Samples taken while the flush ran (not named).
+                for _ in 0..rng.random_range(0..4) {
+                    let stack: Vec<Frame> = (0..rng.random_range(1..4usize))
+                        .map(|_| Frame {
+                            frame: 8 * rng.random_range(1..8u64),
+                            line: 1,
+                        })
+                        .collect();
+                    let admission = st.admission();
+                    let obj = next_obj;
+                    next_obj += 40;
+                    if st
+                        .record_allocation(obj, ObjectInfo::default(), &stack, 1.0, admission)
+                        .is_some()
+                        && admission.live
+                    {
+                        expected.insert(
+                            obj,
+                            stack
+                                .iter()
+                                .map(|f| (name_of(f.frame, &gen), f.line))
+                                .collect(),
+                        );
+                    }
+                }
+                if rng.random_bool(0.8) {
+                    // In batches, other threads sampling in between, and
+                    // frame values no stack holds any more being reused
+                    // for other code meanwhile.
+                    st.begin_detach();
+                    while !st.detach_resolved_frames_batch(&names, rng.random_range(1..4)) {
+                        for _ in 0..rng.random_range(0..3) {
+                            let stack: Vec<Frame> = (0..rng.random_range(1..4usize))
+                                .map(|_| Frame {
+                                    frame: 8 * rng.random_range(1..8u64),
+                                    line: 1,
+                                })
+                                .collect();
+                            let admission = st.admission();
+                            let obj = next_obj;
+                            next_obj += 40;
+                            if st
+                                .record_allocation(
+                                    obj,
+                                    ObjectInfo::default(),
+                                    &stack,
+                                    1.0,
+                                    admission,
+                                )
+                                .is_some()
+                                && admission.live
+                            {
+                                expected.insert(
+                                    obj,
+                                    stack
+                                        .iter()
+                                        .map(|f| (name_of(f.frame, &gen), f.line))
+                                        .collect(),
+                                );
+                            }
+                        }
+                        let live: std::collections::HashSet<u64> =
+                            st.stacks().live_frames().collect();
+                        for v in 1..8u64 {
+                            if !live.contains(&(8 * v)) && rng.random_bool(0.3) {
+                                *gen.entry(8 * v).or_insert(0) += 1;
+                            }
+                        }
+                    }
+                }
+                st.finish_flush();
+                // Frame values no stack holds may be reused for other code.
+                let live: std::collections::HashSet<u64> = st.stacks().live_frames().collect();
+                for v in 1..8u64 {
+                    if !live.contains(&(8 * v)) && rng.random_bool(0.5) {
+                        *gen.entry(8 * v).or_insert(0) += 1;
+                    }
+                }
+            }
+            for o in expected.keys().copied().collect::<Vec<_>>() {
+                st.record_free(o);
+            }
+            let _ = st.take_snapshot(0, |_| Some(8));
+            st.finish_flush();
+            assert!(st.stacks().is_empty(), "seed {seed}");
+            assert_eq!(st.stacks().resolved_frame_count(), 0, "seed {seed}");
+            assert_eq!(st.stacks().frame_count(), 0, "seed {seed}");
+        }
+    }
+    fn is_resolved_frame_(f: u64) -> bool {
+        crate::core::stack_table::is_resolved_frame(f)
     }
 }

@@ -27,9 +27,18 @@ pub type FrameRef = u64;
 pub const TRUNCATION_FRAME: FrameRef = 0;
 
 /// Ruby frame handles are heap addresses (even); resolved frames (held by
-/// name, see `detach_frames`) get odd handles.
+/// name, see `detach_frames`) get odd handles from 3 up (1 is the profile
+/// builder's "(no Ruby frames)").
 pub fn is_resolved_frame(frame: FrameRef) -> bool {
-    frame & 1 == 1
+    frame & 1 == 1 && frame > 1
+}
+
+fn resolved_handle(index: u32) -> FrameRef {
+    ((u64::from(index) + 1) << 1) | 1
+}
+
+fn resolved_index(frame: FrameRef) -> usize {
+    ((frame >> 1) - 1) as usize
 }
 
 /// What the binding layer found out about a frame at flush time.
@@ -57,6 +66,11 @@ impl StackId {
     pub fn index(self) -> usize {
         self.0 as usize
     }
+
+    /// An entry of `detach_frames`' result as a stack id (None: not moved).
+    pub fn from_stored(id: u32) -> Option<StackId> {
+        (id != NO_STACK).then_some(StackId(id))
+    }
 }
 
 /// A stored stack: ids into the frame table, leaf first.
@@ -70,6 +84,7 @@ struct StackEntry {
 }
 
 const NO_STACK: u32 = u32::MAX;
+const NO_SLOT: u32 = u32::MAX;
 
 /// One distinct (frame, line), and how many stored stack positions use it.
 #[derive(Debug)]
@@ -104,6 +119,12 @@ pub struct StackTable {
     /// Stacks stored with Ruby frames in them since the last
     /// `detach_frames` (may also hold ids since pruned or reused).
     with_ruby_frames: Vec<u32>,
+    /// Stacks a detach in progress has still to look at (it works in
+    /// batches, see `detach_frames`).
+    detach_queue: Vec<u32>,
+    /// Ids merged away during a detach in progress: reused only once it
+    /// ends, so that an id still queued never names a newer stack.
+    merged_ids: Vec<u32>,
 }
 
 fn hash_frames(frames: &[Frame]) -> u64 {
@@ -231,17 +252,26 @@ impl StackTable {
                 index
             }
         };
-        let frame = (u64::from(index) << 1) | 1;
+        let frame = resolved_handle(index);
         self.resolved_by_info.insert(info.clone(), frame);
         frame
     }
 
     fn forget_resolved(&mut self, frame: FrameRef) {
-        let index = (frame >> 1) as usize;
+        let index = resolved_index(frame);
         if let Some(info) = self.resolved.get_mut(index).and_then(Option::take) {
             self.resolved_by_info.remove(&info);
             self.free_resolved.push(index as u32);
         }
+    }
+
+    /// Every resolved frame with its name (a few thousand at most: one per
+    /// distinct method and line any stored stack still holds).
+    pub fn resolved_infos(&self) -> impl Iterator<Item = (FrameRef, &FrameInfo)> + '_ {
+        self.resolved
+            .iter()
+            .enumerate()
+            .filter_map(|(index, info)| Some((resolved_handle(index as u32), info.as_ref()?)))
     }
 
     /// The name of a resolved frame.
@@ -249,21 +279,58 @@ impl StackTable {
         if !is_resolved_frame(frame) {
             return None;
         }
-        self.resolved.get((frame >> 1) as usize)?.as_ref()
+        self.resolved.get(resolved_index(frame))?.as_ref()
     }
 
     /// Replaces the Ruby frames that `names` names (a flush's resolution) by
     /// resolved frames, in every stack stored with Ruby frames since the
     /// last call. A stack that becomes equal to one already stored is merged
-    /// into it; the returned map says which stack ids now live under which
-    /// (the caller moves its samples over). Frames `names` lacks (stacks
-    /// taken while the flush ran) stay Ruby frames until the next call.
-    pub fn detach_frames(
+    /// into it: the returned vector, indexed by stack id, gives the id its
+    /// samples must move to (`NO_STACK` for the others; empty if none
+    /// merged). Frames `names` lacks (stacks taken while the flush ran) stay
+    /// Ruby frames until the next call.
+    ///
+    /// Runs under the sampler lock with the GVL held, at every flush, so it
+    /// works on frame slots: names are hashed once per distinct frame, and
+    /// each stack position costs an array lookup and a use count.
+    pub fn detach_frames(&mut self, names: &FastHashMap<FrameRef, FrameInfo>) -> Vec<u32> {
+        self.begin_detach();
+        let (moved, _done) = self.detach_batch(names, usize::MAX);
+        moved
+    }
+
+    /// Queues every stack stored with Ruby frames for `detach_batch`.
+    pub fn begin_detach(&mut self) {
+        let mut new = std::mem::take(&mut self.with_ruby_frames);
+        // Only ids of stacks stored now: a stale id (its stack pruned) could
+        // otherwise be taken by a stack interned between two batches, whose
+        // frames may be new objects at addresses `names` knew as others.
+        // Stored ones stay occupied until the detach ends (merged ids wait).
+        new.sort_unstable();
+        new.dedup();
+        new.retain(|&id| matches!(self.entries.get(id as usize), Some(Some(_))));
+        self.detach_queue.extend(new);
+    }
+
+    /// `detach_frames` for at most `max_stacks` of the queued stacks, so a
+    /// caller can let other threads run in between. Returns the moves (as
+    /// `detach_frames`) and whether the queue is empty. Between batches the
+    /// frames still queued stay Ruby frames, held and marked as before.
+    pub fn detach_batch(
         &mut self,
         names: &FastHashMap<FrameRef, FrameInfo>,
-    ) -> FastHashMap<StackId, StackId> {
-        let mut moved = FastHashMap::default();
-        for slot in std::mem::take(&mut self.with_ruby_frames) {
+        max_stacks: usize,
+    ) -> (Vec<u32>, bool) {
+        let mut moved: Vec<u32> = Vec::new();
+        // Old Ruby-frame slot -> its resolved slot (NO_SLOT: not named).
+        let mut slot_map: Vec<u32> = Vec::new();
+        let mut resolved_of: FastHashMap<FrameRef, FrameRef> = FastHashMap::default();
+        let take = self.detach_queue.len().min(max_stacks);
+        let batch: Vec<u32> = self
+            .detach_queue
+            .drain(self.detach_queue.len() - take..)
+            .collect();
+        for slot in batch {
             let Some(entry) = self.entries.get(slot as usize).and_then(Option::as_ref) else {
                 continue; // pruned since
             };
@@ -273,45 +340,130 @@ impl StackTable {
                 self.with_ruby_frames.push(slot);
                 continue;
             }
-            let refs = entry.refs;
-            let old: Vec<Frame> = entry
-                .frames
-                .iter()
-                .map(|&id| self.frame_slots[id as usize].frame)
-                .collect();
+            let old_ids = entry.frames.clone();
+            let mut new_ids = Vec::with_capacity(old_ids.len());
             let mut changed = false;
-            let new: Vec<Frame> = old
-                .iter()
-                .map(|frame| match names.get(&frame.frame) {
-                    Some(info) if !is_resolved_frame(frame.frame) => {
-                        changed = true;
-                        Frame {
-                            frame: self.resolved_frame(info),
+            let mut still_ruby = false;
+            for &id in old_ids.iter() {
+                let frame = self.frame_slots[id as usize].frame;
+                if frame.frame == TRUNCATION_FRAME || is_resolved_frame(frame.frame) {
+                    new_ids.push(id);
+                    continue;
+                }
+                if slot_map.len() <= id as usize {
+                    slot_map.resize(self.frame_slots.len().max(id as usize + 1), NO_SLOT);
+                }
+                if slot_map[id as usize] == NO_SLOT {
+                    if let Some(info) = names.get(&frame.frame) {
+                        let resolved = match resolved_of.get(&frame.frame) {
+                            Some(&r) => r,
+                            None => {
+                                let r = self.resolved_frame(info);
+                                resolved_of.insert(frame.frame, r);
+                                r
+                            }
+                        };
+                        slot_map[id as usize] = self.ensure_slot(Frame {
+                            frame: resolved,
                             line: frame.line,
-                        }
+                        });
                     }
-                    _ => *frame,
-                })
-                .collect();
+                }
+                match slot_map.get(id as usize).copied().filter(|&n| n != NO_SLOT) {
+                    Some(new) => {
+                        changed = true;
+                        new_ids.push(new);
+                    }
+                    None => {
+                        still_ruby = true;
+                        new_ids.push(id);
+                    }
+                }
+            }
             if !changed {
                 self.with_ruby_frames.push(slot);
                 continue;
             }
-            // The new stack first (so shared frames keep their slots), then
-            // the old one goes with all its references.
-            let new_id = self.intern(&new);
-            self.entry_mut(new_id).refs += refs - 1;
+            let frames: Vec<Frame> = new_ids
+                .iter()
+                .map(|&id| self.frame_slots[id as usize].frame)
+                .collect();
+            let hash = hash_frames(&frames);
+            let existing = self.find_stack(hash, &new_ids);
             let old_entry = self.entries[slot as usize].take().expect("checked above");
             self.unlink(slot, &old_entry);
-            for &frame in old_entry.frames.iter() {
-                self.release_frame(frame);
+            match existing {
+                Some(target) => {
+                    // Merge: the stored stack takes over the references.
+                    for &id in old_ids.iter() {
+                        self.release_frame(id);
+                    }
+                    self.positions -= old_ids.len();
+                    self.stacks -= 1;
+                    self.merged_ids.push(slot);
+                    self.entry_mut(StackId(target)).refs += old_entry.refs;
+                    if moved.is_empty() {
+                        moved = vec![NO_STACK; self.entries.len()];
+                    }
+                    moved[slot as usize] = target;
+                }
+                None => {
+                    // Rewrite in place: same id, new frames.
+                    for (&old, &new) in old_ids.iter().zip(new_ids.iter()) {
+                        self.frame_slots[new as usize].uses += 1;
+                        self.release_frame(old);
+                    }
+                    let next_same_hash = self.by_hash.get(&hash).copied().unwrap_or(NO_STACK);
+                    self.entries[slot as usize] = Some(StackEntry {
+                        frames: new_ids.into_boxed_slice(),
+                        hash,
+                        refs: old_entry.refs,
+                        next_same_hash,
+                    });
+                    self.by_hash.insert(hash, slot);
+                    if still_ruby {
+                        self.with_ruby_frames.push(slot);
+                    }
+                }
             }
-            self.positions -= old_entry.frames.len();
-            self.stacks -= 1;
-            self.free_ids.push(slot);
-            moved.insert(StackId(slot), new_id);
         }
-        moved
+        let done = self.detach_queue.is_empty();
+        if done {
+            let merged = std::mem::take(&mut self.merged_ids);
+            self.free_ids.extend(merged);
+        }
+        (moved, done)
+    }
+
+    /// A detach that will not be finished (its flush failed): what is still
+    /// queued waits for the next one, merged ids become reusable.
+    pub fn end_detach(&mut self) {
+        let queued = std::mem::take(&mut self.detach_queue);
+        self.with_ruby_frames.extend(queued);
+        let merged = std::mem::take(&mut self.merged_ids);
+        self.free_ids.extend(merged);
+    }
+
+    /// The stored stack with these frame slot ids, if any.
+    fn find_stack(&self, hash: u64, ids: &[u32]) -> Option<u32> {
+        let mut candidate = self.by_hash.get(&hash).copied().unwrap_or(NO_STACK);
+        while candidate != NO_STACK {
+            let entry = self.entries[candidate as usize]
+                .as_ref()
+                .expect("hash chains hold stored stacks");
+            if *entry.frames == *ids {
+                return Some(candidate);
+            }
+            candidate = entry.next_same_hash;
+        }
+        None
+    }
+
+    /// The slot of a (frame, line), created with no uses if new.
+    fn ensure_slot(&mut self, frame: Frame) -> u32 {
+        let id = self.frame_id(frame);
+        self.frame_slots[id as usize].uses -= 1;
+        id
     }
 
     pub fn retain(&mut self, id: StackId) {
@@ -426,7 +578,10 @@ impl StackTable {
             + self.free_frame_slots.capacity() * size_of::<u32>()
             + self.frame_ids.capacity() * (size_of::<Frame>() + size_of::<u32>() + 4)
             + self.frame_refs.capacity() * (size_of::<FrameRef>() + size_of::<u32>() + 4)
-            + self.with_ruby_frames.capacity() * size_of::<u32>()
+            + (self.with_ruby_frames.capacity()
+                + self.detach_queue.capacity()
+                + self.merged_ids.capacity())
+                * size_of::<u32>()
             + self.resolved.capacity() * size_of::<Option<FrameInfo>>()
             + self.resolved_by_info.capacity()
                 * (size_of::<FrameInfo>() + size_of::<FrameRef>() + 4)
@@ -564,7 +719,8 @@ mod tests {
         let mut table = StackTable::new();
         let first = table.intern(&stack(&[(0x100, 1), (0x200, 2)]));
         let moved = table.detach_frames(&named(&[(0x100, "A#a"), (0x200, "B#b")]));
-        let resolved = moved[&first];
+        assert!(moved.is_empty(), "rewritten in place, nothing merged");
+        let resolved = first;
         assert_eq!(table.live_frames().count(), 0, "no Ruby object kept alive");
         assert_eq!(table.resolved_frame_count(), 2);
         let names: Vec<String> = table
@@ -580,7 +736,7 @@ mod tests {
         let again = table.intern(&stack(&[(0x300, 1), (0x200, 2)]));
         assert_eq!(table.live_frames().count(), 2);
         let moved = table.detach_frames(&named(&[(0x300, "A#a"), (0x200, "B#b")]));
-        assert_eq!(moved[&again], resolved);
+        assert_eq!(StackId::from_stored(moved[again.index()]), Some(resolved));
         assert_eq!(table.refs(resolved), 2);
         assert_eq!(table.len(), 1);
         assert_eq!(table.live_frames().count(), 0);
@@ -598,13 +754,12 @@ mod tests {
         let mut table = StackTable::new();
         let id = table.intern(&stack(&[(0x100, 1), (0x200, 2), (TRUNCATION_FRAME, 0)]));
         // Taken while the flush ran: only one of its frames was named.
-        let moved = table.detach_frames(&named(&[(0x100, "A#a")]));
-        let partly = moved[&id];
+        assert!(table.detach_frames(&named(&[(0x100, "A#a")])).is_empty());
         assert_eq!(table.live_frames().collect::<Vec<_>>(), [0x200]);
-        let moved = table.detach_frames(&named(&[(0x200, "B#b")]));
-        let fully = moved[&partly];
+        assert!(table.detach_frames(&named(&[(0x200, "B#b")])).is_empty());
         assert_eq!(table.live_frames().count(), 0);
-        assert_eq!(table.frames(fully)[2].frame, TRUNCATION_FRAME);
+        assert_eq!(table.frames(id)[2].frame, TRUNCATION_FRAME);
+        assert_eq!(table.refs(id), 1);
         // Nothing left to name: nothing moves.
         assert!(table.detach_frames(&named(&[])).is_empty());
     }

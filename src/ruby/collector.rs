@@ -28,6 +28,9 @@ use crate::core::sample_gate::{entropy_seed, GapSampler, SkipCountdown};
 use crate::core::sampler_state::{DropCounters, SamplerState};
 
 pub const DEFAULT_SAMPLE_RATE: f64 = 0.01;
+/// Stacks converted to named frames per step of a flush's last part (about
+/// a millisecond each at depth 50).
+const DETACH_BATCH: usize = 1024;
 pub const DEFAULT_MAX_ALLOCATION_SAMPLES: usize = 10_000;
 pub const DEFAULT_MAX_HEAP_SAMPLES: usize = 50_000;
 
@@ -597,13 +600,25 @@ impl Collector {
         // 4. The frames and classes just named are held by name from now on,
         //    no longer as Ruby objects kept alive (see StackTable::detach_frames
         //    and core::named_classes).
-        let detached = self.with_sampler(|s| {
-            s.state.detach_resolved_frames(&ruby_frames);
+        //    In batches, letting other threads run in between (when asked),
+        //    so that a flush after a busy interval never holds the GVL long.
+        //    If this fails (the thread killed while it let others run), what
+        //    is left stays Ruby frames until the next flush.
+        self.with_sampler(|s| {
             s.state.detach_resolved_classes(&ruby_classes);
-        });
-        if detached.is_err() {
-            // Nothing lost: they stay Ruby frames until the next flush.
-            self.count_internal_error();
+            s.state.begin_detach();
+        })?;
+        loop {
+            let done = self.with_sampler(|s| {
+                s.state
+                    .detach_resolved_frames_batch(&ruby_frames, DETACH_BATCH)
+            })?;
+            if done {
+                break;
+            }
+            if options.proactively_yield_gvl {
+                yield_to_other_threads()?;
+            }
         }
         Ok(FlushResult {
             pprof,
