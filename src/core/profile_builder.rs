@@ -15,12 +15,6 @@ use super::pprof;
 use super::sampler_state::{ClassRef, FlushSnapshot};
 use super::stack_table::{Frame, FrameRef, StackId, TRUNCATION_FRAME};
 
-/// Function key of the "(no Ruby frames)" placeholder: frame references are
-/// aligned addresses of Ruby objects, so never 1.
-const NO_RUBY_FRAMES: FrameRef = 1; // never a frame handle (see stack_table)
-/// Function key of the "(other)" frame that folded samples are put under.
-const FOLDED_FRAME: FrameRef = 2;
-
 /// What samples are merged by: stack, class, GC age (live samples only).
 type SampleKey = (StackId, ClassRef, Option<u32>);
 /// A merged sample: its key and the sums of its four values.
@@ -62,7 +56,10 @@ struct ProfileBuilder<'a> {
     frames: &'a FastHashMap<FrameRef, FrameInfo>,
     classes: &'a FastHashMap<ClassRef, String>,
     strings: StringTable,
-    functions: FastHashMap<(FrameRef, i64), u64>,
+    /// By (name, file, first line) string indexes and line: a method seen
+    /// both as a Ruby frame and, after an earlier flush named it, as a
+    /// resolved frame is one function.
+    functions: FastHashMap<(i64, i64, i64), u64>,
     locations: FastHashMap<(u64, i64), u64>,
     profile: pprof::Profile,
     /// Samples folded into "(other)" by `fold_to_fit`.
@@ -85,13 +82,13 @@ impl<'a> ProfileBuilder<'a> {
         }
     }
 
-    fn function_id(&mut self, frame: FrameRef, name: &str, filename: &str, start_line: i64) -> u64 {
+    fn function_id(&mut self, name: &str, filename: &str, start_line: i64) -> u64 {
         let filename_index = self.strings.intern(filename);
-        if let Some(&id) = self.functions.get(&(frame, filename_index)) {
+        let name = self.strings.intern(name);
+        if let Some(&id) = self.functions.get(&(name, filename_index, start_line)) {
             return id;
         }
         let id = self.profile.function.len() as u64 + 1;
-        let name = self.strings.intern(name);
         self.profile.function.push(pprof::Function {
             id,
             name,
@@ -101,7 +98,8 @@ impl<'a> ProfileBuilder<'a> {
             filename: filename_index,
             start_line,
         });
-        self.functions.insert((frame, filename_index), id);
+        self.functions
+            .insert((name, filename_index, start_line), id);
         id
     }
 
@@ -130,7 +128,7 @@ impl<'a> ProfileBuilder<'a> {
         if frames.is_empty() {
             // E.g. objects a new thread allocates before its block runs: shown
             // rather than left as a sample with no stack.
-            let function = self.function_id(NO_RUBY_FRAMES, "(no Ruby frames)", "", 0);
+            let function = self.function_id("(no Ruby frames)", "", 0);
             return vec![self.location_id(function, 0)];
         }
         let frames = self.without_hidden_main_frame(frames);
@@ -138,7 +136,7 @@ impl<'a> ProfileBuilder<'a> {
         for (i, frame) in frames.iter().enumerate() {
             let frames_map = self.frames;
             let id = if frame.frame == TRUNCATION_FRAME {
-                let function = self.function_id(TRUNCATION_FRAME, "(truncated stack)", "", 0);
+                let function = self.function_id("(truncated stack)", "", 0);
                 self.location_id(function, 0)
             } else if let Some(info) = frames_map.get(&frame.frame) {
                 let (filename, line) = match &info.filename {
@@ -153,10 +151,10 @@ impl<'a> ProfileBuilder<'a> {
                         })
                         .unwrap_or(("(C function)", 0)),
                 };
-                let function = self.function_id(frame.frame, &info.name, filename, info.start_line);
+                let function = self.function_id(&info.name, filename, info.start_line);
                 self.location_id(function, line)
             } else {
-                let function = self.function_id(frame.frame, "(unknown frame)", "", 0);
+                let function = self.function_id("(unknown frame)", "", 0);
                 self.location_id(function, 0)
             };
             ids.push(id);
@@ -332,7 +330,7 @@ impl<'a> ProfileBuilder<'a> {
         }
 
         if let Some((count, sums)) = folded {
-            let function = self.function_id(FOLDED_FRAME, "(other)", "", 0);
+            let function = self.function_id("(other)", "", 0);
             let location_id = vec![self.location_id(function, 0)];
             let label = vec![pprof::Label {
                 key: class_key,

@@ -27,8 +27,8 @@ pub type FrameRef = u64;
 pub const TRUNCATION_FRAME: FrameRef = 0;
 
 /// Ruby frame handles are heap addresses (even); resolved frames (held by
-/// name, see `detach_frames`) get odd handles from 3 up (1 is the profile
-/// builder's "(no Ruby frames)").
+/// name, see `detach_frames`) get odd handles from 3 up (so that 1, which
+/// an older profile builder used as a placeholder, never is one).
 pub fn is_resolved_frame(frame: FrameRef) -> bool {
     frame & 1 == 1 && frame > 1
 }
