@@ -444,8 +444,14 @@ module Torture
       return unless @validator
 
       path = File.join(@dir, "#{label}-#{Process.pid}-#{serial}.pprof")
-      File.binwrite(path, data.pprof_data)
+      write_file(path, data.pprof_data)
       @validator << path
+    end
+
+    # Never through Ruby's IO buffer: a child forked meanwhile would flush its
+    # copy of the buffer into the same file (see ProfileData#write).
+    def write_file(path, data)
+      File.open(path, "wb") { |f| MemprofilerPprof::ProfileData.write_unbuffered(f, data) }
     end
 
     def flusher_loop
@@ -565,7 +571,7 @@ module Torture
       profiles.each_with_index do |(data, caps), i|
         error = Torture.check_profile(data, caps)
         errors << error if error
-        File.binwrite(File.join(@dir, "child-#{Process.pid}-#{i}.pprof"), data.pprof_data)
+        write_file(File.join(@dir, "child-#{Process.pid}-#{i}.pprof"), data.pprof_data)
       end
       $stderr.puts "torture child #{Process.pid}: #{errors.join('; ')}" unless errors.empty?
       exit!(errors.empty? ? 0 : 3)

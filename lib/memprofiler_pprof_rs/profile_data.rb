@@ -98,13 +98,22 @@ module MemprofilerPprof
       temporary = File.join(directory, ".#{File.basename(path)}.#{Process.pid}.#{rand(1 << 32).to_s(16)}.tmp")
       begin
         File.open(temporary, File::WRONLY | File::CREAT | File::EXCL, 0o644, binmode: true) do |file|
-          file.write(pprof_data)
+          self.class.write_unbuffered(file, pprof_data)
         end
         overwrite ? File.rename(temporary, path) : publish_without_overwriting(temporary, path)
       ensure
         File.unlink(temporary) if File.exist?(temporary)
       end
       path
+    end
+
+    # Writes with write(2) directly, never through Ruby's IO buffer: a fork
+    # (from another thread) while data sat in that buffer would give the
+    # child a copy, which its GC flushes into the shared file description,
+    # appending a second copy of the profile to the file.
+    def self.write_unbuffered(file, data)
+      written = 0
+      written += file.syswrite(data.byteslice(written..)) while written < data.bytesize
     end
 
     # Length of the interval the allocation samples cover, in seconds.
