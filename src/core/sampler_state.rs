@@ -1884,6 +1884,27 @@ mod tests {
     /// Random interleavings of samples, frees, flushes (with frames sampled
     /// "during" the flush left unnamed), detaches and prunes: every live
     /// sample keeps its original names, refcounts stay consistent.
+    /// For the fuzz test: samples a new object with `stack`; if it is
+    /// tracked live, remembers the frame names its profile must show.
+    fn sample_expecting(
+        st: &mut SamplerState,
+        next_obj: &mut ObjectAddress,
+        expected: &mut FastHashMap<ObjectAddress, Vec<(String, i32)>>,
+        stack: &[Frame],
+        name: impl Fn(u64) -> String,
+    ) {
+        let admission = st.admission();
+        let obj = *next_obj;
+        *next_obj += 40;
+        if st
+            .record_allocation(obj, ObjectInfo::default(), stack, 1.0, admission)
+            .is_some()
+            && admission.live
+        {
+            expected.insert(obj, stack.iter().map(|f| (name(f.frame), f.line)).collect());
+        }
+    }
+
     #[test]
     #[cfg_attr(miri, ignore = "200 random runs; too slow under Miri")]
     fn random_flushes_and_detaches_keep_names_and_refcounts() {
@@ -1909,22 +1930,9 @@ mod tests {
                             line: rng.random_range(1..3),
                         })
                         .collect();
-                    let admission = st.admission();
-                    let obj = next_obj;
-                    next_obj += 40;
-                    if st
-                        .record_allocation(obj, ObjectInfo::default(), &stack, 1.0, admission)
-                        .is_some()
-                        && admission.live
-                    {
-                        expected.insert(
-                            obj,
-                            stack
-                                .iter()
-                                .map(|f| (name_of(f.frame, &gen), f.line))
-                                .collect(),
-                        );
-                    }
+                    sample_expecting(&mut st, &mut next_obj, &mut expected, &stack, |f| {
+                        name_of(f, &gen)
+                    });
                 }
                 st.measure_pending(|_| Some(8));
                 let objs: Vec<_> = expected.keys().copied().collect();
@@ -1984,22 +1992,9 @@ mod tests {
                             line: 1,
                         })
                         .collect();
-                    let admission = st.admission();
-                    let obj = next_obj;
-                    next_obj += 40;
-                    if st
-                        .record_allocation(obj, ObjectInfo::default(), &stack, 1.0, admission)
-                        .is_some()
-                        && admission.live
-                    {
-                        expected.insert(
-                            obj,
-                            stack
-                                .iter()
-                                .map(|f| (name_of(f.frame, &gen), f.line))
-                                .collect(),
-                        );
-                    }
+                    sample_expecting(&mut st, &mut next_obj, &mut expected, &stack, |f| {
+                        name_of(f, &gen)
+                    });
                 }
                 if rng.random_bool(0.8) {
                     // In batches, other threads sampling in between, and
@@ -2014,28 +2009,9 @@ mod tests {
                                     line: 1,
                                 })
                                 .collect();
-                            let admission = st.admission();
-                            let obj = next_obj;
-                            next_obj += 40;
-                            if st
-                                .record_allocation(
-                                    obj,
-                                    ObjectInfo::default(),
-                                    &stack,
-                                    1.0,
-                                    admission,
-                                )
-                                .is_some()
-                                && admission.live
-                            {
-                                expected.insert(
-                                    obj,
-                                    stack
-                                        .iter()
-                                        .map(|f| (name_of(f.frame, &gen), f.line))
-                                        .collect(),
-                                );
-                            }
+                            sample_expecting(&mut st, &mut next_obj, &mut expected, &stack, |f| {
+                                name_of(f, &gen)
+                            });
                         }
                         let live: std::collections::HashSet<u64> =
                             st.stacks().live_frames().collect();
