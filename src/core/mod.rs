@@ -4,6 +4,7 @@
 //! the binding layer in `crate::ruby` is what knows they are VALUEs.
 
 pub mod address_filter;
+pub mod analysis;
 pub mod fast_hash;
 pub mod lock;
 pub mod named_classes;

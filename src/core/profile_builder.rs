@@ -417,8 +417,8 @@ pub fn build_profile(
 }
 
 /// Serialises and gzips a profile, the form pprof tools read (the tests'
-/// reference for `build_profile_gzipped`, which the collector uses).
-#[cfg(test)]
+/// reference for `build_profile_gzipped`, which the collector uses; and
+/// how profiles read back are written again, see `analysis`).
 pub fn encode_gzipped(profile: &pprof::Profile) -> Vec<u8> {
     let raw = profile.encode_to_vec();
     let mut encoder = GzEncoder::new(Vec::with_capacity(raw.len() / 4 + 64), Compression::new(6));

@@ -10,11 +10,12 @@ mod empty_hooks;
 mod errors;
 mod frames;
 mod heap;
+mod profile_class;
 
 use rb_sys::{
     rb_cObject, rb_define_alloc_func, rb_define_class_under, rb_define_method, rb_define_module,
     rb_define_module_under, rb_define_private_method, rb_define_singleton_method, rb_set_end_proc,
-    Qnil, VALUE,
+    rb_undef_alloc_func, Qnil, VALUE,
 };
 
 use errors::{method_entry, protect};
@@ -27,6 +28,7 @@ pub unsafe extern "C" fn Init_memprofiler_pprof_rs() {
         active_collectors::init();
         empty_hooks::init();
         let methods = collector_class::methods();
+        let profile_methods = profile_class::methods();
         protect(|| {
             // SAFETY: runs once at load with the GVL held; every pointer
             // passed is a static C string or a function of the right arity.
@@ -53,6 +55,22 @@ pub unsafe extern "C" fn Init_memprofiler_pprof_rs() {
                     };
                     define(
                         collector,
+                        method.name.as_ptr(),
+                        Some(method.func),
+                        method.arity,
+                    );
+                }
+                // Profile objects come only from Profile.parse / merge.
+                let profile = rb_define_class_under(module, c"Profile".as_ptr(), rb_cObject);
+                rb_undef_alloc_func(profile);
+                for method in &profile_methods {
+                    let define = if method.singleton {
+                        rb_define_singleton_method
+                    } else {
+                        rb_define_private_method
+                    };
+                    define(
+                        profile,
                         method.name.as_ptr(),
                         Some(method.func),
                         method.arity,

@@ -1,0 +1,303 @@
+# frozen_string_literal: true
+
+require "optparse"
+
+module MemprofilerPprof
+  # The `memprofiler_pprof_rs` executable: answers "what uses memory?" and
+  # "what grew?" from pprof files, with no Go installed. Every failure is
+  # one line on stderr and exit status 1 (2 for a usage mistake); never a
+  # stack trace (MEMPROFILER_PPROF_RS_DEBUG=1 adds one for bug reports).
+  class CLI
+    PROGRAM = "memprofiler_pprof_rs"
+    SAMPLE_INDEXES = %w[inuse_space inuse_objects alloc_space alloc_objects].freeze
+
+    # A mistake in how the command was called: usage error, exit 2.
+    class UsageError < StandardError; end
+
+    COMMANDS = {
+      "top" => "the biggest users of memory, like go tool pprof -top",
+      "diff" => "what grew between profiles of one process (leak hunting)",
+      "flamegraph" => "an interactive HTML flame graph (or a static SVG)",
+      "merge" => "combine profiles from many processes into one",
+    }.freeze
+
+    HELP = <<~TEXT
+      usage: #{PROGRAM} COMMAND [options] FILES...
+
+      Reads pprof profiles (from this gem, or any tool writing pprof) without Go.
+
+      Commands:
+      #{COMMANDS.map { |name, what| format('  %-11s %s', name, what) }.join("\n")}
+
+      Examples:
+        #{PROGRAM} top tmp/profiles/heap-1234-9.pprof
+        #{PROGRAM} top heap.pprof --by gem --sample-index alloc_space
+        #{PROGRAM} diff heap-1234-1.pprof heap-1234-9.pprof
+        #{PROGRAM} diff tmp/profiles/heap-1234-*.pprof
+        #{PROGRAM} flamegraph heap.pprof -o heap.html
+        #{PROGRAM} merge tmp/profiles/*.pprof -o all.pprof
+
+      Run `#{PROGRAM} COMMAND --help` for a command's options.
+    TEXT
+
+    def initialize(stdout: $stdout, stderr: $stderr)
+      @stdout = stdout
+      @stderr = stderr
+    end
+
+    # Runs one command line; returns the exit status.
+    def run(argv)
+      argv = argv.dup
+      command = argv.shift
+      case command
+      when nil
+        @stderr.print(HELP)
+        2
+      when "-h", "--help", "help"
+        topic = argv.first
+        if topic && COMMANDS.key?(topic)
+          @stdout.print(parser_for(topic, {}).help)
+        else
+          @stdout.print(HELP)
+        end
+        0
+      when "-v", "--version"
+        load_library
+        @stdout.puts("#{PROGRAM} #{MemprofilerPprof::VERSION}")
+        0
+      else
+        raise UsageError, "unknown command #{command.inspect} (commands: #{COMMANDS.keys.join(', ')})" unless COMMANDS.key?(command)
+
+        dispatch(command, argv)
+      end
+    rescue UsageError, OptionParser::ParseError => e
+      @stderr.puts("#{PROGRAM}: #{e.message}")
+      @stderr.puts("Run `#{PROGRAM} #{COMMANDS.key?(command) ? "#{command} " : ''}--help` for usage.")
+      2
+    rescue Errno::EPIPE
+      0 # output piped into `head`, which stopped reading
+    rescue Interrupt
+      130
+    rescue ProfileFormatError, SystemCallError, ArgumentError, TypeError => e
+      fail_with(e.message, e)
+    rescue StandardError, ScriptError => e
+      fail_with("internal error: #{e.class}: #{e.message} (please report it; " \
+                "MEMPROFILER_PPROF_RS_DEBUG=1 shows where)", e)
+    end
+
+    private
+
+    def fail_with(message, error)
+      @stderr.puts("#{PROGRAM}: #{message}")
+      @stderr.puts(error.full_message(highlight: false)) if ENV["MEMPROFILER_PPROF_RS_DEBUG"] == "1"
+      1
+    end
+
+    # The extension is loaded only once a command needs it, so `--help`
+    # works even where the native build is missing.
+    def load_library
+      require_relative "../memprofiler_pprof_rs"
+    end
+
+    def dispatch(command, argv)
+      options = {}
+      files = nil
+      # `COMMAND --help` prints and stops parsing: exit 0 without running.
+      catch(:exit_now) { files = parser_for(command, options).parse(argv) } or return 0
+      load_library
+      send(command, files, options)
+    end
+
+    def parser_for(command, options)
+      OptionParser.new do |opts|
+        opts.program_name = PROGRAM
+        send(:"#{command}_options", opts, options)
+        opts.separator("")
+        opts.on("-h", "--help", "this help") do
+          @stdout.print(opts.help)
+          throw :exit_now
+        end
+      end
+    end
+
+    def sample_index_option(opts, options, default_text)
+      opts.on("-i", "--sample-index TYPE",
+              "#{SAMPLE_INDEXES.join(', ')} (or any sample type of the profile); #{default_text}") do |value|
+        options[:sample_index] = value
+      end
+    end
+
+    def limit_option(opts, options, default)
+      opts.on("-n", "--limit N", Integer, "rows to show (default #{default}; 0 shows all)") do |value|
+        raise UsageError, "--limit must be 0 or more, got #{value}" if value.negative?
+
+        options[:limit] = value
+      end
+    end
+
+    def top_options(opts, options)
+      opts.banner = "usage: #{PROGRAM} top FILE [options]"
+      opts.separator(<<~TEXT)
+
+        The biggest users of memory in one profile: flat is what a row allocated
+        itself (as the leaf of the stack), cum includes what it called.
+
+        Examples:
+          #{PROGRAM} top heap.pprof                          # in-use space by function
+          #{PROGRAM} top heap.pprof --by line -n 10          # the allocating lines
+          #{PROGRAM} top heap.pprof --by gem -i alloc_space  # which gems allocate most
+          #{PROGRAM} top heap.pprof --by class -i inuse_objects
+          #{PROGRAM} top heap.pprof --focus 'PageCache'      # only stacks through a frame
+
+        Options:
+      TEXT
+      sample_index_option(opts, options, "default: the profile's default (inuse_space)")
+      opts.on("-b", "--by WHAT", %w[function line class file gem],
+              "group by function (default), line, class, file or gem") do |value|
+        options[:by] = value
+      end
+      limit_option(opts, options, 20)
+      opts.on("-f", "--focus REGEX", "only samples with a frame whose name or file matches") do |value|
+        options[:focus] = begin
+          Regexp.new(value)
+        rescue RegexpError => e
+          raise UsageError, "--focus #{value.inspect} is not a valid regular expression: #{e.message}"
+        end
+      end
+      opts.on("--cum", "sort by cum instead of flat") { options[:cum] = true }
+    end
+
+    def diff_options(opts, options)
+      opts.banner = "usage: #{PROGRAM} diff BASE NEW [NEWER...] [options]"
+      opts.separator(<<~TEXT)
+
+        What grew between profiles of the same process, oldest first: by
+        allocation site (whole stack), by allocating method and by class, with
+        a verdict line. With three or more profiles it also says in how many
+        intervals each row grew: a leak grows in every one.
+
+        Examples:
+          #{PROGRAM} diff heap-1234-1.pprof heap-1234-9.pprof
+          #{PROGRAM} diff tmp/profiles/heap-1234-*.pprof     # sorted oldest first
+          #{PROGRAM} diff old.pprof new.pprof -i inuse_objects -n 20
+
+        Options:
+      TEXT
+      sample_index_option(opts, options, "default: inuse_space")
+      limit_option(opts, options, 10)
+      opts.on("--keep-order", "compare in the order given (default: sort by the time in each profile)") do
+        options[:keep_order] = true
+      end
+    end
+
+    def flamegraph_options(opts, options)
+      opts.banner = "usage: #{PROGRAM} flamegraph FILE -o OUTPUT [options]"
+      opts.separator(<<~TEXT)
+
+        A flame graph of one profile. HTML (default): a single self-contained
+        page, no network access: click a frame to zoom, hover for values,
+        search box, and a table of functions. SVG: a static picture.
+
+        Examples:
+          #{PROGRAM} flamegraph heap.pprof -o heap.html
+          #{PROGRAM} flamegraph heap.pprof -o allocs.html -i alloc_space
+          #{PROGRAM} flamegraph heap.pprof -o heap.svg --format svg
+
+        Options:
+      TEXT
+      opts.on("-o", "--output FILE", "where to write (required; - for stdout)") { |value| options[:output] = value }
+      opts.on("--format FORMAT", %w[html svg], "html (default) or svg") { |value| options[:format] = value }
+      sample_index_option(opts, options, "default: the profile's default (inuse_space)")
+    end
+
+    def merge_options(opts, options)
+      opts.banner = "usage: #{PROGRAM} merge FILES... -o OUTPUT [options]"
+      opts.separator(<<~TEXT)
+
+        Combines profiles of the same kind (say, from every worker of a server)
+        into one: samples with the same stack and labels are added up. The
+        result is a gzipped pprof any pprof tool reads.
+
+        Examples:
+          #{PROGRAM} merge tmp/profiles/heap-*.pprof -o all.pprof
+          #{PROGRAM} merge web-*.pprof worker-*.pprof -o fleet.pprof
+          #{PROGRAM} top all.pprof
+
+        Options:
+      TEXT
+      opts.on("-o", "--output FILE", "where to write (required)") { |value| options[:output] = value }
+    end
+
+    def read_profiles(files, command, minimum:)
+      if files.size < minimum
+        raise UsageError, "#{command} needs #{minimum == 1 ? 'a profile file' : "at least #{minimum} profile files"}"
+      end
+
+      files.map { |file| [file, Profile.read(file)] }
+    end
+
+    def top(files, options)
+      raise UsageError, "top reads one profile; got #{files.size} files (merge them first)" if files.size > 1
+
+      (file, profile), = read_profiles(files, "top", minimum: 1)
+      @stdout.print(profile.top(
+        sample_index: options[:sample_index], by: options.fetch(:by, "function").to_sym,
+        limit: options.fetch(:limit, 20), focus: options[:focus], cum: options[:cum],
+        base_dir: Dir.pwd, title: file
+      ))
+      0
+    end
+
+    def diff(files, options)
+      loaded = read_profiles(files, "diff", minimum: 2)
+      # Oldest first by the time recorded in each profile, so a shell glob's
+      # order (heap-10 before heap-9) does not matter.
+      unless options[:keep_order]
+        loaded = loaded.each_with_index.sort_by { |(_, profile), index| [profile.time || Time.at(0), index] }.map(&:first)
+      end
+      @stdout.print(Profile.diff(
+        loaded.map(&:last), sample_index: options[:sample_index], limit: options.fetch(:limit, 10),
+                            base_dir: Dir.pwd, titles: loaded.map(&:first)
+      ))
+      0
+    end
+
+    def flamegraph(files, options)
+      raise UsageError, "flamegraph reads one profile; got #{files.size} files (merge them first)" if files.size > 1
+
+      output = options[:output] or raise UsageError, "flamegraph needs -o OUTPUT (e.g. -o heap.html)"
+      format = (options[:format] || (output.end_with?(".svg") ? "svg" : "html")).to_sym
+      (file, profile), = read_profiles(files, "flamegraph", minimum: 1)
+      document = profile.flamegraph(sample_index: options[:sample_index], format: format, title: File.basename(file))
+      write_output(output, document)
+      @stderr.puts("#{PROGRAM}: wrote #{output} (#{format}, #{document.bytesize} bytes)") unless output == "-"
+      0
+    end
+
+    def merge(files, options)
+      output = options[:output] or raise UsageError, "merge needs -o OUTPUT (e.g. -o all.pprof)"
+      loaded = read_profiles(files, "merge", minimum: 1)
+      merged = Profile.merge(loaded.map(&:last))
+      write_output(output, merged.to_pprof)
+      @stderr.puts("#{PROGRAM}: merged #{files.size} profiles (#{merged.samples_count} samples) into #{output}")
+      0
+    end
+
+    # Writes atomically (temporary file, then rename), so a reader never
+    # sees half a file; "-" writes to stdout.
+    def write_output(path, data)
+      if path == "-"
+        @stdout.write(data)
+        return
+      end
+      dir = File.dirname(path)
+      raise Errno::ENOENT, "directory #{dir}" unless File.directory?(dir)
+
+      temporary = File.join(dir, ".#{File.basename(path)}.#{Process.pid}.tmp")
+      File.binwrite(temporary, data)
+      File.rename(temporary, path)
+    ensure
+      File.unlink(temporary) if temporary && File.exist?(temporary)
+    end
+  end
+end

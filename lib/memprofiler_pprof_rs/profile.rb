@@ -1,0 +1,192 @@
+# frozen_string_literal: true
+
+module MemprofilerPprof
+  # Raised when bytes are not a readable pprof profile (not pprof at all, a
+  # truncated gzip, dangling references). The message says which.
+  class ProfileFormatError < StandardError; end
+
+  # A pprof profile read back, from this gem or any other tool, and the
+  # answers the `memprofiler_pprof_rs` executable prints. Decoding and
+  # aggregation run in the native core, so multi-megabyte profiles are quick.
+  #
+  #   profile = MemprofilerPprof::Profile.read("tmp/profiles/heap-1.pprof")
+  #   puts profile.top(sample_index: "inuse_space", by: :line, limit: 10)
+  #   puts MemprofilerPprof::Profile.diff([old, new])
+  #   File.write("heap.html", profile.flamegraph)
+  class Profile
+    GROUPINGS = %i[function line class file gem].freeze
+    FLAMEGRAPH_FORMATS = %i[html svg].freeze
+
+    private_class_method :_native_parse, :_native_diff, :_native_merge
+
+    class << self
+      # `data`: the bytes of a profile (gzipped or not), or a ProfileData.
+      def parse(data)
+        data = data.pprof_data if data.is_a?(ProfileData)
+        raise TypeError, "profile data must be a String or a ProfileData, got #{data.class}" unless data.is_a?(String)
+
+        result = _native_parse(data)
+        raise ProfileFormatError, result if result.is_a?(String)
+
+        result
+      end
+
+      # Reads the file at `path`; a bad file raises ProfileFormatError naming it.
+      def read(path)
+        path = path.to_path if path.respond_to?(:to_path)
+        raise TypeError, "path must be a String or Pathname, got #{path.class}" unless path.is_a?(String)
+
+        parse(File.binread(path))
+      rescue ProfileFormatError => e
+        raise ProfileFormatError, "#{path}: #{e.message}"
+      end
+
+      # One profile from many (e.g. every worker of a server): samples with
+      # the same stack and labels are added up.
+      def merge(profiles)
+        _native_merge(profile_list(profiles, "merge", minimum: 1))
+      end
+
+      # What grew from the first profile to the last (oldest first): a report
+      # by allocation site, allocating method and class, with a verdict line.
+      def diff(profiles, sample_index: nil, limit: 10, base_dir: Dir.pwd, titles: nil)
+        profiles = profile_list(profiles, "diff", minimum: 2)
+        titles ||= profiles.each_index.map { |i| "profile #{i + 1}" }
+        unless titles.is_a?(Array) && titles.size == profiles.size && titles.all?(String)
+          raise ArgumentError, "titles must be an Array of #{profiles.size} Strings"
+        end
+
+        _native_diff(profiles, sample_index_name(sample_index), limit_value(limit), base_dir.to_s, titles)
+      end
+
+      # Validation shared with the instance methods.
+      def sample_index_name(value)
+        return nil if value.nil?
+        raise TypeError, "sample_index must be a String or Symbol, got #{value.inspect}" unless value.is_a?(String) || value.is_a?(Symbol)
+
+        value.to_s
+      end
+
+      def limit_value(value)
+        raise TypeError, "limit must be an Integer, got #{value.inspect}" unless value.is_a?(Integer)
+        raise ArgumentError, "limit must be >= 0 (0 shows every row), got #{value}" if value.negative? || value > 1_000_000_000
+
+        value
+      end
+
+      private
+
+      def profile_list(profiles, what, minimum:)
+        raise TypeError, "#{what} needs an Array of Profiles, got #{profiles.class}" unless profiles.is_a?(Array)
+
+        bad = profiles.find { |p| !p.is_a?(Profile) }
+        raise TypeError, "#{what} needs Profiles, got #{bad.inspect[0, 80]}" if bad
+        raise ArgumentError, "#{what} needs at least #{minimum} profile#{'s' if minimum > 1}, got #{profiles.size}" if profiles.size < minimum
+
+        profiles
+      end
+    end
+
+    # [[type, unit], ...], e.g. [["alloc_objects", "count"], ...]
+    def sample_types
+      _native_sample_types
+    end
+
+    def sample_type_names
+      sample_types.map(&:first)
+    end
+
+    # The sample type views use when none is given.
+    def default_sample_type
+      _native_default_sample_type
+    end
+
+    def samples_count
+      summary[0]
+    end
+
+    # When the profile was taken (nil if it does not say).
+    def time
+      nanos = summary[1]
+      nanos.zero? ? nil : Time.at(nanos / 1_000_000_000r).utc
+    end
+
+    # Seconds the profile covers (nil if it does not say).
+    def duration
+      nanos = summary[2]
+      nanos.zero? ? nil : nanos / 1e9
+    end
+
+    def comments
+      summary[4..]
+    end
+
+    # {"alloc_objects" => 1234, ...}: each sample type summed over samples.
+    def totals
+      sample_type_names.zip(_native_totals).to_h
+    end
+
+    # A table like `go tool pprof -top`: flat (as the leaf), cum (anywhere on
+    # the stack). by: :function, :line, :class, :file or :gem. focus: a
+    # Regexp (or String) matched against frame names and files; only samples
+    # through a matching frame count.
+    def top(sample_index: nil, by: :function, limit: 20, focus: nil, cum: false, base_dir: Dir.pwd, title: "")
+      by = grouping(by)
+      focus_frames, focus_description = focus_for(focus)
+      _native_top(self.class.sample_index_name(sample_index), by, self.class.limit_value(limit),
+                  focus_frames, focus_description, cum ? true : false, base_dir.to_s, title.to_s)
+    end
+
+    # A self-contained flame graph: an HTML page (interactive, no network
+    # access) or a static SVG.
+    def flamegraph(sample_index: nil, format: :html, title: "")
+      format = format.to_sym if format.is_a?(String)
+      unless FLAMEGRAPH_FORMATS.include?(format)
+        raise ArgumentError, "format must be one of #{FLAMEGRAPH_FORMATS.join(', ')}, got #{format.inspect}"
+      end
+
+      _native_flamegraph(self.class.sample_index_name(sample_index), format.to_s, title.to_s)
+    end
+
+    # The profile as gzipped pprof bytes; optionally with another default
+    # sample type (what `go tool pprof` shows first).
+    def to_pprof(default_sample_type: nil)
+      _native_to_pprof(self.class.sample_index_name(default_sample_type))
+    end
+
+    def inspect
+      "#<#{self.class.name} #{samples_count} samples of #{sample_type_names.join(', ')}>"
+    end
+    alias to_s inspect
+
+    private
+
+    def summary
+      @summary ||= _native_summary.freeze
+    end
+
+    def grouping(by)
+      by = by.to_sym if by.is_a?(String)
+      return by.to_s if GROUPINGS.include?(by)
+
+      raise ArgumentError, "by must be one of #{GROUPINGS.join(', ')}, got #{by.inspect}"
+    end
+
+    def focus_for(focus)
+      return [nil, ""] if focus.nil?
+
+      regexp = case focus
+               when Regexp then focus
+               when String then Regexp.new(focus)
+               else raise TypeError, "focus must be a Regexp or String, got #{focus.inspect}"
+               end
+      frames = []
+      _native_frame_names.each_with_index do |(name, file), index|
+        frames << index if regexp.match?(name) || regexp.match?(file)
+      end
+      [frames, regexp.inspect]
+    rescue RegexpError => e
+      raise ArgumentError, "focus is not a valid regular expression: #{e.message}"
+    end
+  end
+end

@@ -1,0 +1,372 @@
+# frozen_string_literal: true
+
+require "fileutils"
+
+# The `memprofiler_pprof_rs` executable (top, diff, flamegraph, merge) and
+# MemprofilerPprof::Profile, which it is built on.
+#
+# Golden files: reports on profiles written by PprofWriter (exact samples, so
+# the same bytes on every Ruby). After an intended change of format, rewrite
+# them with UPDATE_GOLDEN=1 rspec spec/profile_cli_spec.rb and review the diff.
+RSpec.describe "memprofiler_pprof_rs executable" do
+  EXE = File.expand_path("../exe/memprofiler_pprof_rs", __dir__)
+  GOLDEN_DIR = File.expand_path("fixtures/golden", __dir__)
+  GO_FIXTURES = File.expand_path("fixtures/other_tools", __dir__)
+  TYPES = [%w[alloc_objects count], %w[alloc_space bytes], %w[inuse_objects count], %w[inuse_space bytes]].freeze
+  T0 = 1_796_000_000 * 1_000_000_000 # 2026-11-30 00:53:20 UTC
+
+  RACK = "/usr/local/bundle/gems/rack-3.0.8/lib/rack/builder.rb"
+  AS_CACHE = "/usr/local/bundle/gems/activesupport-7.1.3/lib/active_support/cache.rb"
+  JSON_RB = "/usr/lib/ruby/3.1.0/json/common.rb"
+
+  # A shop's heap at minute `minute` (0, 1, 2): sessions leak (grow every
+  # minute), the catalog is steady, the cache goes up and down.
+  def shop_profile(minute)
+    leaked = 1_048_576 * (minute + 1)
+    noise = [100_000, 400_000, 200_000][minute]
+    checkout = ["ShopController#checkout", "/srv/shop/app/controllers/shop_controller.rb", 30, 28]
+    index = ["ShopController#index", "/srv/shop/app/controllers/shop_controller.rb", 12, 10]
+    rack = ["Rack::Builder#call", RACK, 260, 258]
+    catalog = ["Catalog#load", "/srv/shop/app/models/catalog.rb", 8, 6]
+    samples = [
+      { stack: [["String#*", "/srv/shop/app/models/session_store.rb", 14, 0],
+                ["SessionStore#remember", "/srv/shop/app/models/session_store.rb", 14, 12], checkout, rack],
+        values: [2_000 * (minute + 1), leaked, 2_000 * (minute + 1), leaked], class: "String" },
+      { stack: [["Array#map", "/srv/shop/app/models/catalog.rb", 8, 0], catalog, index, rack],
+        values: [5_000, 900_000, 4_000, 800_000], class: "Array" },
+      { stack: [["Hash#merge", AS_CACHE, 400, 0], ["ActiveSupport::Cache::Store#fetch", AS_CACHE, 400, 380], index, rack],
+        values: [3_000, 3_000_000, 100, noise], class: "Hash" },
+      { stack: [["JSON::Ext::Parser#parse", JSON_RB, 216, 0], ["JSON.parse", JSON_RB, 216, 210], catalog, index, rack],
+        values: [600, 60_000, 500, 50_000], class: "Hash" },
+      # Temporaries: allocated, already freed (no in-use value).
+      { stack: [["Integer#to_s", "/srv/shop/app/views/render.rb", 3, 0], ["View#render", "/srv/shop/app/views/render.rb", 3, 1], index, rack],
+        values: [40_000, 1_600_000, 0, 0], class: "String" },
+    ]
+    PprofWriter.build(
+      sample_types: TYPES, samples: samples, time_nanos: T0 + minute * 60_000_000_000,
+      duration_nanos: 60_000_000_000, period: 100, period_type: %w[space bytes],
+      comments: ["memprofiler_pprof_rs: sample_rate=0.01; one object in 100 sampled on average"],
+      default_sample_type: "inuse_space"
+    )
+  end
+
+  around do |example|
+    Dir.mktmpdir("cli-spec") do |dir|
+      @dir = dir
+      example.run
+    end
+  end
+
+  def write(name, bytes)
+    File.binwrite(File.join(@dir, name), bytes)
+    name
+  end
+
+  def cli(*args)
+    out, err, status = Open3.capture3(RbConfig.ruby, EXE, *args, chdir: @dir)
+    [out, err, status.exitstatus]
+  end
+
+  def expect_golden(name, actual)
+    path = File.join(GOLDEN_DIR, name)
+    if ENV["UPDATE_GOLDEN"] == "1"
+      FileUtils.mkdir_p(GOLDEN_DIR)
+      File.write(path, actual)
+    end
+    expect(actual).to eq(File.read(path)), "#{name} differs from #{path} (UPDATE_GOLDEN=1 rewrites it)"
+  end
+
+  def expect_one_line_error(err)
+    expect(err.lines.size).to be <= 2, err
+    expect(err).not_to match(/\.rb:\d+:in |from .*\.rb:\d+/), "stack trace in: #{err}"
+  end
+
+  describe "top" do
+    before { (0..2).each { |m| write("shop-#{m}.pprof", shop_profile(m)) } }
+
+    {
+      "top_by_function.txt" => ["shop-2.pprof"],
+      "top_by_line.txt" => ["shop-2.pprof", "--by", "line", "-n", "5"],
+      "top_by_gem_alloc_space.txt" => ["shop-2.pprof", "--by", "gem", "-i", "alloc_space"],
+      "top_by_class_inuse_objects.txt" => ["shop-2.pprof", "--by", "class", "--sample-index", "inuse_objects"],
+      "top_by_file_cum.txt" => ["shop-2.pprof", "--by", "file", "--cum"],
+      "top_focus.txt" => ["shop-2.pprof", "--focus", "Catalog#", "-i", "alloc_space"],
+    }.each do |golden, args|
+      it "prints #{golden.delete_suffix('.txt').tr('_', ' ')} (golden)" do
+        out, err, status = cli("top", *args)
+        expect([err, status]).to eq(["", 0])
+        expect_golden(golden, out)
+      end
+    end
+
+    it "agrees with go tool pprof -top on flat and cum" do
+      out, _err, status = cli("top", "shop-2.pprof", "-n", "0", "-i", "alloc_objects")
+      expect(status).to eq(0)
+      go_out, _go_err, go_status = go_pprof(shop_profile(2), "-top", "-sample_index=alloc_objects", "-nodecount=100")
+      expect(go_status).to be_success
+      # Ours prints 18.6k where Go prints 18600: compare as numbers (3 digits).
+      number = ->(text) { text.end_with?("k") ? text.to_f * 1000 : text.to_f }
+      ours = out.lines.grep(/^\s*\d/).to_h do |line|
+        fields = line.split
+        [line.split(/\s{2,}/).last.strip, [number[fields[0]], number[fields[3]]]]
+      end
+      go_rows = go_out.lines.grep(/^\s*\d/).to_h { |l| f = l.split; [f[5..].join(" "), [f[0].to_f, f[3].to_f]] }
+      expect(ours.keys).to match_array(go_rows.keys)
+      go_rows.each do |name, (flat, cum)|
+        expect(ours[name][0]).to be_within(flat * 0.005).of(flat), name
+        expect(ours[name][1]).to be_within(cum * 0.005).of(cum), name
+      end
+    end
+  end
+
+  describe "diff" do
+    before { (0..2).each { |m| write("shop-#{m}.pprof", shop_profile(m)) } }
+
+    it "names the top growing allocation site between two profiles (golden)" do
+      out, err, status = cli("diff", "shop-0.pprof", "shop-2.pprof")
+      expect([err, status]).to eq(["", 0])
+      expect_golden("diff_two.txt", out)
+    end
+
+    it "tells steady growth from noise across several profiles, sorted by their time (golden)" do
+      out, err, status = cli("diff", "shop-2.pprof", "shop-0.pprof", "shop-1.pprof")
+      expect([err, status]).to eq(["", 0])
+      expect_golden("diff_three.txt", out)
+      expect(out.lines.grep(/^Verdict/).first).to start_with("Verdict: likely leak: String#* in SessionStore#remember at /srv/shop/app/models/session_store.rb:14 grew in all 2 intervals")
+    end
+
+    it "compares in the given order with --keep-order" do
+      out, _err, status = cli("diff", "--keep-order", "shop-2.pprof", "shop-0.pprof")
+      expect(status).to eq(0)
+      expect(out).to include("Verdict: no growth: inuse_space went from")
+    end
+  end
+
+  describe "flamegraph" do
+    before { write("shop-2.pprof", shop_profile(2)) }
+
+    it "writes a self-contained HTML page with the frames" do
+      _out, err, status = cli("flamegraph", "shop-2.pprof", "-o", "shop.html")
+      expect(status).to eq(0), err
+      html = File.read(File.join(@dir, "shop.html"))
+      expect(html).to include("SessionStore#remember", "Catalog#load")
+      # Nothing fetched: no external script, stylesheet, image or font.
+      expect(html).not_to match(/<script[^>]+src=|<link[^>]+href="(?!data:)|<img|url\(|@import/)
+      expect(html.scan(%r{https?://[^"' ]+}).uniq - ["http://www.w3.org/2000/svg"]).to eq([])
+    end
+
+    it "writes an SVG with --format svg (and for a .svg name)" do
+      _out, err, status = cli("flamegraph", "shop-2.pprof", "-o", "shop.svg")
+      expect(status).to eq(0), err
+      svg = File.read(File.join(@dir, "shop.svg"))
+      expect(svg).to start_with("<?xml").or start_with("<svg")
+      expect(svg).to include("SessionStore#remember")
+    end
+  end
+
+  describe "merge" do
+    it "adds up profiles into one that go tool pprof reads" do
+      write("a.pprof", shop_profile(0))
+      write("b.pprof", shop_profile(2))
+      _out, err, status = cli("merge", "a.pprof", "b.pprof", "-o", "all.pprof")
+      expect(status).to eq(0), err
+      expect(err).to include("merged 2 profiles")
+      merged = MemprofilerPprof::Profile.read(File.join(@dir, "all.pprof"))
+      a = MemprofilerPprof::Profile.parse(shop_profile(0))
+      b = MemprofilerPprof::Profile.parse(shop_profile(2))
+      expect(merged.totals).to eq(a.totals.merge(b.totals) { |_k, x, y| x + y })
+      _go_out, go_err, go_status = go_pprof(File.binread(File.join(@dir, "all.pprof")), "-top")
+      expect(go_status).to be_success, go_err
+    end
+
+    it "refuses profiles of different kinds" do
+      write("a.pprof", shop_profile(0))
+      write("cpu.pprof", PprofWriter.build(sample_types: [%w[cpu nanoseconds]], samples: []))
+      _out, err, status = cli("merge", "a.pprof", "cpu.pprof", "-o", "all.pprof")
+      expect(status).to eq(1)
+      expect(err).to include("profile 2 has sample types cpu/nanoseconds")
+      expect(File.exist?(File.join(@dir, "all.pprof"))).to be(false)
+    end
+  end
+
+  describe "on real profiles from a collector" do
+    it "finds the leaking method from three flushes of a leaking process" do
+      code = <<~RUBY
+        class LeakySpecCache
+          def initialize; @items = []; end
+          def remember(n) = n.times { @items << ("x" * 2_000) }
+        end
+        def noise = 2_000.times.map { |i| "tmp" * (i % 10) }
+        cache = LeakySpecCache.new
+        collector = MemprofilerPprof::Collector.new(sample_rate: 0.1)
+        collector.start!
+        3.times do |i|
+          cache.remember(3_000)
+          noise
+          collector.flush.write(File.join(ARGV[0], "real-\#{i}.pprof"))
+          sleep 0.01
+        end
+      RUBY
+      _out, err, status = run_ruby("require 'memprofiler_pprof_rs'\n#{code}", args: [@dir])
+      expect(status).to be_success, err
+      out, err, status = cli("diff", "real-0.pprof", "real-1.pprof", "real-2.pprof")
+      expect(status).to eq(0), err
+      verdict = out.lines.grep(/^Verdict:/).first
+      expect(verdict).to include("likely leak:", "LeakySpecCache#remember")
+      out, _err, status = cli("top", "real-2.pprof", "-n", "6", "--cum")
+      expect(status).to eq(0)
+      row = out.lines.grep(/  LeakySpecCache#remember$/).first
+      expect(row.split[-2].to_f).to be > 90, out # cum%: nearly all that is alive
+      out, _err, status = cli("top", "real-2.pprof", "--by", "line", "-n", "1")
+      expect(status).to eq(0)
+      expect(out.lines.last).to end_with("String#* -e:4\n") # the line in #remember
+
+    end
+  end
+
+  describe "profiles from other tools" do
+    it "reads a Go heap profile written by Go's runtime/pprof" do
+      out, err, status = cli("top", File.join(GO_FIXTURES, "go_heap.pprof"), "-i", "alloc_space", "-n", "5")
+      expect(status).to eq(0), err
+      expect(out).to include("Type: alloc_space (bytes)", "main.allocate")
+    end
+
+    it "reads a Go CPU profile (its own sample types)" do
+      out, err, status = cli("top", File.join(GO_FIXTURES, "go_cpu.pprof"), "-n", "5")
+      expect(status).to eq(0), err
+      expect(out).to include("Type: cpu (nanoseconds)", "main.spin")
+      _out, err, status = cli("top", File.join(GO_FIXTURES, "go_cpu.pprof"), "-i", "inuse_space")
+      expect(status).to eq(1)
+      expect(err).to include('has no sample type "inuse_space"; it has samples, cpu')
+      expect_one_line_error(err)
+    end
+
+    it "reads a Datadog-style Ruby heap profile, classes from its 'allocation class' label" do
+      samples = [
+        { stack: [["Foo#bar", "/app/foo.rb", 3, 1]], values: [10, 4, 4_000], class: "Foo" },
+        { stack: [["Foo#baz", "/app/foo.rb", 9, 7]], values: [5, 2, 600], class: "String" },
+      ]
+      bytes = PprofWriter.build(sample_types: [%w[alloc-samples count], %w[heap-live-samples count], %w[heap-live-size bytes]],
+                                samples: samples, class_key: "allocation class")
+      write("dd.pprof", bytes)
+      out, err, status = cli("top", "dd.pprof", "--by", "class")
+      expect(status).to eq(0), err
+      expect(out).to include("Type: heap-live-size (bytes)")
+      expect(out.lines.grep(/Foo$|String$/).map { |l| l.split.last }).to eq(%w[Foo String])
+    end
+  end
+
+  describe "bad input" do
+    it "says what is wrong with a file that is not a profile, with exit status 1 and no stack trace" do
+      gz = shop_profile(0)
+      cases = {
+        "empty.pprof" => ["", "the file is empty"],
+        "notes.txt" => ["remember to buy milk\n" * 5, "not a pprof profile"],
+        "truncated.pprof" => [gz[0, gz.bytesize / 2], "truncated gzip data"],
+        "twice.pprof" => [gz + gz, "unexpected data after the end of the gzip stream"],
+        "garbage.gz" => [PprofWriter.gzip("\xff\xfe\x00garbage".b * 10), "not a pprof profile"],
+        "image.png" => ["\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR".b, "not a pprof profile"],
+      }
+      cases.each do |name, (bytes, message)|
+        write(name, bytes)
+        _out, err, status = cli("top", name)
+        expect(status).to eq(1), "#{name}: #{err}"
+        expect(err).to start_with("memprofiler_pprof_rs: #{name}: ").and(include(message)), "#{name}: #{err}"
+        expect_one_line_error(err)
+      end
+    end
+
+    it "reports a missing file or a directory the same way" do
+      _out, err, status = cli("top", "nope.pprof")
+      expect(status).to eq(1)
+      expect(err).to include("No such file or directory").and include("nope.pprof")
+      expect_one_line_error(err)
+      _out, err, status = cli("top", ".")
+      expect(status).to eq(1)
+      expect(err).to include("Is a directory")
+      expect_one_line_error(err)
+    end
+
+    it "treats usage mistakes as usage errors (exit 2)" do
+      write("a.pprof", shop_profile(0))
+      [
+        [["frobnicate"], "unknown command"],
+        [["top"], "top needs a profile file"],
+        [["top", "a.pprof", "--by", "planet"], "invalid argument: --by planet"],
+        [["top", "a.pprof", "--limit", "-3"], "--limit must be 0 or more"],
+        [["top", "a.pprof", "--limit", "many"], "invalid argument: --limit many"],
+        [["top", "a.pprof", "--focus", "("], "is not a valid regular expression"],
+        [["top", "a.pprof", "a.pprof"], "top reads one profile"],
+        [["diff", "a.pprof"], "diff needs at least 2 profile files"],
+        [["flamegraph", "a.pprof"], "flamegraph needs -o OUTPUT"],
+        [["merge", "a.pprof"], "merge needs -o OUTPUT"],
+        [["top", "a.pprof", "--colour"], "invalid option: --colour"],
+      ].each do |args, message|
+        _out, err, status = cli(*args)
+        expect(status).to eq(2), "#{args.join(' ')}: #{err}"
+        expect(err).to include(message), "#{args.join(' ')}: #{err}"
+        expect_one_line_error(err)
+      end
+    end
+
+    it "rejects an unknown sample type naming the ones there are" do
+      write("a.pprof", shop_profile(0))
+      _out, err, status = cli("top", "a.pprof", "-i", "cpu")
+      expect(status).to eq(1)
+      expect(err).to include('no sample type "cpu"; it has alloc_objects, alloc_space, inuse_objects, inuse_space')
+    end
+  end
+
+  describe "help" do
+    it "lists the commands, each with examples" do
+      out, _err, status = cli("--help")
+      expect(status).to eq(0)
+      expect(out).to include("top", "diff", "flamegraph", "merge")
+      %w[top diff flamegraph merge].each do |command|
+        help, _err, status = cli(command, "--help")
+        expect(status).to eq(0)
+        expect(help).to include("usage: memprofiler_pprof_rs #{command}", "Examples:")
+        expect(help.scan(/^\s+memprofiler_pprof_rs #{command} /).size).to be >= 2
+      end
+    end
+
+    it "prints usage on stderr with no command (exit 2)" do
+      _out, err, status = cli
+      expect(status).to eq(2)
+      expect(err).to include("usage: memprofiler_pprof_rs COMMAND")
+    end
+  end
+end
+
+RSpec.describe MemprofilerPprof::Profile do
+  it "refuses things that are not profile data with clear errors" do
+    expect { described_class.parse(nil) }.to raise_error(TypeError, /String or a ProfileData, got NilClass/)
+    expect { described_class.parse("nope") }.to raise_error(MemprofilerPprof::ProfileFormatError, /not a pprof profile/)
+    expect { described_class.new }.to raise_error(TypeError, /allocator undefined/)
+    expect { described_class.merge([]) }.to raise_error(ArgumentError, /at least 1 profile/)
+    expect { described_class.diff([1, 2]) }.to raise_error(TypeError, /needs Profiles, got 1/)
+  end
+
+  it "reads a collector's flush and answers top, totals and to_pprof" do
+    collector = MemprofilerPprof::Collector.new(sample_rate: 1.0)
+    kept = nil
+    collector.start!
+    kept = Array.new(2_000) { "k" * 100 }
+    data = collector.flush
+    collector.stop!
+    profile = described_class.parse(data)
+    expect(profile.sample_type_names).to eq(%w[alloc_objects alloc_space inuse_objects inuse_space])
+    expect(profile.default_sample_type).to eq("inuse_space")
+    expect(profile.totals["inuse_objects"]).to be >= kept.size
+    expect(profile.time).to be_within(60).of(Time.now)
+    expect(profile.top(by: :class)).to include("String")
+    expect { profile.top(by: :planet) }.to raise_error(ArgumentError, /by must be one of function, line, class, file, gem, got :planet/)
+    expect { profile.top(limit: -1) }.to raise_error(ArgumentError, /limit must be >= 0/)
+    expect { profile.top(sample_index: 5) }.to raise_error(TypeError, /sample_index must be a String or Symbol/)
+    expect { profile.flamegraph(format: :png) }.to raise_error(ArgumentError, /format must be one of html, svg/)
+    allocs = described_class.parse(profile.to_pprof(default_sample_type: "alloc_space"))
+    expect(allocs.default_sample_type).to eq("alloc_space")
+    expect(allocs.totals).to eq(profile.totals)
+    expect(profile.inspect).to match(/#<MemprofilerPprof::Profile \d+ samples of alloc_objects, alloc_space, inuse_objects, inuse_space>/)
+  end
+end

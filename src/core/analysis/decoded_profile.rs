@@ -1,0 +1,647 @@
+//! A pprof profile read back from bytes: gzipped or not, from this gem or
+//! from any other tool. Decoding checks every cross-reference once, so the
+//! views (top, diff, flame graph, merge) can index without re-checking, and
+//! a bad file gets one clear sentence instead of a panic.
+
+use std::fmt;
+use std::io::Read;
+
+use flate2::bufread::GzDecoder;
+use prost::Message;
+
+use crate::core::fast_hash::FastHashMap;
+use crate::core::pprof;
+use crate::core::profile_builder::encode_gzipped;
+
+/// Decompressed profiles larger than this are refused: a gzip bomb must not
+/// take the machine's memory (the biggest real heap profiles are ~100 MB).
+pub const MAX_DECODED_BYTES: u64 = 1 << 30;
+
+/// Label keys that name the allocated object's class, in the order tried:
+/// this gem's, then Datadog's and other Ruby profilers'.
+const CLASS_LABEL_KEYS: [&str; 3] = ["class", "allocation class", "object type"];
+
+/// Why bytes could not be read as a profile. The message is for a person.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReadError {
+    Empty,
+    TruncatedGzip,
+    BadGzip(String),
+    TooLarge,
+    TrailingData,
+    NotPprof(String),
+    Malformed(String),
+}
+
+impl fmt::Display for ReadError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ReadError::Empty => write!(f, "the file is empty"),
+            ReadError::TruncatedGzip => write!(
+                f,
+                "truncated gzip data: the file ends before its compressed stream does (was it copied while still being written?)"
+            ),
+            ReadError::BadGzip(why) => write!(f, "corrupt gzip data ({why})"),
+            ReadError::TooLarge => write!(
+                f,
+                "the profile decompresses to more than {} MB; refusing to read it",
+                MAX_DECODED_BYTES >> 20
+            ),
+            ReadError::TrailingData => write!(
+                f,
+                "unexpected data after the end of the gzip stream (two profiles written into one file?)"
+            ),
+            ReadError::NotPprof(why) => write!(f, "not a pprof profile ({why})"),
+            ReadError::Malformed(why) => write!(f, "malformed pprof profile: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for ReadError {}
+
+/// One frame of a stack, resolved. Strings are `DecodedProfile::string`
+/// indices; `start_line` is 0 for C methods and unknown starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FrameInfo {
+    pub name: u32,
+    pub file: u32,
+    pub line: i64,
+    pub start_line: i64,
+}
+
+pub struct DecodedProfile {
+    /// The message as decoded; re-encoded by `to_pprof` and `merge`.
+    pub raw: pprof::Profile,
+    /// Names for locations without symbols ("libfoo.so 0x1234"), indexed
+    /// after the string table (see `string`).
+    extra_strings: Vec<String>,
+    /// Every distinct frame; `location_frames` and stacks index into it.
+    pub frames: Vec<FrameInfo>,
+    /// Per location (by position in `raw.location`): its frames, innermost
+    /// first (a location holds several when functions were inlined).
+    pub location_frames: Vec<Vec<u32>>,
+    /// Per sample: its locations (positions in `raw.location`), leaf first.
+    pub sample_locations: Vec<Vec<u32>>,
+    /// Per sample: the string index of its class label, if it has one.
+    pub sample_class: Vec<Option<u32>>,
+    /// Position in `raw.mapping` of each location's mapping, if any.
+    pub location_mapping: Vec<Option<u32>>,
+}
+
+impl DecodedProfile {
+    /// Reads a profile from a file's bytes (gzipped or plain protobuf).
+    pub fn decode(bytes: &[u8]) -> Result<DecodedProfile, ReadError> {
+        let plain = decompress(bytes)?;
+        let raw = pprof::Profile::decode(plain.as_slice())
+            .map_err(|error| ReadError::NotPprof(format!("protobuf decoding failed: {error}")))?;
+        DecodedProfile::from_raw(raw)
+    }
+
+    /// Checks and indexes an already decoded message.
+    pub fn from_raw(raw: pprof::Profile) -> Result<DecodedProfile, ReadError> {
+        check_shape(&raw)?;
+        let strings = raw.string_table.len();
+        let string_index = |index: i64, what: &dyn Fn() -> String| -> Result<u32, ReadError> {
+            if index >= 0 && (index as usize) < strings {
+                Ok(index as u32)
+            } else {
+                Err(ReadError::Malformed(format!(
+                    "{} refers to string {index}, but the string table has {strings} entries",
+                    what()
+                )))
+            }
+        };
+
+        let mut mapping_by_id = FastHashMap::default();
+        for (position, mapping) in raw.mapping.iter().enumerate() {
+            string_index(mapping.filename, &|| format!("mapping {}", mapping.id))?;
+            string_index(mapping.build_id, &|| format!("mapping {}", mapping.id))?;
+            mapping_by_id.insert(mapping.id, position as u32);
+        }
+
+        let mut function_by_id = FastHashMap::default();
+        for (position, function) in raw.function.iter().enumerate() {
+            let what = || format!("function {}", function.id);
+            string_index(function.name, &what)?;
+            string_index(function.system_name, &what)?;
+            string_index(function.filename, &what)?;
+            if function_by_id.insert(function.id, position).is_some() {
+                return Err(ReadError::Malformed(format!(
+                    "two functions have id {}",
+                    function.id
+                )));
+            }
+        }
+
+        let mut extra_strings: Vec<String> = Vec::new();
+        let mut frame_ids: FastHashMap<FrameInfo, u32> = FastHashMap::default();
+        let mut frames = Vec::new();
+        let mut intern_frame = |frame: FrameInfo| -> u32 {
+            *frame_ids.entry(frame).or_insert_with(|| {
+                frames.push(frame);
+                (frames.len() - 1) as u32
+            })
+        };
+
+        let mut location_by_id = FastHashMap::default();
+        let mut location_frames = Vec::with_capacity(raw.location.len());
+        let mut location_mapping = Vec::with_capacity(raw.location.len());
+        for (position, location) in raw.location.iter().enumerate() {
+            if location_by_id
+                .insert(location.id, position as u32)
+                .is_some()
+            {
+                return Err(ReadError::Malformed(format!(
+                    "two locations have id {}",
+                    location.id
+                )));
+            }
+            let mapping = if location.mapping_id == 0 {
+                None
+            } else {
+                Some(*mapping_by_id.get(&location.mapping_id).ok_or_else(|| {
+                    ReadError::Malformed(format!(
+                        "location {} refers to mapping {}, which does not exist",
+                        location.id, location.mapping_id
+                    ))
+                })?)
+            };
+            location_mapping.push(mapping);
+            let mut own = Vec::with_capacity(location.line.len().max(1));
+            for line in &location.line {
+                let function = function_by_id.get(&line.function_id).ok_or_else(|| {
+                    ReadError::Malformed(format!(
+                        "location {} refers to function {}, which does not exist",
+                        location.id, line.function_id
+                    ))
+                })?;
+                let function = &raw.function[*function];
+                own.push(intern_frame(FrameInfo {
+                    name: function.name as u32,
+                    file: function.filename as u32,
+                    line: line.line,
+                    start_line: function.start_line,
+                }));
+            }
+            if own.is_empty() {
+                // No symbols (a native profile without symbolization): the
+                // address, and the binary it is in, are all there is.
+                let binary = mapping
+                    .map(|m| raw.string_table[raw.mapping[m as usize].filename as usize].as_str())
+                    .unwrap_or("");
+                let binary = binary.rsplit('/').next().unwrap_or(binary);
+                let name = if binary.is_empty() {
+                    format!("0x{:x}", location.address)
+                } else {
+                    format!("{binary} 0x{:x}", location.address)
+                };
+                extra_strings.push(name);
+                own.push(intern_frame(FrameInfo {
+                    name: (strings + extra_strings.len() - 1) as u32,
+                    file: 0,
+                    line: 0,
+                    start_line: 0,
+                }));
+            }
+            location_frames.push(own);
+        }
+
+        let class_keys: Vec<i64> = CLASS_LABEL_KEYS
+            .iter()
+            .filter_map(|key| raw.string_table.iter().position(|s| s == key))
+            .map(|index| index as i64)
+            .collect();
+        let value_count = raw.sample_type.len();
+        let mut sample_locations = Vec::with_capacity(raw.sample.len());
+        let mut sample_class = Vec::with_capacity(raw.sample.len());
+        for (position, sample) in raw.sample.iter().enumerate() {
+            if sample.value.len() != value_count {
+                return Err(ReadError::Malformed(format!(
+                    "sample {position} has {} values for {value_count} sample types",
+                    sample.value.len()
+                )));
+            }
+            let mut stack = Vec::with_capacity(sample.location_id.len());
+            for id in &sample.location_id {
+                stack.push(*location_by_id.get(id).ok_or_else(|| {
+                    ReadError::Malformed(format!(
+                        "sample {position} refers to location {id}, which does not exist"
+                    ))
+                })?);
+            }
+            sample_locations.push(stack);
+            let mut class = None;
+            for label in &sample.label {
+                let what = || format!("a label of sample {position}");
+                string_index(label.key, &what)?;
+                string_index(label.str, &what)?;
+                string_index(label.num_unit, &what)?;
+                if label.str != 0 && class.is_none() && class_keys.contains(&label.key) {
+                    class = Some(label.str as u32);
+                }
+            }
+            sample_class.push(class);
+        }
+
+        for index in &raw.comment {
+            string_index(*index, &|| "a comment".to_string())?;
+        }
+        string_index(raw.default_sample_type, &|| {
+            "default_sample_type".to_string()
+        })?;
+        if let Some(period_type) = &raw.period_type {
+            string_index(period_type.r#type, &|| "period_type".to_string())?;
+            string_index(period_type.unit, &|| "period_type".to_string())?;
+        }
+
+        Ok(DecodedProfile {
+            raw,
+            extra_strings,
+            frames,
+            location_frames,
+            sample_locations,
+            sample_class,
+            location_mapping,
+        })
+    }
+
+    /// A string by index: the string table, then names made for locations
+    /// without symbols.
+    pub fn string(&self, index: u32) -> &str {
+        let index = index as usize;
+        match self.raw.string_table.get(index) {
+            Some(s) => s,
+            None => &self.extra_strings[index - self.raw.string_table.len()],
+        }
+    }
+
+    /// (type, unit) of each sample type, in value order.
+    pub fn sample_types(&self) -> Vec<(String, String)> {
+        self.raw
+            .sample_type
+            .iter()
+            .map(|t| {
+                (
+                    self.string(t.r#type as u32).to_string(),
+                    self.string(t.unit as u32).to_string(),
+                )
+            })
+            .collect()
+    }
+
+    /// Position of the sample type named `name`; `None` picks the profile's
+    /// default (or, as `go tool pprof` does, the last one).
+    pub fn sample_index(&self, name: Option<&str>) -> Result<usize, String> {
+        let types = self.sample_types();
+        let wanted = match name {
+            Some(name) => name.to_string(),
+            None => {
+                let default = self.string(self.raw.default_sample_type as u32);
+                if default.is_empty() {
+                    return Ok(types.len() - 1);
+                }
+                default.to_string()
+            }
+        };
+        types.iter().position(|(t, _)| *t == wanted).ok_or_else(|| {
+            let names: Vec<&str> = types.iter().map(|(t, _)| t.as_str()).collect();
+            format!(
+                "this profile has no sample type {wanted:?}; it has {}",
+                names.join(", ")
+            )
+        })
+    }
+
+    /// The frames of sample `sample`, leaf first.
+    pub fn stack(&self, sample: usize) -> impl Iterator<Item = &FrameInfo> + '_ {
+        self.sample_locations[sample]
+            .iter()
+            .flat_map(move |location| {
+                self.location_frames[*location as usize]
+                    .iter()
+                    .map(move |frame| &self.frames[*frame as usize])
+            })
+    }
+
+    /// Value `index` of every sample.
+    pub fn values(&self, index: usize) -> impl Iterator<Item = i64> + '_ {
+        self.raw.sample.iter().map(move |s| s.value[index])
+    }
+
+    /// Approximate heap bytes held (for ObjectSpace.memsize_of).
+    pub fn memory_bytes(&self) -> usize {
+        let strings: usize = self.raw.string_table.iter().map(|s| s.len() + 24).sum();
+        let samples: usize = self
+            .raw
+            .sample
+            .iter()
+            .map(|s| 80 + s.location_id.len() * 12 + s.value.len() * 8 + s.label.len() * 32)
+            .sum();
+        strings
+            + samples
+            + self.raw.location.len() * 96
+            + self.raw.function.len() * 40
+            + self.frames.len() * 24
+            + self
+                .extra_strings
+                .iter()
+                .map(|s| s.len() + 24)
+                .sum::<usize>()
+    }
+
+    pub fn sample_count(&self) -> usize {
+        self.raw.sample.len()
+    }
+
+    pub fn comments(&self) -> Vec<&str> {
+        self.raw
+            .comment
+            .iter()
+            .map(|i| self.string(*i as u32))
+            .collect()
+    }
+
+    /// The profile encoded again (gzipped), with another default sample
+    /// type if one is given (e.g. "alloc_space" for /debug/pprof/allocs).
+    pub fn to_pprof(&self, default_sample_type: Option<&str>) -> Result<Vec<u8>, String> {
+        let mut raw = self.raw.clone();
+        if let Some(name) = default_sample_type {
+            let index = self.sample_index(Some(name))?;
+            raw.default_sample_type = raw.sample_type[index].r#type;
+        }
+        Ok(encode_gzipped(&raw))
+    }
+}
+
+/// Gunzips if the bytes are gzip, with the size bound and clear errors.
+fn decompress(bytes: &[u8]) -> Result<Vec<u8>, ReadError> {
+    if bytes.is_empty() {
+        return Err(ReadError::Empty);
+    }
+    if !bytes.starts_with(&[0x1f, 0x8b]) {
+        return Ok(bytes.to_vec());
+    }
+    let mut decoder = GzDecoder::new(bytes);
+    let mut plain = Vec::new();
+    let read = decoder
+        .by_ref()
+        .take(MAX_DECODED_BYTES + 1)
+        .read_to_end(&mut plain);
+    match read {
+        Ok(_) if plain.len() as u64 > MAX_DECODED_BYTES => return Err(ReadError::TooLarge),
+        Ok(_) => {}
+        Err(error) if error.kind() == std::io::ErrorKind::UnexpectedEof => {
+            return Err(ReadError::TruncatedGzip)
+        }
+        Err(error) => return Err(ReadError::BadGzip(error.to_string())),
+    }
+    // GzDecoder stops at the end of the first member; anything after it is
+    // a second file appended or garbage.
+    let rest = decoder.into_inner();
+    if !rest.is_empty() {
+        return Err(ReadError::TrailingData);
+    }
+    Ok(plain)
+}
+
+/// The checks that tell "some other file" from "a pprof with a bug".
+fn check_shape(raw: &pprof::Profile) -> Result<(), ReadError> {
+    if raw.string_table.first().map(String::as_str) != Some("") {
+        return Err(ReadError::NotPprof(
+            "its string table does not start with the empty string".to_string(),
+        ));
+    }
+    if raw.sample_type.is_empty() {
+        return Err(ReadError::NotPprof(
+            "it declares no sample types".to_string(),
+        ));
+    }
+    for (position, value_type) in raw.sample_type.iter().enumerate() {
+        for index in [value_type.r#type, value_type.unit] {
+            if index < 0 || index as usize >= raw.string_table.len() {
+                return Err(ReadError::Malformed(format!(
+                    "sample type {position} refers to string {index}, but the string table has {} entries",
+                    raw.string_table.len()
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use std::io::Write;
+
+    /// A test sample: frames (name, file, line) leaf first, values, class.
+    pub(crate) type TestSample<'a> = (&'a [(&'a str, &'a str, i64)], &'a [i64], Option<&'a str>);
+
+    /// A small hand-made profile: two sample types, three functions, and a
+    /// sample of each stack given as (function names leaf first, values, class).
+    pub(crate) fn profile_from(types: &[(&str, &str)], samples: &[TestSample]) -> pprof::Profile {
+        let mut strings = vec![String::new()];
+        let mut intern = |s: &str| -> i64 {
+            if let Some(i) = strings.iter().position(|x| x == s) {
+                return i as i64;
+            }
+            strings.push(s.to_string());
+            (strings.len() - 1) as i64
+        };
+        let mut profile = pprof::Profile::default();
+        for (t, u) in types {
+            profile.sample_type.push(pprof::ValueType {
+                r#type: intern(t),
+                unit: intern(u),
+            });
+        }
+        let mut functions: Vec<(String, String)> = Vec::new();
+        let mut locations: Vec<(u64, i64)> = Vec::new();
+        for (stack, values, class) in samples {
+            let mut location_id = Vec::new();
+            for (name, file, line) in stack.iter() {
+                let key = (name.to_string(), file.to_string());
+                let function_id = match functions.iter().position(|f| *f == key) {
+                    Some(i) => i as u64 + 1,
+                    None => {
+                        functions.push(key);
+                        profile.function.push(pprof::Function {
+                            id: functions.len() as u64,
+                            name: intern(name),
+                            system_name: 0,
+                            filename: intern(file),
+                            start_line: 0,
+                        });
+                        functions.len() as u64
+                    }
+                };
+                let id = match locations.iter().position(|l| *l == (function_id, *line)) {
+                    Some(i) => i as u64 + 1,
+                    None => {
+                        locations.push((function_id, *line));
+                        profile.location.push(pprof::Location {
+                            id: locations.len() as u64,
+                            mapping_id: 0,
+                            address: 0,
+                            line: vec![pprof::Line {
+                                function_id,
+                                line: *line,
+                                column: 0,
+                            }],
+                            is_folded: false,
+                        });
+                        locations.len() as u64
+                    }
+                };
+                location_id.push(id);
+            }
+            let label = match class {
+                Some(class) => vec![pprof::Label {
+                    key: intern("class"),
+                    str: intern(class),
+                    num: 0,
+                    num_unit: 0,
+                }],
+                None => Vec::new(),
+            };
+            profile.sample.push(pprof::Sample {
+                location_id,
+                value: values.to_vec(),
+                label,
+            });
+        }
+        profile.string_table = strings;
+        profile
+    }
+
+    fn gzip(bytes: &[u8]) -> Vec<u8> {
+        let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        encoder.write_all(bytes).unwrap();
+        encoder.finish().unwrap()
+    }
+
+    fn small() -> pprof::Profile {
+        profile_from(
+            &[("alloc_space", "bytes"), ("inuse_space", "bytes")],
+            &[
+                (
+                    &[("String#*", "a.rb", 3), ("A#run", "a.rb", 3)],
+                    &[100, 10],
+                    Some("String"),
+                ),
+                (&[("A#run", "a.rb", 5)], &[50, 0], None),
+            ],
+        )
+    }
+
+    #[test]
+    fn reads_plain_and_gzipped() {
+        let bytes = small().encode_to_vec();
+        for input in [bytes.clone(), gzip(&bytes)] {
+            let profile = DecodedProfile::decode(&input).unwrap();
+            assert_eq!(profile.sample_count(), 2);
+            let names: Vec<&str> = profile.stack(0).map(|f| profile.string(f.name)).collect();
+            assert_eq!(names, ["String#*", "A#run"]);
+            assert_eq!(
+                profile.sample_class[0].map(|c| profile.string(c)),
+                Some("String")
+            );
+            assert_eq!(profile.sample_class[1], None);
+            assert_eq!(profile.values(0).collect::<Vec<_>>(), [100, 50]);
+        }
+    }
+
+    #[test]
+    fn clear_errors_for_files_that_are_not_profiles() {
+        assert_eq!(DecodedProfile::decode(b"").err(), Some(ReadError::Empty));
+        let text = DecodedProfile::decode(b"hello, this is a text file\n")
+            .err()
+            .unwrap();
+        assert!(matches!(text, ReadError::NotPprof(_)), "{text:?}");
+        let gz = gzip(&small().encode_to_vec());
+        let truncated = DecodedProfile::decode(&gz[..gz.len() / 2]).err();
+        assert_eq!(truncated, Some(ReadError::TruncatedGzip));
+        let mut twice = gz.clone();
+        twice.extend_from_slice(&gz);
+        assert_eq!(
+            DecodedProfile::decode(&twice).err(),
+            Some(ReadError::TrailingData)
+        );
+        let mut corrupt = gz.clone();
+        let middle = corrupt.len() / 2;
+        corrupt[middle] ^= 0xff;
+        corrupt[middle + 1] ^= 0xff;
+        assert!(DecodedProfile::decode(&corrupt).is_err());
+        // A JSON file and a PNG header: not pprof, no panic.
+        assert!(DecodedProfile::decode(b"{\"a\": 1}").is_err());
+        assert!(DecodedProfile::decode(b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR").is_err());
+    }
+
+    #[test]
+    fn dangling_references_are_malformed() {
+        let mut raw = small();
+        raw.sample[0].location_id.push(99);
+        let error = DecodedProfile::from_raw(raw).err().unwrap();
+        assert_eq!(
+            error.to_string(),
+            "malformed pprof profile: sample 0 refers to location 99, which does not exist"
+        );
+        let mut raw = small();
+        raw.function[0].name = 1000;
+        assert!(matches!(
+            DecodedProfile::from_raw(raw),
+            Err(ReadError::Malformed(_))
+        ));
+        let mut raw = small();
+        raw.sample[1].value.pop();
+        assert!(matches!(
+            DecodedProfile::from_raw(raw),
+            Err(ReadError::Malformed(_))
+        ));
+    }
+
+    #[test]
+    fn sample_index_by_name_default_and_last() {
+        let mut raw = small();
+        let profile = DecodedProfile::from_raw(raw.clone()).unwrap();
+        assert_eq!(profile.sample_index(None), Ok(1));
+        assert_eq!(profile.sample_index(Some("alloc_space")), Ok(0));
+        let error = profile.sample_index(Some("cpu")).err().unwrap();
+        assert!(error.contains("alloc_space, inuse_space"), "{error}");
+        raw.default_sample_type = raw.sample_type[0].r#type;
+        let profile = DecodedProfile::from_raw(raw).unwrap();
+        assert_eq!(profile.sample_index(None), Ok(0));
+    }
+
+    #[test]
+    fn locations_without_symbols_are_named_by_address() {
+        let mut raw = small();
+        raw.string_table.push("/usr/lib/libfoo.so".to_string());
+        raw.mapping.push(pprof::Mapping {
+            id: 7,
+            filename: (raw.string_table.len() - 1) as i64,
+            ..Default::default()
+        });
+        raw.location.push(pprof::Location {
+            id: 50,
+            mapping_id: 7,
+            address: 0x1234,
+            line: Vec::new(),
+            is_folded: false,
+        });
+        raw.sample[1].location_id.insert(0, 50);
+        let profile = DecodedProfile::from_raw(raw).unwrap();
+        let leaf = profile.stack(1).next().unwrap();
+        assert_eq!(profile.string(leaf.name), "libfoo.so 0x1234");
+    }
+
+    #[test]
+    fn to_pprof_changes_only_the_default() {
+        let profile = DecodedProfile::from_raw(small()).unwrap();
+        let bytes = profile.to_pprof(Some("alloc_space")).unwrap();
+        let again = DecodedProfile::decode(&bytes).unwrap();
+        assert_eq!(again.sample_index(None), Ok(0));
+        assert_eq!(again.raw.sample, profile.raw.sample);
+        assert!(profile.to_pprof(Some("nope")).is_err());
+    }
+}

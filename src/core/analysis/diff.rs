@@ -1,0 +1,598 @@
+//! `diff`: what grew between profiles of one process — by allocation site
+//! (whole stack), by allocating method and by class — sorted by growth,
+//! with a verdict line naming the site that grew most. Given more than two
+//! profiles it also counts, per row, in how many intervals the row grew:
+//! a leak grows in every one, noise does not.
+
+use std::fmt::Write;
+
+use super::decoded_profile::DecodedProfile;
+use super::grouping::{describe_site, PathShortener};
+use super::top::class_label;
+use super::units::{format_percent, format_signed, format_value};
+use crate::core::fast_hash::FastHashMap;
+
+#[derive(Debug, Clone)]
+pub struct DiffOptions {
+    /// Sample type; `None` takes inuse_space when every profile has it,
+    /// otherwise the first profile's default.
+    pub sample_type: Option<String>,
+    /// Rows per section; 0 shows every row that grew.
+    pub limit: usize,
+    pub base_dir: String,
+    /// One per profile (usually file names).
+    pub titles: Vec<String>,
+}
+
+impl Default for DiffOptions {
+    fn default() -> Self {
+        DiffOptions {
+            sample_type: None,
+            limit: 10,
+            base_dir: String::new(),
+            titles: Vec::new(),
+        }
+    }
+}
+
+/// One row: its values in each profile, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GrowthRow {
+    pub label: String,
+    /// For stacks: the callers, innermost first, to show under the label.
+    pub context: Vec<String>,
+    pub values: Vec<i64>,
+}
+
+impl GrowthRow {
+    pub fn growth(&self) -> i64 {
+        self.values.last().copied().unwrap_or(0) - self.values.first().copied().unwrap_or(0)
+    }
+
+    /// In how many consecutive pairs the value went up.
+    pub fn intervals_up(&self) -> usize {
+        self.values.windows(2).filter(|w| w[1] > w[0]).count()
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Diff {
+    pub sample_type: String,
+    pub unit: String,
+    pub totals: Vec<i64>,
+    pub by_stack: Vec<GrowthRow>,
+    pub by_method: Vec<GrowthRow>,
+    pub by_class: Vec<GrowthRow>,
+}
+
+/// Rows keyed by something, each with one value slot per profile.
+struct Accumulator<K> {
+    rows: FastHashMap<K, GrowthRow>,
+    profiles: usize,
+}
+
+impl<K: std::hash::Hash + Eq> Accumulator<K> {
+    fn new(profiles: usize) -> Self {
+        Accumulator {
+            rows: FastHashMap::default(),
+            profiles,
+        }
+    }
+
+    fn add(
+        &mut self,
+        key: K,
+        profile: usize,
+        value: i64,
+        describe: impl FnOnce() -> (String, Vec<String>),
+    ) {
+        let profiles = self.profiles;
+        let row = self.rows.entry(key).or_insert_with(|| {
+            let (label, context) = describe();
+            GrowthRow {
+                label,
+                context,
+                values: vec![0; profiles],
+            }
+        });
+        row.values[profile] += value;
+    }
+
+    /// Rows sorted by growth, biggest first (then by label, for stable output).
+    fn into_sorted(self) -> Vec<GrowthRow> {
+        let mut rows: Vec<GrowthRow> = self.rows.into_values().collect();
+        rows.sort_by(|a, b| {
+            b.growth()
+                .cmp(&a.growth())
+                .then_with(|| a.label.cmp(&b.label))
+        });
+        rows
+    }
+}
+
+/// The sample type a diff compares, by name, in every profile.
+fn pick_sample_type(profiles: &[&DecodedProfile], wanted: Option<&str>) -> Result<String, String> {
+    let name = match wanted {
+        Some(name) => name.to_string(),
+        None => {
+            let every_has_inuse = profiles
+                .iter()
+                .all(|p| p.sample_types().iter().any(|(t, _)| t == "inuse_space"));
+            if every_has_inuse {
+                "inuse_space".to_string()
+            } else {
+                let first = profiles[0];
+                first
+                    .sample_types()
+                    .swap_remove(first.sample_index(None)?)
+                    .0
+            }
+        }
+    };
+    for (position, profile) in profiles.iter().enumerate() {
+        profile
+            .sample_index(Some(&name))
+            .map_err(|error| format!("profile {}: {error}", position + 1))?;
+    }
+    Ok(name)
+}
+
+pub fn diff(profiles: &[&DecodedProfile], options: &DiffOptions) -> Result<Diff, String> {
+    if profiles.len() < 2 {
+        return Err("diff needs at least two profiles (the oldest first)".to_string());
+    }
+    let sample_type = pick_sample_type(profiles, options.sample_type.as_deref())?;
+    let unit = {
+        let first = profiles[0];
+        first
+            .sample_types()
+            .swap_remove(first.sample_index(Some(&sample_type))?)
+            .1
+    };
+    let paths = PathShortener::new(&options.base_dir);
+    let n = profiles.len();
+
+    // Frames are compared by their strings: each profile has its own tables.
+    let mut frame_ids: FastHashMap<(String, String, i64), u32> = FastHashMap::default();
+    let mut stacks: Accumulator<Vec<u32>> = Accumulator::new(n);
+    let mut methods: Accumulator<String> = Accumulator::new(n);
+    let mut classes: Accumulator<String> = Accumulator::new(n);
+    let mut totals = vec![0i64; n];
+
+    for (position, profile) in profiles.iter().enumerate() {
+        let index = profile.sample_index(Some(&sample_type))?;
+        let global: Vec<u32> = profile
+            .frames
+            .iter()
+            .map(|frame| {
+                let key = (
+                    profile.string(frame.name).to_string(),
+                    profile.string(frame.file).to_string(),
+                    frame.line,
+                );
+                let next = frame_ids.len() as u32;
+                *frame_ids.entry(key).or_insert(next)
+            })
+            .collect();
+        for (sample, value) in profile.values(index).enumerate() {
+            if value == 0 {
+                continue;
+            }
+            totals[position] += value;
+            let key: Vec<u32> = profile.sample_locations[sample]
+                .iter()
+                .flat_map(|l| profile.location_frames[*l as usize].iter())
+                .map(|frame| global[*frame as usize])
+                .collect();
+            stacks.add(key, position, value, || {
+                (
+                    describe_site(profile, sample, &paths),
+                    callers(profile, sample),
+                )
+            });
+            let method = allocating_method(profile, sample);
+            methods.add(method.clone(), position, value, || (method, Vec::new()));
+            let class = class_label(profile, sample).to_string();
+            classes.add(class.clone(), position, value, || (class, Vec::new()));
+        }
+    }
+
+    Ok(Diff {
+        sample_type,
+        unit,
+        totals,
+        by_stack: stacks.into_sorted(),
+        by_method: methods.into_sorted(),
+        by_class: classes.into_sorted(),
+    })
+}
+
+/// The callers to show under a site: those not already named in it (a C
+/// leaf's site names the Ruby method that called it).
+fn callers(profile: &DecodedProfile, sample: usize) -> Vec<String> {
+    let mut frames = profile.stack(sample).peekable();
+    let leaf_is_c = frames.next().is_some_and(|leaf| leaf.start_line == 0);
+    if leaf_is_c && profile.stack(sample).skip(1).any(|f| f.start_line != 0) {
+        for frame in frames.by_ref() {
+            if frame.start_line != 0 {
+                break;
+            }
+        }
+    }
+    frames.map(|f| profile.string(f.name).to_string()).collect()
+}
+
+/// The method that allocated: the leaf, or for a C method (no start line)
+/// the Ruby method that called it.
+fn allocating_method(profile: &DecodedProfile, sample: usize) -> String {
+    let mut frames = profile.stack(sample);
+    let Some(leaf) = frames.next() else {
+        return "(no frames)".to_string();
+    };
+    if leaf.start_line == 0 {
+        if let Some(caller) = frames.find(|f| f.start_line != 0) {
+            return profile.string(caller.name).to_string();
+        }
+    }
+    profile.string(leaf.name).to_string()
+}
+
+fn growth_percent(row_first: i64, growth: i64) -> String {
+    if row_first == 0 {
+        if growth > 0 {
+            "new".to_string()
+        } else {
+            "-".to_string()
+        }
+    } else {
+        format!("{:+.0}%", growth as f64 * 100.0 / row_first as f64)
+    }
+}
+
+/// The one-line answer: which allocation site grew, and how convincingly.
+fn verdict(diff: &Diff) -> String {
+    let n = diff.totals.len();
+    let first = diff.totals[0];
+    let last = diff.totals[n - 1];
+    let total_growth = last - first;
+    let unit = &diff.unit;
+    if total_growth <= 0 {
+        return format!(
+            "Verdict: no growth: {} went from {} to {} ({}).",
+            diff.sample_type,
+            format_value(first, unit),
+            format_value(last, unit),
+            format_signed(total_growth, unit)
+        );
+    }
+    let share = |row: &GrowthRow| format_percent(row.growth(), total_growth);
+    if n == 2 {
+        return match diff.by_stack.first().filter(|r| r.growth() > 0) {
+            Some(row) => format!(
+                "Verdict: top growing allocation site: {}, {} ({} of the growth).",
+                row.label,
+                format_signed(row.growth(), unit),
+                share(row)
+            ),
+            None => "Verdict: the total grew, but no single allocation site did.".to_string(),
+        };
+    }
+    let steps = n - 1;
+    let steady = diff
+        .by_stack
+        .iter()
+        .find(|row| row.growth() > 0 && row.intervals_up() == steps);
+    match steady {
+        Some(row) => format!(
+            "Verdict: likely leak: {} grew in all {steps} intervals, {} → {} ({}, {} of the growth).",
+            row.label,
+            format_value(row.values[0], unit),
+            format_value(row.values[n - 1], unit),
+            format_signed(row.growth(), unit),
+            share(row)
+        ),
+        None => match diff.by_stack.first().filter(|r| r.growth() > 0) {
+            Some(row) => format!(
+                "Verdict: nothing grew in every interval; the largest growth is {}, {} (up in {} of {steps} intervals).",
+                row.label,
+                format_signed(row.growth(), unit),
+                row.intervals_up()
+            ),
+            None => "Verdict: the total grew, but no single allocation site did.".to_string(),
+        },
+    }
+}
+
+fn render_section(
+    out: &mut String,
+    title: &str,
+    rows: &[GrowthRow],
+    limit: usize,
+    unit: &str,
+    profiles: usize,
+) {
+    let growing: Vec<&GrowthRow> = rows.iter().filter(|r| r.growth() > 0).collect();
+    let shown = if limit == 0 {
+        growing.len()
+    } else {
+        limit.min(growing.len())
+    };
+    let _ = writeln!(
+        out,
+        "\n{title} (showing {shown} of {} that grew):",
+        growing.len()
+    );
+    if shown == 0 {
+        let _ = writeln!(out, "  nothing grew");
+        return;
+    }
+    let cells: Vec<[String; 3]> = growing[..shown]
+        .iter()
+        .map(|r| {
+            [
+                format_value(r.values[0], unit),
+                format_value(r.values[profiles - 1], unit),
+                format_signed(r.growth(), unit),
+            ]
+        })
+        .collect();
+    let width = cells
+        .iter()
+        .flatten()
+        .map(|c| c.chars().count())
+        .max()
+        .unwrap_or(0)
+        .max(6);
+    let (first_name, last_name) = if profiles == 2 {
+        ("base", "new")
+    } else {
+        ("first", "last")
+    };
+    let _ = write!(
+        out,
+        "{first_name:>width$} {last_name:>width$} {:>width$} {:>6}",
+        "growth", "%"
+    );
+    if profiles > 2 {
+        let _ = write!(out, " {:>5}", "up");
+    }
+    out.push('\n');
+    for (row, [first, last, growth]) in growing[..shown].iter().zip(&cells) {
+        let _ = write!(
+            out,
+            "{first:>width$} {last:>width$} {growth:>width$} {:>6}",
+            growth_percent(row.values[0], row.growth())
+        );
+        if profiles > 2 {
+            let _ = write!(
+                out,
+                " {:>5}",
+                format!("{}/{}", row.intervals_up(), profiles - 1)
+            );
+        }
+        let _ = writeln!(out, "  {}", row.label);
+        if !row.context.is_empty() {
+            let mut callers: Vec<&str> = row.context.iter().take(4).map(String::as_str).collect();
+            if row.context.len() > 4 {
+                callers.push("…");
+            }
+            let _ = writeln!(
+                out,
+                "{:indent$}  via {}",
+                "",
+                callers.join(" ← "),
+                indent = 3 * width + 9 + if profiles > 2 { 6 } else { 0 }
+            );
+        }
+    }
+}
+
+pub fn render_diff(profiles: &[&DecodedProfile], options: &DiffOptions) -> Result<String, String> {
+    let diff = diff(profiles, options)?;
+    let n = profiles.len();
+    let unit = &diff.unit;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "Comparing {} ({unit}) across {n} profiles, oldest first:",
+        diff.sample_type
+    );
+    for (position, total) in diff.totals.iter().enumerate() {
+        let title = options
+            .titles
+            .get(position)
+            .cloned()
+            .unwrap_or_else(|| format!("profile {}", position + 1));
+        let _ = writeln!(
+            out,
+            "  {}. {title}: {}",
+            position + 1,
+            format_value(*total, unit)
+        );
+    }
+    let growth = diff.totals[n - 1] - diff.totals[0];
+    let _ = writeln!(
+        out,
+        "Total: {} → {} ({}, {})",
+        format_value(diff.totals[0], unit),
+        format_value(diff.totals[n - 1], unit),
+        format_signed(growth, unit),
+        growth_percent(diff.totals[0], growth)
+    );
+    let _ = writeln!(out, "{}", verdict(&diff));
+    render_section(
+        &mut out,
+        "Growth by allocation site (whole stack)",
+        &diff.by_stack,
+        options.limit,
+        unit,
+        n,
+    );
+    render_section(
+        &mut out,
+        "Growth by allocating method",
+        &diff.by_method,
+        options.limit,
+        unit,
+        n,
+    );
+    render_section(
+        &mut out,
+        "Growth by class",
+        &diff.by_class,
+        options.limit,
+        unit,
+        n,
+    );
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::analysis::decoded_profile::tests::profile_from;
+
+    const TYPES: &[(&str, &str)] = &[("alloc_space", "bytes"), ("inuse_space", "bytes")];
+
+    /// A process's heap at one time: the cache holds `cached` bytes, the
+    /// renderer's temporaries `noise`.
+    fn snapshot(cached: i64, noise: i64) -> DecodedProfile {
+        let raw = profile_from(
+            TYPES,
+            &[
+                (
+                    &[
+                        ("String#*", "/app/cache.rb", 12),
+                        ("Cache#fetch", "/app/cache.rb", 12),
+                        ("App#call", "/app/app.rb", 5),
+                    ],
+                    &[cached, cached],
+                    Some("String"),
+                ),
+                (
+                    &[
+                        ("Array#map", "/app/render.rb", 3),
+                        ("Renderer#render", "/app/render.rb", 3),
+                        ("App#call", "/app/app.rb", 6),
+                    ],
+                    &[noise, noise],
+                    Some("Array"),
+                ),
+            ],
+        );
+        let mut raw = raw;
+        // start lines: Ruby methods have one, C methods do not.
+        for function in &mut raw.function {
+            let name = &raw.string_table[function.name as usize];
+            if name.contains("#") && !name.starts_with("String") && !name.starts_with("Array") {
+                function.start_line = 1;
+            }
+        }
+        DecodedProfile::from_raw(raw).unwrap()
+    }
+
+    fn options() -> DiffOptions {
+        DiffOptions {
+            base_dir: "/app".to_string(),
+            titles: vec!["a.pprof".into(), "b.pprof".into(), "c.pprof".into()],
+            ..DiffOptions::default()
+        }
+    }
+
+    #[test]
+    fn two_profiles_name_the_top_growing_site() {
+        let (a, b) = (snapshot(1 << 20, 300_000), snapshot(5 << 20, 200_000));
+        let diff = diff(&[&a, &b], &options()).unwrap();
+        assert_eq!(diff.sample_type, "inuse_space");
+        assert_eq!(
+            diff.by_stack[0].label,
+            "String#* in Cache#fetch at cache.rb:12"
+        );
+        assert_eq!(diff.by_stack[0].growth(), 4 << 20);
+        assert_eq!(diff.by_method[0].label, "Cache#fetch");
+        assert_eq!(diff.by_class[0].label, "String");
+        assert_eq!(diff.by_class[1].growth(), -100_000);
+        let text = render_diff(&[&a, &b], &options()).unwrap();
+        assert!(
+            text.contains("Verdict: top growing allocation site: String#* in Cache#fetch at cache.rb:12, +4.00 MB (102.4% of the growth)."),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn several_profiles_separate_steady_growth_from_noise() {
+        let profiles = [
+            snapshot(1 << 20, 300_000),
+            snapshot(2 << 20, 900_000),
+            snapshot(3 << 20, 100_000),
+        ];
+        let refs: Vec<&DecodedProfile> = profiles.iter().collect();
+        let diff = diff(&refs, &options()).unwrap();
+        let cache = &diff.by_stack[0];
+        assert_eq!(cache.intervals_up(), 2);
+        let noise = diff
+            .by_stack
+            .iter()
+            .find(|r| r.label.starts_with("Array#map"))
+            .unwrap();
+        assert_eq!(noise.intervals_up(), 1);
+        let text = render_diff(&refs, &options()).unwrap();
+        assert!(
+            text.contains("Verdict: likely leak: String#* in Cache#fetch at cache.rb:12 grew in all 2 intervals, 1.00 MB → 3.00 MB (+2.00 MB"),
+            "{text}"
+        );
+        assert!(text.contains("  via App#call\n"), "{text}");
+    }
+
+    #[test]
+    fn no_growth_is_said_plainly() {
+        let (a, b) = (snapshot(5 << 20, 0), snapshot(1 << 20, 0));
+        let text = render_diff(&[&a, &b], &options()).unwrap();
+        assert!(
+            text.contains(
+                "Verdict: no growth: inuse_space went from 5.00 MB to 1.00 MB (-4.00 MB)."
+            ),
+            "{text}"
+        );
+        assert!(text.contains("nothing grew"), "{text}");
+    }
+
+    #[test]
+    fn needs_two_profiles_with_the_type() {
+        let a = snapshot(1, 1);
+        assert!(diff(&[&a], &options()).is_err());
+        let cpu = DecodedProfile::from_raw(profile_from(&[("cpu", "nanoseconds")], &[])).unwrap();
+        let error = diff(&[&a, &cpu], &options()).unwrap_err();
+        assert!(
+            error.starts_with("profile 2: this profile has no sample type \"inuse_space\""),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn golden_two_profile_report() {
+        let (a, b) = (snapshot(1 << 20, 300_000), snapshot(5 << 20, 200_000));
+        let text = render_diff(&[&a, &b], &options()).unwrap();
+        let expected = "\
+Comparing inuse_space (bytes) across 2 profiles, oldest first:
+  1. a.pprof: 1.29 MB
+  2. b.pprof: 5.19 MB
+Total: 1.29 MB → 5.19 MB (+3.90 MB, +304%)
+Verdict: top growing allocation site: String#* in Cache#fetch at cache.rb:12, +4.00 MB (102.4% of the growth).
+
+Growth by allocation site (whole stack) (showing 1 of 1 that grew):
+    base      new   growth      %
+ 1.00 MB  5.00 MB +4.00 MB  +400%  String#* in Cache#fetch at cache.rb:12
+                                   via App#call
+
+Growth by allocating method (showing 1 of 1 that grew):
+    base      new   growth      %
+ 1.00 MB  5.00 MB +4.00 MB  +400%  Cache#fetch
+
+Growth by class (showing 1 of 1 that grew):
+    base      new   growth      %
+ 1.00 MB  5.00 MB +4.00 MB  +400%  String
+";
+        assert_eq!(text, expected);
+    }
+}

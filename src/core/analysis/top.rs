@@ -1,0 +1,477 @@
+//! `top`: the table `go tool pprof -top` prints, in units a person reads,
+//! grouped by function, line, class, file or gem.
+
+use std::fmt::Write;
+
+use super::decoded_profile::DecodedProfile;
+use super::grouping::{frame_label, GroupBy, PathShortener};
+use super::units::{format_duration, format_percent, format_time_utc, format_value};
+use crate::core::fast_hash::{FastHashMap, FastHashSet};
+
+#[derive(Debug, Clone)]
+pub struct TopOptions {
+    /// Sample type name; `None` takes the profile's default.
+    pub sample_type: Option<String>,
+    pub by: GroupBy,
+    /// Rows shown; 0 shows all.
+    pub limit: usize,
+    /// Only samples with a frame in this set (frame indices) count.
+    pub focus: Option<FastHashSet<u32>>,
+    /// What the focus was, for the header ("/PageCache/").
+    pub focus_description: String,
+    pub sort_by_cum: bool,
+    /// Paths under it are shown relative to it.
+    pub base_dir: String,
+    /// Shown as `File:` in the header (usually the file name).
+    pub title: String,
+}
+
+impl Default for TopOptions {
+    fn default() -> Self {
+        TopOptions {
+            sample_type: None,
+            by: GroupBy::Function,
+            limit: 20,
+            focus: None,
+            focus_description: String::new(),
+            sort_by_cum: false,
+            base_dir: String::new(),
+            title: String::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopRow {
+    pub label: String,
+    /// Where the row is the leaf (for a class: all of its samples).
+    pub flat: i64,
+    /// Where the row is anywhere on the stack (counted once per sample).
+    pub cum: i64,
+}
+
+#[derive(Debug, Clone)]
+pub struct TopTable {
+    pub sample_type: String,
+    pub unit: String,
+    /// Every row with a value, sorted; `limit` applies when rendering.
+    pub rows: Vec<TopRow>,
+    /// Sum over the samples that count (all, or the focused ones).
+    pub total: i64,
+    /// Sum over all samples (differs from `total` with a focus).
+    pub profile_total: i64,
+    pub samples_counted: usize,
+}
+
+/// Group id of each frame under `by`, and the labels of the groups.
+pub(crate) fn frame_groups(
+    profile: &DecodedProfile,
+    by: GroupBy,
+    paths: &PathShortener,
+) -> (Vec<u32>, Vec<String>) {
+    let mut ids: FastHashMap<String, u32> = FastHashMap::default();
+    let mut labels = Vec::new();
+    let groups = profile
+        .frames
+        .iter()
+        .map(|frame| {
+            let label = frame_label(profile, frame, by, paths);
+            *ids.entry(label).or_insert_with_key(|label| {
+                labels.push(label.clone());
+                (labels.len() - 1) as u32
+            })
+        })
+        .collect();
+    (groups, labels)
+}
+
+/// Whether sample `sample` passes the focus (has a frame in it).
+pub(crate) fn in_focus(
+    profile: &DecodedProfile,
+    sample: usize,
+    focus: &Option<FastHashSet<u32>>,
+) -> bool {
+    let Some(focus) = focus else {
+        return true;
+    };
+    profile.sample_locations[sample].iter().any(|location| {
+        profile.location_frames[*location as usize]
+            .iter()
+            .any(|frame| focus.contains(frame))
+    })
+}
+
+/// The class label of each sample, as a group label.
+pub(crate) fn class_label(profile: &DecodedProfile, sample: usize) -> &str {
+    match profile.sample_class[sample] {
+        Some(class) => profile.string(class),
+        None => "(no class label)",
+    }
+}
+
+pub fn top_table(profile: &DecodedProfile, options: &TopOptions) -> Result<TopTable, String> {
+    let index = profile.sample_index(options.sample_type.as_deref())?;
+    let (sample_type, unit) = profile.sample_types().swap_remove(index);
+    let paths = PathShortener::new(&options.base_dir);
+
+    let mut flat: FastHashMap<u32, i64> = FastHashMap::default();
+    let mut cum: FastHashMap<u32, i64> = FastHashMap::default();
+    let mut total = 0i64;
+    let mut profile_total = 0i64;
+    let mut samples_counted = 0usize;
+    let mut rows = Vec::new();
+
+    if options.by.is_per_frame() {
+        let (groups, labels) = frame_groups(profile, options.by, &paths);
+        let mut on_stack: Vec<u32> = Vec::new();
+        for (sample, value) in profile.values(index).enumerate() {
+            profile_total += value;
+            if value == 0 || !in_focus(profile, sample, &options.focus) {
+                continue;
+            }
+            total += value;
+            samples_counted += 1;
+            on_stack.clear();
+            on_stack.extend(
+                profile.sample_locations[sample]
+                    .iter()
+                    .flat_map(|l| profile.location_frames[*l as usize].iter())
+                    .map(|frame| groups[*frame as usize]),
+            );
+            if let Some(leaf) = on_stack.first() {
+                *flat.entry(*leaf).or_default() += value;
+            }
+            on_stack.sort_unstable();
+            on_stack.dedup();
+            for group in &on_stack {
+                *cum.entry(*group).or_default() += value;
+            }
+        }
+        for (group, cum) in cum {
+            rows.push(TopRow {
+                label: labels[group as usize].clone(),
+                flat: flat.get(&group).copied().unwrap_or(0),
+                cum,
+            });
+        }
+    } else {
+        let mut by_class: FastHashMap<&str, i64> = FastHashMap::default();
+        for (sample, value) in profile.values(index).enumerate() {
+            profile_total += value;
+            if value == 0 || !in_focus(profile, sample, &options.focus) {
+                continue;
+            }
+            total += value;
+            samples_counted += 1;
+            *by_class.entry(class_label(profile, sample)).or_default() += value;
+        }
+        for (class, value) in by_class {
+            rows.push(TopRow {
+                label: class.to_string(),
+                flat: value,
+                cum: value,
+            });
+        }
+    }
+
+    rows.retain(|row| row.flat != 0 || row.cum != 0);
+    if options.sort_by_cum {
+        rows.sort_by(|a, b| {
+            b.cum
+                .cmp(&a.cum)
+                .then(b.flat.cmp(&a.flat))
+                .then(a.label.cmp(&b.label))
+        });
+    } else {
+        rows.sort_by(|a, b| {
+            b.flat
+                .cmp(&a.flat)
+                .then(b.cum.cmp(&a.cum))
+                .then(a.label.cmp(&b.label))
+        });
+    }
+    Ok(TopTable {
+        sample_type,
+        unit,
+        rows,
+        total,
+        profile_total,
+        samples_counted,
+    })
+}
+
+/// The header lines every report starts with: file, type, time, sampling.
+pub(crate) fn header(
+    profile: &DecodedProfile,
+    title: &str,
+    sample_type: &str,
+    unit: &str,
+) -> String {
+    let mut out = String::new();
+    if !title.is_empty() {
+        let _ = writeln!(out, "File: {title}");
+    }
+    let _ = writeln!(out, "Type: {sample_type} ({unit})");
+    if profile.raw.time_nanos > 0 {
+        let _ = write!(out, "Time: {}", format_time_utc(profile.raw.time_nanos));
+        if profile.raw.duration_nanos > 0 {
+            let _ = write!(
+                out,
+                ", covering {}",
+                format_duration(profile.raw.duration_nanos)
+            );
+        }
+        out.push('\n');
+    }
+    if profile
+        .comments()
+        .iter()
+        .any(|c| c.starts_with("memprofiler_pprof_rs:"))
+        && profile.raw.period > 1
+    {
+        let _ = writeln!(
+            out,
+            "Sampling: 1 in {} objects on average; values are estimates",
+            profile.raw.period
+        );
+    }
+    out
+}
+
+pub fn render_top(profile: &DecodedProfile, options: &TopOptions) -> Result<String, String> {
+    let table = top_table(profile, options)?;
+    let mut out = header(profile, &options.title, &table.sample_type, &table.unit);
+    if options.focus.is_some() {
+        let _ = writeln!(
+            out,
+            "Focus: {} matches {} of {} ({})",
+            options.focus_description,
+            format_value(table.total, &table.unit),
+            format_value(table.profile_total, &table.unit),
+            format_percent(table.total, table.profile_total)
+        );
+    }
+    if table.rows.is_empty() {
+        let _ = writeln!(
+            out,
+            "No samples with {} {}.",
+            table.sample_type,
+            if options.focus.is_some() {
+                "match the focus"
+            } else {
+                "in this profile"
+            }
+        );
+        return Ok(out);
+    }
+    let shown = if options.limit == 0 {
+        table.rows.len()
+    } else {
+        options.limit.min(table.rows.len())
+    };
+    let shown_flat: i64 = table.rows[..shown].iter().map(|r| r.flat).sum();
+    let _ = writeln!(
+        out,
+        "Showing {shown} of {} {}: {} of {} total ({})",
+        table.rows.len(),
+        options.by.plural(),
+        format_value(shown_flat, &table.unit),
+        format_value(table.total, &table.unit),
+        format_percent(shown_flat, table.total)
+    );
+
+    let formatted: Vec<(String, String)> = table.rows[..shown]
+        .iter()
+        .map(|r| {
+            (
+                format_value(r.flat, &table.unit),
+                format_value(r.cum, &table.unit),
+            )
+        })
+        .collect();
+    let width = formatted
+        .iter()
+        .flat_map(|(f, c)| [f.chars().count(), c.chars().count()])
+        .max()
+        .unwrap_or(0)
+        .max(4);
+    let per_frame = options.by.is_per_frame();
+    let _ = write!(out, "{:>width$} {:>6} {:>6}", "flat", "flat%", "sum%");
+    if per_frame {
+        let _ = write!(out, " {:>width$} {:>6}", "cum", "cum%");
+    }
+    out.push('\n');
+    let mut sum = 0i64;
+    for (row, (flat, cum)) in table.rows[..shown].iter().zip(&formatted) {
+        sum += row.flat;
+        let _ = write!(
+            out,
+            "{flat:>width$} {:>6} {:>6}",
+            format_percent(row.flat, table.total),
+            format_percent(sum, table.total)
+        );
+        if per_frame {
+            let _ = write!(
+                out,
+                " {cum:>width$} {:>6}",
+                format_percent(row.cum, table.total)
+            );
+        }
+        let _ = writeln!(out, "  {}", row.label);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::analysis::decoded_profile::tests::profile_from;
+
+    fn leaky() -> DecodedProfile {
+        let raw = profile_from(
+            &[("alloc_space", "bytes"), ("inuse_space", "bytes")],
+            &[
+                (
+                    &[
+                        ("String#*", "/srv/app/a.rb", 3),
+                        ("A#render", "/srv/app/a.rb", 3),
+                        ("A#run", "/srv/app/a.rb", 9),
+                    ],
+                    &[3_000_000, 2_000_000],
+                    Some("String"),
+                ),
+                (
+                    &[
+                        ("Array#map", "/srv/app/a.rb", 4),
+                        ("A#render", "/srv/app/a.rb", 4),
+                        ("A#run", "/srv/app/a.rb", 9),
+                    ],
+                    &[1_000_000, 0],
+                    Some("Array"),
+                ),
+                (
+                    &[
+                        (
+                            "Hash#[]=",
+                            "/var/lib/gems/3.1.0/gems/rack-2.2.0/lib/rack/utils.rb",
+                            20,
+                        ),
+                        ("A#run", "/srv/app/a.rb", 10),
+                    ],
+                    &[500_000, 500_000],
+                    Some("Hash"),
+                ),
+                // Recursion: A#run twice on one stack counts once in cum.
+                (
+                    &[
+                        ("A#run", "/srv/app/a.rb", 12),
+                        ("A#run", "/srv/app/a.rb", 12),
+                    ],
+                    &[100_000, 0],
+                    None,
+                ),
+            ],
+        );
+        DecodedProfile::from_raw(raw).unwrap()
+    }
+
+    fn options(by: GroupBy, sample_type: &str) -> TopOptions {
+        TopOptions {
+            sample_type: Some(sample_type.to_string()),
+            by,
+            base_dir: "/srv/app".to_string(),
+            title: "heap.pprof".to_string(),
+            ..TopOptions::default()
+        }
+    }
+
+    #[test]
+    fn flat_and_cum_by_function() {
+        let table = top_table(&leaky(), &options(GroupBy::Function, "alloc_space")).unwrap();
+        assert_eq!(table.total, 4_600_000);
+        let row = |name: &str| table.rows.iter().find(|r| r.label == name).unwrap().clone();
+        assert_eq!(row("String#*").flat, 3_000_000);
+        assert_eq!(row("A#render").flat, 0);
+        assert_eq!(row("A#render").cum, 4_000_000);
+        assert_eq!(row("A#run").cum, 4_600_000, "recursion is counted once");
+        assert_eq!(row("A#run").flat, 100_000);
+        assert_eq!(table.rows[0].label, "String#*");
+    }
+
+    #[test]
+    fn other_groupings() {
+        let profile = leaky();
+        let gems = top_table(&profile, &options(GroupBy::Gem, "alloc_space")).unwrap();
+        let labels: Vec<(&str, i64)> = gems
+            .rows
+            .iter()
+            .map(|r| (r.label.as_str(), r.flat))
+            .collect();
+        assert_eq!(labels, [("(app)", 4_100_000), ("rack", 500_000)]);
+        let classes = top_table(&profile, &options(GroupBy::Class, "inuse_space")).unwrap();
+        let labels: Vec<(&str, i64)> = classes
+            .rows
+            .iter()
+            .map(|r| (r.label.as_str(), r.flat))
+            .collect();
+        assert_eq!(labels, [("String", 2_000_000), ("Hash", 500_000)]);
+        let lines = top_table(&profile, &options(GroupBy::Line, "alloc_space")).unwrap();
+        assert_eq!(lines.rows[0].label, "String#* a.rb:3");
+        let files = top_table(&profile, &options(GroupBy::File, "alloc_space")).unwrap();
+        assert_eq!(files.rows[1].label, "rack-2.2.0/lib/rack/utils.rb");
+    }
+
+    #[test]
+    fn focus_keeps_samples_through_a_frame() {
+        let profile = leaky();
+        let focus: FastHashSet<u32> = profile
+            .frames
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| profile.string(f.name) == "Array#map")
+            .map(|(i, _)| i as u32)
+            .collect();
+        let mut options = options(GroupBy::Function, "alloc_space");
+        options.focus = Some(focus);
+        options.focus_description = "/map/".to_string();
+        let table = top_table(&profile, &options).unwrap();
+        assert_eq!(table.total, 1_000_000);
+        assert_eq!(table.profile_total, 4_600_000);
+        let text = render_top(&profile, &options).unwrap();
+        assert!(
+            text.contains("Focus: /map/ matches 977 kB of 4.39 MB (21.7%)"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn rendered_table() {
+        let text = render_top(&leaky(), &options(GroupBy::Function, "inuse_space")).unwrap();
+        let expected = "\
+File: heap.pprof
+Type: inuse_space (bytes)
+Showing 4 of 4 functions: 2.38 MB of 2.38 MB total (100.0%)
+   flat  flat%   sum%     cum   cum%
+1.91 MB  80.0%  80.0% 1.91 MB  80.0%  String#*
+ 488 kB  20.0% 100.0%  488 kB  20.0%  Hash#[]=
+    0 B   0.0% 100.0% 2.38 MB 100.0%  A#run
+    0 B   0.0% 100.0% 1.91 MB  80.0%  A#render
+";
+        assert_eq!(text, expected);
+    }
+
+    #[test]
+    fn empty_and_unknown_sample_type() {
+        let profile = leaky();
+        let mut options = options(GroupBy::Function, "inuse_space");
+        options.focus = Some(FastHashSet::default());
+        options.focus_description = "/nothing/".to_string();
+        let text = render_top(&profile, &options).unwrap();
+        assert!(
+            text.ends_with("No samples with inuse_space match the focus.\n"),
+            "{text}"
+        );
+        let error = render_top(&profile, &self::options(GroupBy::Function, "cpu")).unwrap_err();
+        assert!(error.contains("no sample type \"cpu\""), "{error}");
+    }
+}

@@ -1,0 +1,512 @@
+//! `MemprofilerPprof::Profile`'s native half: a decoded pprof profile
+//! (core::analysis::DecodedProfile) wrapped as TypedData, and the private
+//! `_native_*` methods lib/memprofiler_pprof_rs/profile.rb calls after
+//! validating arguments. The wrapped data holds no Ruby objects, so there is
+//! nothing to mark or move.
+
+use std::ffi::{c_int, c_long, c_void};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use rb_sys::{
+    rb_ary_entry, rb_ary_new_capa, rb_ary_push, rb_data_type_struct,
+    rb_data_type_struct__bindgen_ty_1, rb_data_type_t, rb_data_typed_object_wrap, rb_str_new,
+    rb_ull2inum, rb_utf8_str_new, ruby_value_type, FIX2LONG, FIXNUM_P, NIL_P, RARRAY_LEN,
+    RB_TYPE_P, RSTRING_LEN, RSTRING_PTR, RTYPEDDATA_GET_DATA, RTYPEDDATA_P, RTYPEDDATA_TYPE, TEST,
+    VALUE,
+};
+
+use super::errors::{method_entry, protect, RbError, RbResult};
+use super::frames::rust_string;
+use crate::core::analysis::decoded_profile::DecodedProfile;
+use crate::core::analysis::diff::{render_diff, DiffOptions};
+use crate::core::analysis::flamegraph::{
+    render_html, render_svg, FlameFrame, FlameGraphInput, FlameStack,
+};
+use crate::core::analysis::grouping::GroupBy;
+use crate::core::analysis::merge::merge;
+use crate::core::analysis::top::{render_top, TopOptions};
+use crate::core::analysis::units::{format_time_utc, format_value};
+use crate::core::fast_hash::FastHashSet;
+
+struct DataType(rb_data_type_t);
+
+// SAFETY: immutable after initialisation; its pointers point at static data.
+unsafe impl Sync for DataType {}
+
+const fn data_type() -> rb_data_type_t {
+    // SAFETY: all-zero is a valid rb_data_type_t; the fields used are set below.
+    let mut functions: rb_data_type_struct__bindgen_ty_1 = unsafe { std::mem::zeroed() };
+    functions.dfree = Some(profile_free);
+    functions.dsize = Some(profile_size);
+    // SAFETY: as above.
+    let mut data_type: rb_data_type_struct = unsafe { std::mem::zeroed() };
+    data_type.wrap_struct_name = c"MemprofilerPprof::Profile".as_ptr();
+    data_type.function = functions;
+    // RUBY_TYPED_FREE_IMMEDIATELY: freeing is plain Rust memory.
+    data_type.flags = 1;
+    data_type
+}
+
+static PROFILE_TYPE: DataType = DataType(data_type());
+
+unsafe extern "C" fn profile_free(data: *mut c_void) {
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        if !data.is_null() {
+            // SAFETY: the Box leaked in `wrap`, freed exactly once here.
+            drop(unsafe { Box::from_raw(data as *mut DecodedProfile) });
+        }
+    }));
+}
+
+unsafe extern "C" fn profile_size(data: *const c_void) -> rb_sys::size_t {
+    catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: Ruby passes the pointer given to rb_data_typed_object_wrap.
+        let profile = unsafe { &*(data as *const DecodedProfile) };
+        profile.memory_bytes() as rb_sys::size_t
+    }))
+    .unwrap_or(0)
+}
+
+/// Hands `profile` to Ruby as an instance of `klass`.
+fn wrap(klass: VALUE, profile: DecodedProfile) -> RbResult<VALUE> {
+    let pointer = Box::into_raw(Box::new(profile));
+    let wrapped = protect(|| {
+        // SAFETY: `pointer` is a valid heap pointer; Ruby frees it through
+        // profile_free.
+        unsafe { rb_data_typed_object_wrap(klass, pointer.cast(), &PROFILE_TYPE.0) }
+    });
+    if wrapped.is_err() {
+        // SAFETY: Ruby did not take ownership; we still own the Box.
+        drop(unsafe { Box::from_raw(pointer) });
+    }
+    wrapped
+}
+
+fn profile_of(object: VALUE) -> RbResult<&'static DecodedProfile> {
+    // SAFETY: the header is read only after RTYPEDDATA_P confirmed typed data;
+    // the data pointer was set by `wrap` and lives as long as the object,
+    // which the caller's stack keeps alive.
+    unsafe {
+        if !RTYPEDDATA_P(object) || !std::ptr::eq(RTYPEDDATA_TYPE(object), &PROFILE_TYPE.0) {
+            return Err(RbError::type_error("expected a MemprofilerPprof::Profile"));
+        }
+        let data = RTYPEDDATA_GET_DATA(object) as *const DecodedProfile;
+        if data.is_null() {
+            return Err(RbError::runtime("profile is not initialized"));
+        }
+        Ok(&*data)
+    }
+}
+
+fn is_string(value: VALUE) -> bool {
+    // SAFETY: reads the object's flags only.
+    !NIL_P(value) && unsafe { RB_TYPE_P(value, ruby_value_type::RUBY_T_STRING) }
+}
+
+fn is_array(value: VALUE) -> bool {
+    // SAFETY: reads the object's flags only.
+    !NIL_P(value) && unsafe { RB_TYPE_P(value, ruby_value_type::RUBY_T_ARRAY) }
+}
+
+fn string_arg(value: VALUE, name: &str) -> RbResult<String> {
+    rust_string(value).ok_or_else(|| RbError::type_error(format!("{name} must be a String")))
+}
+
+fn optional_string_arg(value: VALUE, name: &str) -> RbResult<Option<String>> {
+    if NIL_P(value) {
+        Ok(None)
+    } else {
+        string_arg(value, name).map(Some)
+    }
+}
+
+fn count_arg(value: VALUE, name: &str) -> RbResult<usize> {
+    if !FIXNUM_P(value) {
+        return Err(RbError::type_error(format!("{name} must be an Integer")));
+    }
+    // SAFETY: checked to be a Fixnum.
+    let n = unsafe { FIX2LONG(value) };
+    usize::try_from(n).map_err(|_| RbError::argument(format!("{name} must be >= 0, got {n}")))
+}
+
+/// The elements of a Ruby Array (read without calling Ruby).
+fn array_elements(array: VALUE, name: &str) -> RbResult<Vec<VALUE>> {
+    if !is_array(array) {
+        return Err(RbError::type_error(format!("{name} must be an Array")));
+    }
+    // SAFETY: `array` is an Array; rb_ary_entry reads an element without
+    // allocating or raising (out-of-range reads give nil).
+    let length = unsafe { RARRAY_LEN(array) };
+    Ok((0..length)
+        .map(|i| unsafe { rb_ary_entry(array, i as c_long) })
+        .collect())
+}
+
+fn utf8_result(text: &str) -> RbResult<VALUE> {
+    // SAFETY: pointer and length describe `text`'s bytes; under protect.
+    protect(|| unsafe { rb_utf8_str_new(text.as_ptr().cast(), text.len() as c_long) })
+}
+
+fn binary_result(bytes: &[u8]) -> RbResult<VALUE> {
+    // SAFETY: as in utf8_result.
+    protect(|| unsafe { rb_str_new(bytes.as_ptr().cast(), bytes.len() as c_long) })
+}
+
+/// `Profile._native_parse(bytes)`: a Profile, or the reason (a String) the
+/// bytes are not one; the Ruby side raises ProfileFormatError with it.
+unsafe extern "C" fn native_parse(klass: VALUE, bytes: VALUE) -> VALUE {
+    method_entry(|| {
+        if !is_string(bytes) {
+            return Err(RbError::type_error("profile data must be a String"));
+        }
+        // SAFETY: `bytes` is a String; its buffer stays valid and unmoved while
+        // we decode, because nothing below calls into Ruby until `decoded`
+        // no longer borrows it.
+        let decoded = unsafe {
+            let slice = std::slice::from_raw_parts(
+                RSTRING_PTR(bytes).cast::<u8>(),
+                RSTRING_LEN(bytes) as usize,
+            );
+            DecodedProfile::decode(slice)
+        };
+        match decoded {
+            Ok(profile) => wrap(klass, profile),
+            Err(error) => utf8_result(&error.to_string()),
+        }
+    })
+}
+
+/// `[[type, unit], ...]`
+unsafe extern "C" fn native_sample_types(rb_self: VALUE) -> VALUE {
+    method_entry(|| {
+        let types = profile_of(rb_self)?.sample_types();
+        // One protect for every allocation: each new String is pushed into
+        // an Array held by a local (seen by the GC's stack scan) at once.
+        // SAFETY: plain allocations with valid pointers and lengths.
+        protect(|| unsafe {
+            let array = rb_ary_new_capa(types.len() as c_long);
+            for (t, u) in &types {
+                let pair = rb_ary_new_capa(2);
+                rb_ary_push(array, pair);
+                rb_ary_push(pair, rb_utf8_str_new(t.as_ptr().cast(), t.len() as c_long));
+                rb_ary_push(pair, rb_utf8_str_new(u.as_ptr().cast(), u.len() as c_long));
+            }
+            array
+        })
+    })
+}
+
+/// Name of the default sample type (the profile's, or the last one).
+unsafe extern "C" fn native_default_sample_type(rb_self: VALUE) -> VALUE {
+    method_entry(|| {
+        let profile = profile_of(rb_self)?;
+        let index = profile.sample_index(None).map_err(RbError::argument)?;
+        utf8_result(&profile.sample_types()[index].0)
+    })
+}
+
+/// `[sample_count, time_nanos, duration_nanos, period, comments...]`
+unsafe extern "C" fn native_summary(rb_self: VALUE) -> VALUE {
+    method_entry(|| {
+        let profile = profile_of(rb_self)?;
+        let numbers = [
+            profile.sample_count() as u64,
+            profile.raw.time_nanos.max(0) as u64,
+            profile.raw.duration_nanos.max(0) as u64,
+            profile.raw.period.max(0) as u64,
+        ];
+        let comments = profile.comments();
+        // SAFETY: plain allocations under one protect, each pushed into the
+        // Array (held by a local) as soon as it is made.
+        protect(|| unsafe {
+            let array = rb_ary_new_capa(4 + comments.len() as c_long);
+            for n in numbers {
+                rb_ary_push(array, rb_ull2inum(n));
+            }
+            for comment in &comments {
+                rb_ary_push(
+                    array,
+                    rb_utf8_str_new(comment.as_ptr().cast(), comment.len() as c_long),
+                );
+            }
+            array
+        })
+    })
+}
+
+/// Total of each sample type, in order.
+unsafe extern "C" fn native_totals(rb_self: VALUE) -> VALUE {
+    method_entry(|| {
+        let profile = profile_of(rb_self)?;
+        let totals: Vec<i64> = (0..profile.raw.sample_type.len())
+            .map(|i| profile.values(i).sum())
+            .collect();
+        // SAFETY: plain allocations under protect.
+        protect(|| unsafe {
+            let array = rb_ary_new_capa(totals.len() as c_long);
+            for total in &totals {
+                rb_ary_push(array, rb_sys::rb_ll2inum(*total));
+            }
+            array
+        })
+    })
+}
+
+/// `[[name, file], ...]` of every distinct frame, by frame index: the Ruby
+/// side matches `--focus` against them.
+unsafe extern "C" fn native_frame_names(rb_self: VALUE) -> VALUE {
+    method_entry(|| {
+        let profile = profile_of(rb_self)?;
+        // Built inside one protect: a raise (NoMemoryError) leaves no Rust
+        // owner behind, only borrowed strings.
+        // SAFETY: plain allocations with valid pointers and lengths, each
+        // pushed into an Array held by a local as soon as it is made.
+        protect(|| unsafe {
+            let array = rb_ary_new_capa(profile.frames.len() as c_long);
+            for frame in &profile.frames {
+                let (name, file) = (profile.string(frame.name), profile.string(frame.file));
+                let pair = rb_ary_new_capa(2);
+                rb_ary_push(array, pair);
+                rb_ary_push(
+                    pair,
+                    rb_utf8_str_new(name.as_ptr().cast(), name.len() as c_long),
+                );
+                rb_ary_push(
+                    pair,
+                    rb_utf8_str_new(file.as_ptr().cast(), file.len() as c_long),
+                );
+            }
+            array
+        })
+    })
+}
+
+fn focus_arg(value: VALUE, frames: usize) -> RbResult<Option<FastHashSet<u32>>> {
+    if NIL_P(value) {
+        return Ok(None);
+    }
+    let mut focus = FastHashSet::default();
+    for element in array_elements(value, "focus")? {
+        let index = count_arg(element, "a focus frame index")?;
+        if index >= frames {
+            return Err(RbError::argument(format!(
+                "focus frame index {index} is out of range"
+            )));
+        }
+        focus.insert(index as u32);
+    }
+    Ok(Some(focus))
+}
+
+fn group_by_arg(value: VALUE) -> RbResult<GroupBy> {
+    let name = string_arg(value, "by")?;
+    GroupBy::parse(&name).ok_or_else(|| {
+        RbError::argument(format!(
+            "by must be one of function, line, class, file, gem; got {name:?}"
+        ))
+    })
+}
+
+/// `#_native_top(sample_type, by, limit, focus, focus_description,
+/// sort_by_cum, base_dir, title)` → the table as a String.
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn native_top(
+    rb_self: VALUE,
+    sample_type: VALUE,
+    by: VALUE,
+    limit: VALUE,
+    focus: VALUE,
+    focus_description: VALUE,
+    sort_by_cum: VALUE,
+    base_dir: VALUE,
+    title: VALUE,
+) -> VALUE {
+    method_entry(|| {
+        let profile = profile_of(rb_self)?;
+        let options = TopOptions {
+            sample_type: optional_string_arg(sample_type, "sample_index")?,
+            by: group_by_arg(by)?,
+            limit: count_arg(limit, "limit")?,
+            focus: focus_arg(focus, profile.frames.len())?,
+            focus_description: string_arg(focus_description, "focus description")?,
+            sort_by_cum: TEST(sort_by_cum),
+            base_dir: string_arg(base_dir, "base_dir")?,
+            title: string_arg(title, "title")?,
+        };
+        let text = render_top(profile, &options).map_err(RbError::argument)?;
+        utf8_result(&text)
+    })
+}
+
+fn profiles_arg(value: VALUE) -> RbResult<Vec<&'static DecodedProfile>> {
+    array_elements(value, "profiles")?
+        .into_iter()
+        .map(profile_of)
+        .collect()
+}
+
+/// `Profile._native_diff(profiles, sample_type, limit, base_dir, titles)`
+unsafe extern "C" fn native_diff(
+    _klass: VALUE,
+    profiles: VALUE,
+    sample_type: VALUE,
+    limit: VALUE,
+    base_dir: VALUE,
+    titles: VALUE,
+) -> VALUE {
+    method_entry(|| {
+        let list = profiles_arg(profiles)?;
+        let titles = array_elements(titles, "titles")?
+            .into_iter()
+            .map(|t| string_arg(t, "a title"))
+            .collect::<RbResult<Vec<String>>>()?;
+        let options = DiffOptions {
+            sample_type: optional_string_arg(sample_type, "sample_index")?,
+            limit: count_arg(limit, "limit")?,
+            base_dir: string_arg(base_dir, "base_dir")?,
+            titles,
+        };
+        let text = render_diff(&list, &options).map_err(RbError::argument)?;
+        utf8_result(&text)
+    })
+}
+
+/// `Profile._native_merge(profiles)` → a new Profile.
+unsafe extern "C" fn native_merge(klass: VALUE, profiles: VALUE) -> VALUE {
+    method_entry(|| {
+        let list = profiles_arg(profiles)?;
+        let merged = merge(&list).map_err(RbError::argument)?;
+        let decoded = DecodedProfile::from_raw(merged)
+            .map_err(|error| RbError::runtime(format!("merged profile is invalid: {error}")))?;
+        wrap(klass, decoded)
+    })
+}
+
+/// `#_native_to_pprof(default_sample_type)` → gzipped pprof bytes.
+unsafe extern "C" fn native_to_pprof(rb_self: VALUE, default_sample_type: VALUE) -> VALUE {
+    method_entry(|| {
+        let profile = profile_of(rb_self)?;
+        let default = optional_string_arg(default_sample_type, "default_sample_type")?;
+        let bytes = profile
+            .to_pprof(default.as_deref())
+            .map_err(RbError::argument)?;
+        binary_result(&bytes)
+    })
+}
+
+/// `#_native_flamegraph(sample_type, format, title)` → HTML or SVG.
+unsafe extern "C" fn native_flamegraph(
+    rb_self: VALUE,
+    sample_type: VALUE,
+    format: VALUE,
+    title: VALUE,
+) -> VALUE {
+    method_entry(|| {
+        let profile = profile_of(rb_self)?;
+        let sample_type = optional_string_arg(sample_type, "sample_index")?;
+        let format = string_arg(format, "format")?;
+        let title = string_arg(title, "title")?;
+        let input = flame_input(profile, sample_type.as_deref(), title)?;
+        let text = match format.as_str() {
+            "html" => render_html(&input),
+            "svg" => render_svg(&input),
+            other => {
+                return Err(RbError::argument(format!(
+                    "format must be html or svg, got {other:?}"
+                )))
+            }
+        };
+        utf8_result(&text)
+    })
+}
+
+/// The flame graph's input: each sample's stack (root first) and value.
+fn flame_input(
+    profile: &DecodedProfile,
+    sample_type: Option<&str>,
+    title: String,
+) -> RbResult<FlameGraphInput> {
+    let index = profile
+        .sample_index(sample_type)
+        .map_err(RbError::argument)?;
+    let (sample_type, unit) = profile.sample_types().swap_remove(index);
+    let mut stacks = Vec::new();
+    let mut total = 0i64;
+    for (sample, value) in profile.values(index).enumerate() {
+        // Negative values (a diff written as a profile) go through: the
+        // renderer leaves them out and says how much it left out.
+        if value == 0 {
+            continue;
+        }
+        total += value.max(0);
+        let mut frames: Vec<FlameFrame> = profile
+            .stack(sample)
+            .map(|f| FlameFrame {
+                name: profile.string(f.name).to_string(),
+                file: profile.string(f.file).to_string(),
+                line: f.line,
+            })
+            .collect();
+        frames.reverse();
+        stacks.push(FlameStack { frames, value });
+    }
+    let mut subtitle = format!("{sample_type} · {} total", format_value(total, &unit));
+    if profile.raw.time_nanos > 0 {
+        subtitle.push_str(&format!(
+            " · taken {}",
+            format_time_utc(profile.raw.time_nanos)
+        ));
+    }
+    Ok(FlameGraphInput {
+        title,
+        subtitle,
+        sample_type,
+        unit,
+        stacks,
+    })
+}
+
+/// A Ruby method's C entry point, type-erased as rb_define_method wants.
+type AnyMethod = unsafe extern "C" fn() -> VALUE;
+
+pub struct NativeMethod {
+    pub name: &'static std::ffi::CStr,
+    pub func: AnyMethod,
+    pub arity: c_int,
+    /// A singleton (class) method rather than an instance method.
+    pub singleton: bool,
+}
+
+macro_rules! native_method {
+    ($name:literal, $func:expr, $arity:literal, $singleton:literal) => {
+        NativeMethod {
+            name: $name,
+            // SAFETY: Ruby calls the function with `arity` VALUE arguments
+            // plus self, which is exactly its real signature.
+            func: unsafe { std::mem::transmute::<*const (), AnyMethod>($func as *const ()) },
+            arity: $arity,
+            singleton: $singleton,
+        }
+    };
+}
+
+pub fn methods() -> Vec<NativeMethod> {
+    vec![
+        native_method!(c"_native_parse", native_parse, 1, true),
+        native_method!(c"_native_diff", native_diff, 5, true),
+        native_method!(c"_native_merge", native_merge, 1, true),
+        native_method!(c"_native_sample_types", native_sample_types, 0, false),
+        native_method!(
+            c"_native_default_sample_type",
+            native_default_sample_type,
+            0,
+            false
+        ),
+        native_method!(c"_native_summary", native_summary, 0, false),
+        native_method!(c"_native_totals", native_totals, 0, false),
+        native_method!(c"_native_frame_names", native_frame_names, 0, false),
+        native_method!(c"_native_top", native_top, 8, false),
+        native_method!(c"_native_to_pprof", native_to_pprof, 1, false),
+        native_method!(c"_native_flamegraph", native_flamegraph, 3, false),
+    ]
+}
