@@ -20,11 +20,11 @@ Gem::Specification.new do |spec|
   # explicitly (not from git) so the gem also builds from an unpacked tarball.
   spec.files = Dir.chdir(__dir__) do
     Dir["{Cargo.toml,Cargo.lock,build.rs,README.md,LICENSE}"] +
-      Dir["proto/**/*.proto"] + Dir["src/**/*.rs"] +
+      Dir["proto/**/*.proto"] + Dir["src/**/*.{rs,js,css}"] +
       Dir["ext/**/*.rb"] + Dir["lib/**/*.rb"] + Dir["exe/*"]
   end
   spec.bindir = "exe"
-  spec.executables = ["memprofiler_pprof_rs_profile"]
+  spec.executables = ["memprofiler_pprof_rs", "memprofiler_pprof_rs_profile"]
   spec.require_paths = ["lib"]
   spec.extensions = ["ext/memprofiler_pprof_rs/extconf.rb"]
   spec.metadata["rubygems_mfa_required"] = "true"

@@ -64,6 +64,20 @@ RSpec.describe "gem build and gem install --local" do
     parse_profile(File.binread(profiles.first))
   end
 
+  it "installs the memprofiler_pprof_rs executable, which reads a profile with the installed gem" do
+    exe = File.join(@gem_home, "bin", "memprofiler_pprof_rs")
+    expect(File.executable?(exe)).to be(true)
+    profile = File.join(@dir, "heap.pprof")
+    File.binwrite(profile, MemprofilerPprof::Collector.new(sample_rate: 1.0).profile { Array.new(100) { "x" * 10 } }.pprof_data)
+    out, err, status = Open3.capture3(@env.merge("RUBYLIB" => nil), exe, "top", profile, "-i", "alloc_objects", chdir: @dir)
+    expect(status).to be_success, err
+    expect(out).to include("Type: alloc_objects (count)")
+    html = File.join(@dir, "heap.html")
+    _out, err, status = Open3.capture3(@env.merge("RUBYLIB" => nil), exe, "flamegraph", profile, "-o", html, chdir: @dir)
+    expect(status).to be_success, err
+    expect(File.read(html)).to include("<canvas")
+  end
+
   it "leaves no cargo build output behind, in the gem or in TMPDIR" do
     expect(@install_status).to be_success, @install_out
     installed_bytes = 0
