@@ -102,7 +102,8 @@ RSpec.describe "memprofiler_pprof_rs executable" do
     it "agrees with go tool pprof -top on flat and cum" do
       out, _err, status = cli("top", "shop-2.pprof", "-n", "0", "-i", "alloc_objects")
       expect(status).to eq(0)
-      go_out, _go_err, go_status = go_pprof(shop_profile(2), "-top", "-sample_index=alloc_objects", "-nodecount=100")
+      go_out, _go_err, go_status = go_pprof(shop_profile(2), "-top", "-sample_index=alloc_objects",
+                                            "-nodecount=100", "-nodefraction=0")
       expect(go_status).to be_success
       # Ours prints 18.6k where Go prints 18600: compare as numbers (3 digits).
       number = ->(text) { text.end_with?("k") ? text.to_f * 1000 : text.to_f }
@@ -175,6 +176,12 @@ RSpec.describe "memprofiler_pprof_rs executable" do
       a = MemprofilerPprof::Profile.parse(shop_profile(0))
       b = MemprofilerPprof::Profile.parse(shop_profile(2))
       expect(merged.totals).to eq(a.totals.merge(b.totals) { |_k, x, y| x + y })
+      # Same stacks were added up (5 stacks in each, the same 5), and the
+      # class labels survived.
+      expect(merged.samples_count).to eq(a.samples_count)
+      by_class = ->(profile) { profile.top(by: :class, limit: 0, sample_index: "alloc_space").lines.grep(/%  \S+$/) }
+      expect(by_class[merged].map { |l| l.split.last }).to eq(%w[String Hash Array])
+      expect(merged.top(by: :class, sample_index: "alloc_space")).to include("String")
       _go_out, go_err, go_status = go_pprof(File.binread(File.join(@dir, "all.pprof")), "-top")
       expect(go_status).to be_success, go_err
     end
@@ -256,6 +263,86 @@ RSpec.describe "memprofiler_pprof_rs executable" do
     end
   end
 
+  describe "crafted and damaged profiles" do
+    def raw_shop
+      Zlib.gunzip(shop_profile(2))
+    end
+
+    def expect_clean_exit(name, *args)
+      _out, err, status = cli(*args)
+      expect([0, 1]).to include(status), "#{name}: exit #{status}: #{err}"
+      expect(err).not_to include("panicked"), "#{name}: #{err}"
+      expect_one_line_error(err) if status == 1
+      [status, err]
+    end
+
+    it "refuses references that point nowhere, and survives huge values and deep stacks" do
+      one = ->(stack, values) { [{ stack: stack, values: values, class: "String" }] }
+      leaf = ["Deep#dive", "/app/deep.rb", 3, 1]
+      files = {
+        "drop_frames.pprof" => raw_shop + PprofWriter.field_varint(7, 999),
+        "keep_frames.pprof" => raw_shop + PprofWriter.field_varint(8, 10**9),
+        "default_type.pprof" => raw_shop + PprofWriter.field_varint(14, 10**6),
+        # Three samples of 2**62: their sum does not fit in an i64.
+        "huge.pprof" => PprofWriter.build(sample_types: TYPES,
+                                          samples: %w[A#a B#b C#c].flat_map { |n| one[[[n, "/h.rb", 1, 1]], [2**62] * 4] }),
+        "deep.pprof" => PprofWriter.build(sample_types: TYPES, samples: one[[leaf] * 200_000, [1, 100, 1, 100]]),
+        # 50 million empty strings: 100 MB of protobuf, 230 kB gzipped.
+        "bomb.pprof" => PprofWriter.gzip(raw_shop + (PprofWriter.message(6, "".b) * 50_000_000)),
+      }
+      files.each { |name, bytes| write(name, bytes) }
+      %w[drop_frames keep_frames default_type].each do |name|
+        status, err = expect_clean_exit(name, "top", "#{name}.pprof")
+        expect(status).to eq(1)
+        expect(err).to include("malformed pprof profile")
+      end
+      # Sums saturate at i64::MAX instead of wrapping to negative numbers.
+      write("huge2.pprof", files["huge.pprof"])
+      expect(expect_clean_exit("huge merge", "merge", "huge.pprof", "huge2.pprof", "-o", "m.pprof").first).to eq(0)
+      %w[huge.pprof m.pprof].each do |name|
+        out, err, status = cli("top", name)
+        expect(status).to eq(0), err
+        expect(out.lines.grep(/^\s*-\d|total \(-/)).to eq([]), out
+        expect(out).to include("8.00 EB").or include("8388608 TB")
+      end
+      %w[top diff flamegraph].each do |command|
+        args = { "top" => ["deep.pprof"], "diff" => ["deep.pprof", "huge.pprof"], "flamegraph" => ["deep.pprof", "-o", "deep.html"] }[command]
+        status, err = expect_clean_exit("deep #{command}", command, *args)
+        expect(status).to eq(0), err
+      end
+      expect(File.size(File.join(@dir, "deep.html"))).to be < 2_000_000
+      status, err = expect_clean_exit("bomb", "top", "bomb.pprof")
+      expect(status).to eq(1)
+      expect(err).to include("would take about").and include("refusing to read it")
+    end
+
+    it "never crashes or raises anything but ProfileFormatError on damaged bytes" do
+      raw = raw_shop
+      random = Random.new(RSpec.configuration.seed)
+      outcomes = Hash.new(0)
+      400.times do
+        bytes = raw.dup
+        (1 + random.rand(4)).times { bytes.setbyte(random.rand(bytes.bytesize), random.rand(256)) }
+        bytes = bytes.byteslice(0, random.rand(bytes.bytesize)) if random.rand(4).zero?
+        begin
+          profile = MemprofilerPprof::Profile.parse(random.rand(2).zero? ? bytes : PprofWriter.gzip(bytes))
+          profile.top(by: %i[function line class file gem].sample(random: random))
+          profile.flamegraph(format: :svg)
+          MemprofilerPprof::Profile.diff([profile, MemprofilerPprof::Profile.parse(shop_profile(0))], sample_index: "alloc_objects") if profile.sample_type_names.include?("alloc_objects")
+          outcomes[:read] += 1
+        rescue MemprofilerPprof::ProfileFormatError
+          outcomes[:refused] += 1
+        rescue ArgumentError => e
+          raise unless e.message.include?("no sample type")
+
+          outcomes[:other_types] += 1
+        end
+      end
+      expect(outcomes[:read] + outcomes[:refused] + outcomes[:other_types]).to eq(400)
+      expect(outcomes[:refused]).to be > 0
+    end
+  end
+
   describe "bad input" do
     it "says what is wrong with a file that is not a profile, with exit status 1 and no stack trace" do
       gz = shop_profile(0)
@@ -295,6 +382,7 @@ RSpec.describe "memprofiler_pprof_rs executable" do
         [["top", "a.pprof", "--by", "planet"], "invalid argument: --by planet"],
         [["top", "a.pprof", "--limit", "-3"], "--limit must be 0 or more"],
         [["top", "a.pprof", "--limit", "many"], "invalid argument: --limit many"],
+        [["top", "a.pprof", "--limit", "99999999999999999999"], "--limit must be at most 1000000000"],
         [["top", "a.pprof", "--focus", "("], "is not a valid regular expression"],
         [["top", "a.pprof", "a.pprof"], "top reads one profile"],
         [["diff", "a.pprof"], "diff needs at least 2 profile files"],
@@ -307,6 +395,32 @@ RSpec.describe "memprofiler_pprof_rs executable" do
         expect(err).to include(message), "#{args.join(' ')}: #{err}"
         expect_one_line_error(err)
       end
+    end
+
+    it "fails with exit status 1 when its output cannot be written" do
+      write("a.pprof", shop_profile(0))
+      out, err, status = Open3.capture3("#{RbConfig.ruby} #{EXE} top a.pprof > /dev/full", chdir: @dir)
+      expect(out).to eq("")
+      expect(status.exitstatus).to eq(1)
+      expect(err).to include("No space left on device")
+      expect_one_line_error(err)
+    end
+
+    it "reads standard input for -, writes standard output for -o -, and never overwrites its input" do
+      write("a.pprof", shop_profile(2))
+      out, err, status = Open3.capture3(RbConfig.ruby, EXE, "top", "-", stdin_data: shop_profile(2), chdir: @dir)
+      expect(status).to be_success, err
+      expect(out).to start_with("File: (standard input)\n")
+      out, _err, status = cli("flamegraph", "a.pprof", "-o", "-", "--format", "svg")
+      expect(status).to eq(0)
+      expect(out).to include("<svg", "SessionStore#remember")
+      _out, err, status = cli("flamegraph", "a.pprof", "-o", "a.pprof")
+      expect(status).to eq(2)
+      expect(err).to include("-o a.pprof is the input profile a.pprof")
+      expect(MemprofilerPprof::Profile.read(File.join(@dir, "a.pprof")).samples_count).to eq(5)
+      _out, err, status = cli("merge", "a.pprof", "a.pprof", "-o", "m.pprof")
+      expect(status).to eq(2)
+      expect(err).to include("a.pprof is given twice")
     end
 
     it "rejects an unknown sample type naming the ones there are" do
@@ -345,6 +459,11 @@ RSpec.describe MemprofilerPprof::Profile do
     expect { described_class.new }.to raise_error(TypeError, /allocator undefined/)
     expect { described_class.merge([]) }.to raise_error(ArgumentError, /at least 1 profile/)
     expect { described_class.diff([1, 2]) }.to raise_error(TypeError, /needs Profiles, got 1/)
+    cpu = described_class.parse(PprofWriter.build(sample_types: [%w[cpu nanoseconds]], samples: []))
+    heap = described_class.parse(PprofWriter.build(sample_types: [%w[inuse_space bytes]], samples: []))
+    expect { described_class.diff([heap, cpu], titles: %w[old.pprof cpu.pprof], sample_index: "inuse_space") }
+      .to raise_error(ArgumentError, /\Acpu\.pprof: this profile has no sample type "inuse_space"; it has cpu\z/)
+    expect { described_class.diff([heap, cpu], titles: ["one"]) }.to raise_error(ArgumentError, /titles must be an Array of 2 Strings/)
   end
 
   it "reads a collector's flush and answers top, totals and to_pprof" do

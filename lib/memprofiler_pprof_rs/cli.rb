@@ -68,7 +68,11 @@ module MemprofilerPprof
       else
         raise UsageError, "unknown command #{command.inspect} (commands: #{COMMANDS.keys.join(', ')})" unless COMMANDS.key?(command)
 
-        dispatch(command, argv)
+        status = dispatch(command, argv)
+        # Buffered output fails here, not at exit where the error would be
+        # lost (a full disk, a closed stdout): it must change the status.
+        @stdout.flush
+        status
       end
     rescue UsageError, OptionParser::ParseError => e
       @stderr.puts("#{PROGRAM}: #{e.message}")
@@ -130,6 +134,7 @@ module MemprofilerPprof
     def limit_option(opts, options, default)
       opts.on("-n", "--limit N", Integer, "rows to show (default #{default}; 0 shows all)") do |value|
         raise UsageError, "--limit must be 0 or more, got #{value}" if value.negative?
+        raise UsageError, "--limit must be at most 1000000000 (0 shows all), got #{value}" if value > 1_000_000_000
 
         options[:limit] = value
       end
@@ -232,8 +237,26 @@ module MemprofilerPprof
       if files.size < minimum
         raise UsageError, "#{command} needs #{minimum == 1 ? 'a profile file' : "at least #{minimum} profile files"}"
       end
+      duplicate = files.tally.find { |_, count| count > 1 }&.first
+      raise UsageError, "#{duplicate} is given twice (it would count twice)" if duplicate
 
-      files.map { |file| [file, Profile.read(file)] }
+      files.map { |file| file == "-" ? ["(standard input)", stdin_profile] : [file, Profile.read(file)] }
+    end
+
+    # "-" reads the profile from standard input (e.g. piped from curl).
+    def stdin_profile
+      Profile.parse($stdin.binmode.read)
+    rescue ProfileFormatError => e
+      raise ProfileFormatError, "standard input: #{e.message}"
+    end
+
+    # Refuses to write over one of the profiles being read (flamegraph's -o
+    # pointing at its input would replace a profile with a web page).
+    def refuse_overwriting_input(output, files)
+      return if output == "-" || !File.exist?(output)
+
+      clobbered = files.find { |file| file != "-" && File.exist?(file) && File.identical?(file, output) }
+      raise UsageError, "-o #{output} is the input profile #{clobbered}; write elsewhere" if clobbered
     end
 
     def top(files, options)
@@ -266,6 +289,7 @@ module MemprofilerPprof
       raise UsageError, "flamegraph reads one profile; got #{files.size} files (merge them first)" if files.size > 1
 
       output = options[:output] or raise UsageError, "flamegraph needs -o OUTPUT (e.g. -o heap.html)"
+      refuse_overwriting_input(output, files)
       format = (options[:format] || (output.end_with?(".svg") ? "svg" : "html")).to_sym
       (file, profile), = read_profiles(files, "flamegraph", minimum: 1)
       document = profile.flamegraph(sample_index: options[:sample_index], format: format, title: File.basename(file))

@@ -17,7 +17,7 @@ module MemprofilerPprof
     GROUPINGS = %i[function line class file gem].freeze
     FLAMEGRAPH_FORMATS = %i[html svg].freeze
 
-    private_class_method :_native_parse, :_native_diff, :_native_merge
+    private_class_method :_native_parse, :_native_gunzip, :_native_diff, :_native_merge
 
     class << self
       # `data`: the bytes of a profile (gzipped or not), or a ProfileData.
@@ -27,6 +27,19 @@ module MemprofilerPprof
 
         result = _native_parse(data)
         raise ProfileFormatError, result if result.is_a?(String)
+
+        result
+      end
+
+      # `data` gunzipped (returned as is if it is not gzip), in Rust with the
+      # GVL held. Ruby 3.1's zlib resizes its output String with the GVL
+      # released, so a fork from another thread at that moment corrupts the
+      # child's heap (bench/zlib_fork_crash.rb); this gem never uses it.
+      def gunzip(data)
+        raise TypeError, "data must be a String, got #{data.class}" unless data.is_a?(String)
+
+        result = _native_gunzip(data)
+        raise ProfileFormatError, result.first if result.is_a?(Array)
 
         result
       end

@@ -56,10 +56,35 @@ impl RbError {
             .map(|s| s.to_string())
             .or_else(|| payload.downcast_ref::<String>().cloned())
             .unwrap_or_else(|| "unknown panic".to_string());
+        let place = PANIC_PLACE.with(|place| place.borrow_mut().take());
+        let at = place.map(|p| format!(" (at {p})")).unwrap_or_default();
         RbError::runtime(format!(
-            "memprofiler_pprof_rs internal error (please report): {detail}"
+            "memprofiler_pprof_rs internal error (please report): {detail}{at}"
         ))
     }
+}
+
+thread_local! {
+    /// Where the last panic on this thread happened, for `from_panic`.
+    static PANIC_PLACE: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Panics are caught at every entry point and become Ruby exceptions (or
+/// counted internal errors in hooks); Rust's default hook would also print
+/// a multi-line report on the host program's stderr. This one only notes
+/// where the panic happened, for the exception's message.
+pub fn install_quiet_panic_hook() {
+    std::panic::set_hook(Box::new(|info| {
+        if let Some(location) = info.location() {
+            let place = format!("{}:{}", location.file(), location.line());
+            // try_with: during thread teardown the slot may be gone.
+            let _ = PANIC_PLACE.try_with(|slot| {
+                if let Ok(mut slot) = slot.try_borrow_mut() {
+                    *slot = Some(place);
+                }
+            });
+        }
+    }));
 }
 
 pub type RbResult<T> = Result<T, RbError>;

@@ -24,6 +24,7 @@ use errors::{method_entry, protect};
 #[no_mangle]
 pub unsafe extern "C" fn Init_memprofiler_pprof_rs() {
     method_entry(|| {
+        errors::install_quiet_panic_hook();
         heap::init();
         active_collectors::init();
         empty_hooks::init();

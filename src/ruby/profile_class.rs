@@ -17,7 +17,7 @@ use rb_sys::{
 
 use super::errors::{method_entry, protect, RbError, RbResult};
 use super::frames::rust_string;
-use crate::core::analysis::decoded_profile::DecodedProfile;
+use crate::core::analysis::decoded_profile::{decompress, DecodedProfile};
 use crate::core::analysis::diff::{render_diff, DiffOptions};
 use crate::core::analysis::flamegraph::{
     render_html, render_svg, FlameFrame, FlameGraphInput, FlameStack,
@@ -83,11 +83,16 @@ fn wrap(klass: VALUE, profile: DecodedProfile) -> RbResult<VALUE> {
 }
 
 fn profile_of(object: VALUE) -> RbResult<&'static DecodedProfile> {
-    // SAFETY: the header is read only after RTYPEDDATA_P confirmed typed data;
-    // the data pointer was set by `wrap` and lives as long as the object,
-    // which the caller's stack keeps alive.
+    // SAFETY: RB_TYPE_P handles immediates (nil, Integers) and reads only the
+    // flags of heap objects; the typed-data header is read only once the
+    // object is known to be T_DATA, and its type pointer compared before the
+    // data is used. The data was set by `wrap` and lives as long as the
+    // object, which the caller keeps alive (self, or an Array argument).
     unsafe {
-        if !RTYPEDDATA_P(object) || !std::ptr::eq(RTYPEDDATA_TYPE(object), &PROFILE_TYPE.0) {
+        if !RB_TYPE_P(object, ruby_value_type::RUBY_T_DATA)
+            || !RTYPEDDATA_P(object)
+            || !std::ptr::eq(RTYPEDDATA_TYPE(object), &PROFILE_TYPE.0)
+        {
             return Err(RbError::type_error("expected a MemprofilerPprof::Profile"));
         }
         let data = RTYPEDDATA_GET_DATA(object) as *const DecodedProfile;
@@ -176,6 +181,46 @@ unsafe extern "C" fn native_parse(klass: VALUE, bytes: VALUE) -> VALUE {
     })
 }
 
+/// `Profile._native_gunzip(bytes)`: the bytes gunzipped (or as they are
+/// if not gzip), or the reason (a String) they could not be; the Ruby side
+/// raises ProfileFormatError with it. Unlike Ruby's zlib, which resizes its
+/// output String with the GVL released (a fork meanwhile corrupts the
+/// child's heap), this keeps the GVL and touches no Ruby object until done.
+unsafe extern "C" fn native_gunzip(_klass: VALUE, bytes: VALUE) -> VALUE {
+    method_entry(|| {
+        if !is_string(bytes) {
+            return Err(RbError::type_error("data must be a String"));
+        }
+        // SAFETY: `bytes` is a String whose buffer stays valid and unmoved:
+        // nothing below calls into Ruby while `plain` may borrow it.
+        let plain = unsafe {
+            let slice = std::slice::from_raw_parts(
+                RSTRING_PTR(bytes).cast::<u8>(),
+                RSTRING_LEN(bytes) as usize,
+            );
+            decompress(slice).map(|plain| plain.into_owned())
+        };
+        match plain {
+            Ok(plain) => {
+                let result = binary_result(&plain)?;
+                // SAFETY: tags the new String (a local) as binary; no raise.
+                unsafe { rb_sys::rb_enc_associate_index(result, rb_sys::rb_ascii8bit_encindex()) };
+                Ok(result)
+            }
+            Err(error) => {
+                let message = utf8_result(&error.to_string())?;
+                // An Array [message] tells an error from data (both Strings).
+                // SAFETY: plain allocation under protect; `message` is a local.
+                protect(|| unsafe {
+                    let array = rb_ary_new_capa(1);
+                    rb_ary_push(array, message);
+                    array
+                })
+            }
+        }
+    })
+}
+
 /// `[[type, unit], ...]`
 unsafe extern "C" fn native_sample_types(rb_self: VALUE) -> VALUE {
     method_entry(|| {
@@ -239,7 +284,7 @@ unsafe extern "C" fn native_totals(rb_self: VALUE) -> VALUE {
     method_entry(|| {
         let profile = profile_of(rb_self)?;
         let totals: Vec<i64> = (0..profile.raw.sample_type.len())
-            .map(|i| profile.values(i).sum())
+            .map(|i| profile.total(i))
             .collect();
         // SAFETY: plain allocations under protect.
         protect(|| unsafe {
@@ -420,36 +465,48 @@ unsafe extern "C" fn native_flamegraph(
     })
 }
 
-/// The flame graph's input: each sample's stack (root first) and value.
-fn flame_input(
-    profile: &DecodedProfile,
+/// Frames per stack in a flame graph at most: a crafted profile can hold a
+/// stack millions deep, and each frame would be a node of the page.
+const MAX_FLAME_DEPTH: usize = 1024;
+
+/// The flame graph's input: each sample's stack (root first) and value,
+/// borrowing names from the profile.
+fn flame_input<'a>(
+    profile: &'a DecodedProfile,
     sample_type: Option<&str>,
     title: String,
-) -> RbResult<FlameGraphInput> {
+) -> RbResult<FlameGraphInput<'a>> {
     let index = profile
         .sample_index(sample_type)
         .map_err(RbError::argument)?;
     let (sample_type, unit) = profile.sample_types().swap_remove(index);
     let mut stacks = Vec::new();
-    let mut total = 0i64;
     for (sample, value) in profile.values(index).enumerate() {
         // Negative values (a diff written as a profile) go through: the
         // renderer leaves them out and says how much it left out.
         if value == 0 {
             continue;
         }
-        total += value.max(0);
-        let mut frames: Vec<FlameFrame> = profile
+        let mut frames: Vec<FlameFrame<'a>> = profile
             .stack(sample)
             .map(|f| FlameFrame {
-                name: profile.string(f.name).to_string(),
-                file: profile.string(f.file).to_string(),
+                name: profile.string(f.name),
+                file: profile.string(f.file),
                 line: f.line,
             })
             .collect();
         frames.reverse();
+        if frames.len() > MAX_FLAME_DEPTH {
+            frames.truncate(MAX_FLAME_DEPTH - 1);
+            frames.push(FlameFrame {
+                name: "(deeper frames not shown)",
+                file: "",
+                line: 0,
+            });
+        }
         stacks.push(FlameStack { frames, value });
     }
+    let total = profile.total(index).max(0);
     let mut subtitle = format!("{sample_type} · {} total", format_value(total, &unit));
     if profile.raw.time_nanos > 0 {
         subtitle.push_str(&format!(
@@ -493,6 +550,7 @@ macro_rules! native_method {
 pub fn methods() -> Vec<NativeMethod> {
     vec![
         native_method!(c"_native_parse", native_parse, 1, true),
+        native_method!(c"_native_gunzip", native_gunzip, 1, true),
         native_method!(c"_native_diff", native_diff, 5, true),
         native_method!(c"_native_merge", native_merge, 1, true),
         native_method!(c"_native_sample_types", native_sample_types, 0, false),

@@ -17,6 +17,11 @@ use crate::core::profile_builder::encode_gzipped;
 /// take the machine's memory (the biggest real heap profiles are ~100 MB).
 pub const MAX_DECODED_BYTES: u64 = 1 << 30;
 
+/// Decoding needs more memory than the encoded bytes (an empty string is 2
+/// bytes on the wire and 24 in memory, a packed varint 1 and 8); profiles
+/// whose estimate exceeds this are refused before decoding.
+pub const MAX_DECODE_MEMORY: u64 = 2 << 30;
+
 /// Label keys that name the allocated object's class, in the order tried:
 /// this gem's, then Datadog's and other Ruby profilers'.
 const CLASS_LABEL_KEYS: [&str; 3] = ["class", "allocation class", "object type"];
@@ -28,6 +33,7 @@ pub enum ReadError {
     TruncatedGzip,
     BadGzip(String),
     TooLarge,
+    NeedsTooMuchMemory(u64),
     TrailingData,
     NotPprof(String),
     Malformed(String),
@@ -46,6 +52,12 @@ impl fmt::Display for ReadError {
                 f,
                 "the profile decompresses to more than {} MB; refusing to read it",
                 MAX_DECODED_BYTES >> 20
+            ),
+            ReadError::NeedsTooMuchMemory(bytes) => write!(
+                f,
+                "reading this profile would take about {} MB of memory (limit {} MB); refusing to read it",
+                bytes >> 20,
+                MAX_DECODE_MEMORY >> 20
             ),
             ReadError::TrailingData => write!(
                 f,
@@ -92,7 +104,11 @@ impl DecodedProfile {
     /// Reads a profile from a file's bytes (gzipped or plain protobuf).
     pub fn decode(bytes: &[u8]) -> Result<DecodedProfile, ReadError> {
         let plain = decompress(bytes)?;
-        let raw = pprof::Profile::decode(plain.as_slice())
+        let needed = decode_memory_estimate(&plain);
+        if needed > MAX_DECODE_MEMORY {
+            return Err(ReadError::NeedsTooMuchMemory(needed));
+        }
+        let raw = pprof::Profile::decode(&plain[..])
             .map_err(|error| ReadError::NotPprof(format!("protobuf decoding failed: {error}")))?;
         DecodedProfile::from_raw(raw)
     }
@@ -206,10 +222,13 @@ impl DecodedProfile {
             location_frames.push(own);
         }
 
-        let class_keys: Vec<i64> = CLASS_LABEL_KEYS
+        // Every index of such a key: a string table may repeat a string.
+        let class_keys: Vec<i64> = raw
+            .string_table
             .iter()
-            .filter_map(|key| raw.string_table.iter().position(|s| s == key))
-            .map(|index| index as i64)
+            .enumerate()
+            .filter(|(_, s)| CLASS_LABEL_KEYS.contains(&s.as_str()))
+            .map(|(index, _)| index as i64)
             .collect();
         let value_count = raw.sample_type.len();
         let mut sample_locations = Vec::with_capacity(raw.sample.len());
@@ -246,6 +265,8 @@ impl DecodedProfile {
         for index in &raw.comment {
             string_index(*index, &|| "a comment".to_string())?;
         }
+        string_index(raw.drop_frames, &|| "drop_frames".to_string())?;
+        string_index(raw.keep_frames, &|| "keep_frames".to_string())?;
         string_index(raw.default_sample_type, &|| {
             "default_sample_type".to_string()
         })?;
@@ -271,7 +292,12 @@ impl DecodedProfile {
         let index = index as usize;
         match self.raw.string_table.get(index) {
             Some(s) => s,
-            None => &self.extra_strings[index - self.raw.string_table.len()],
+            // Indexes are checked when decoding; "" rather than a panic if
+            // one ever slips through.
+            None => self
+                .extra_strings
+                .get(index - self.raw.string_table.len())
+                .map_or("", String::as_str),
         }
     }
 
@@ -295,12 +321,14 @@ impl DecodedProfile {
         let types = self.sample_types();
         let wanted = match name {
             Some(name) => name.to_string(),
+            // The default, or the last type as `go tool pprof` does (also
+            // when the default names a type the profile does not have).
             None => {
                 let default = self.string(self.raw.default_sample_type as u32);
-                if default.is_empty() {
-                    return Ok(types.len() - 1);
-                }
-                default.to_string()
+                return Ok(types
+                    .iter()
+                    .position(|(t, _)| t == default)
+                    .unwrap_or(types.len() - 1));
             }
         };
         types.iter().position(|(t, _)| *t == wanted).ok_or_else(|| {
@@ -321,6 +349,12 @@ impl DecodedProfile {
                     .iter()
                     .map(move |frame| &self.frames[*frame as usize])
             })
+    }
+
+    /// Sum of value `index` over all samples (saturating: crafted values
+    /// near i64::MAX must not wrap into negative totals).
+    pub fn total(&self, index: usize) -> i64 {
+        self.values(index).fold(0i64, i64::saturating_add)
     }
 
     /// Value `index` of every sample.
@@ -373,13 +407,62 @@ impl DecodedProfile {
     }
 }
 
-/// Gunzips if the bytes are gzip, with the size bound and clear errors.
-fn decompress(bytes: &[u8]) -> Result<Vec<u8>, ReadError> {
+/// An upper estimate of the memory `prost` needs to decode `plain`: each
+/// top-level field (a string, a sample, a location...) costs a fixed
+/// overhead plus at most 8 bytes per encoded byte (a 1-byte varint becomes an
+/// i64). Reads only the top-level field headers, so it is cheap.
+fn decode_memory_estimate(plain: &[u8]) -> u64 {
+    let mut at = 0usize;
+    let mut estimate = 0u64;
+    let varint = |at: &mut usize| -> Option<u64> {
+        let mut value = 0u64;
+        for shift in (0..64).step_by(7) {
+            let byte = *plain.get(*at)?;
+            *at += 1;
+            value |= u64::from(byte & 0x7f) << shift;
+            if byte & 0x80 == 0 {
+                return Some(value);
+            }
+        }
+        None
+    };
+    while at < plain.len() {
+        let Some(key) = varint(&mut at) else { break };
+        let length = match key & 7 {
+            0 => {
+                if varint(&mut at).is_none() {
+                    break;
+                }
+                0
+            }
+            1 => 8,
+            2 => match varint(&mut at) {
+                Some(length) => length,
+                None => break,
+            },
+            5 => 4,
+            _ => break, // not protobuf; prost reports it
+        };
+        // 48: a Vec/String header plus the enclosing Vec's slot, rounded up.
+        estimate = estimate
+            .saturating_add(48)
+            .saturating_add(length.saturating_mul(8));
+        at = at.saturating_add(length as usize);
+    }
+    estimate
+}
+
+/// Gunzips if the bytes are gzip (else returns them as they are), with the
+/// size bound and clear errors.
+pub fn decompress(bytes: &[u8]) -> Result<std::borrow::Cow<'_, [u8]>, ReadError> {
     if bytes.is_empty() {
         return Err(ReadError::Empty);
     }
     if !bytes.starts_with(&[0x1f, 0x8b]) {
-        return Ok(bytes.to_vec());
+        if bytes.len() as u64 > MAX_DECODED_BYTES {
+            return Err(ReadError::TooLarge);
+        }
+        return Ok(std::borrow::Cow::Borrowed(bytes));
     }
     let mut decoder = GzDecoder::new(bytes);
     let mut plain = Vec::new();
@@ -401,7 +484,7 @@ fn decompress(bytes: &[u8]) -> Result<Vec<u8>, ReadError> {
     if !rest.is_empty() {
         return Err(ReadError::TrailingData);
     }
-    Ok(plain)
+    Ok(std::borrow::Cow::Owned(plain))
 }
 
 /// The checks that tell "some other file" from "a pprof with a bug".
@@ -601,6 +684,41 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn crafted_profiles_are_refused_not_panicked_on() {
+        let mut raw = small();
+        raw.drop_frames = 999;
+        assert!(matches!(
+            DecodedProfile::from_raw(raw),
+            Err(ReadError::Malformed(_))
+        ));
+        let mut raw = small();
+        raw.keep_frames = -1;
+        assert!(matches!(
+            DecodedProfile::from_raw(raw),
+            Err(ReadError::Malformed(_))
+        ));
+        // 2 million empty strings: 4 MB on the wire, about 100 MB decoded.
+        let mut bomb = small();
+        bomb.string_table
+            .extend(std::iter::repeat_n(String::new(), 2_000_000));
+        let bytes = bomb.encode_to_vec();
+        let estimate = decode_memory_estimate(&bytes);
+        assert!(estimate >= 2_000_000 * 48, "{estimate}");
+        assert!(estimate < MAX_DECODE_MEMORY, "still readable");
+        // A real profile's estimate is small.
+        assert!(decode_memory_estimate(&small().encode_to_vec()) < 10_000);
+    }
+
+    #[test]
+    fn totals_saturate() {
+        let mut raw = small();
+        raw.sample[0].value[0] = i64::MAX;
+        raw.sample[1].value[0] = i64::MAX;
+        let profile = DecodedProfile::from_raw(raw).unwrap();
+        assert_eq!(profile.total(0), i64::MAX);
+    }
+
+    #[test]
     fn sample_index_by_name_default_and_last() {
         let mut raw = small();
         let profile = DecodedProfile::from_raw(raw.clone()).unwrap();
@@ -609,8 +727,13 @@ pub(crate) mod tests {
         let error = profile.sample_index(Some("cpu")).err().unwrap();
         assert!(error.contains("alloc_space, inuse_space"), "{error}");
         raw.default_sample_type = raw.sample_type[0].r#type;
-        let profile = DecodedProfile::from_raw(raw).unwrap();
+        let profile = DecodedProfile::from_raw(raw.clone()).unwrap();
         assert_eq!(profile.sample_index(None), Ok(0));
+        // A default naming no sample type: the last one, as Go does.
+        raw.string_table.push("cpu".to_string());
+        raw.default_sample_type = (raw.string_table.len() - 1) as i64;
+        let profile = DecodedProfile::from_raw(raw).unwrap();
+        assert_eq!(profile.sample_index(None), Ok(1));
     }
 
     #[test]

@@ -46,7 +46,8 @@ pub struct GrowthRow {
 
 impl GrowthRow {
     pub fn growth(&self) -> i64 {
-        self.values.last().copied().unwrap_or(0) - self.values.first().copied().unwrap_or(0)
+        let last = self.values.last().copied().unwrap_or(0);
+        last.saturating_sub(self.values.first().copied().unwrap_or(0))
     }
 
     /// In how many consecutive pairs the value went up.
@@ -95,7 +96,7 @@ impl<K: std::hash::Hash + Eq> Accumulator<K> {
                 values: vec![0; profiles],
             }
         });
-        row.values[profile] += value;
+        row.values[profile] = row.values[profile].saturating_add(value);
     }
 
     /// Rows sorted by growth, biggest first (then by label, for stable output).
@@ -111,7 +112,11 @@ impl<K: std::hash::Hash + Eq> Accumulator<K> {
 }
 
 /// The sample type a diff compares, by name, in every profile.
-fn pick_sample_type(profiles: &[&DecodedProfile], wanted: Option<&str>) -> Result<String, String> {
+fn pick_sample_type(
+    profiles: &[&DecodedProfile],
+    wanted: Option<&str>,
+    titles: &[String],
+) -> Result<String, String> {
     let name = match wanted {
         Some(name) => name.to_string(),
         None => {
@@ -130,9 +135,13 @@ fn pick_sample_type(profiles: &[&DecodedProfile], wanted: Option<&str>) -> Resul
         }
     };
     for (position, profile) in profiles.iter().enumerate() {
-        profile
-            .sample_index(Some(&name))
-            .map_err(|error| format!("profile {}: {error}", position + 1))?;
+        profile.sample_index(Some(&name)).map_err(|error| {
+            let title = titles
+                .get(position)
+                .cloned()
+                .unwrap_or_else(|| format!("profile {}", position + 1));
+            format!("{title}: {error}")
+        })?;
     }
     Ok(name)
 }
@@ -141,7 +150,7 @@ pub fn diff(profiles: &[&DecodedProfile], options: &DiffOptions) -> Result<Diff,
     if profiles.len() < 2 {
         return Err("diff needs at least two profiles (the oldest first)".to_string());
     }
-    let sample_type = pick_sample_type(profiles, options.sample_type.as_deref())?;
+    let sample_type = pick_sample_type(profiles, options.sample_type.as_deref(), &options.titles)?;
     let unit = {
         let first = profiles[0];
         first
@@ -178,7 +187,7 @@ pub fn diff(profiles: &[&DecodedProfile], options: &DiffOptions) -> Result<Diff,
             if value == 0 {
                 continue;
             }
-            totals[position] += value;
+            totals[position] = totals[position].saturating_add(value);
             let key: Vec<u32> = profile.sample_locations[sample]
                 .iter()
                 .flat_map(|l| profile.location_frames[*l as usize].iter())
@@ -219,7 +228,11 @@ fn callers(profile: &DecodedProfile, sample: usize) -> Vec<String> {
             }
         }
     }
-    frames.map(|f| profile.string(f.name).to_string()).collect()
+    // The report shows 4 and an ellipsis: stacks can be millions deep.
+    frames
+        .take(5)
+        .map(|f| profile.string(f.name).to_string())
+        .collect()
 }
 
 /// The method that allocated: the leaf, or for a C method (no start line)
@@ -249,12 +262,15 @@ fn growth_percent(row_first: i64, growth: i64) -> String {
     }
 }
 
+/// The share of the total growth a row needs to be called a likely leak.
+const MIN_LEAK_SHARE: f64 = 0.1;
+
 /// The one-line answer: which allocation site grew, and how convincingly.
 fn verdict(diff: &Diff) -> String {
     let n = diff.totals.len();
     let first = diff.totals[0];
     let last = diff.totals[n - 1];
-    let total_growth = last - first;
+    let total_growth = last.saturating_sub(first);
     let unit = &diff.unit;
     if total_growth <= 0 {
         return format!(
@@ -278,10 +294,13 @@ fn verdict(diff: &Diff) -> String {
         };
     }
     let steps = n - 1;
-    let steady = diff
-        .by_stack
-        .iter()
-        .find(|row| row.growth() > 0 && row.intervals_up() == steps);
+    // A row that grew every time but by a sliver of the total is not what
+    // the memory went to: only rows with a real share can be "the leak".
+    let steady = diff.by_stack.iter().find(|row| {
+        row.growth() > 0
+            && row.intervals_up() == steps
+            && row.growth() as f64 >= MIN_LEAK_SHARE * total_growth as f64
+    });
     match steady {
         Some(row) => format!(
             "Verdict: likely leak: {} grew in all {steps} intervals, {} → {} ({}, {} of the growth).",
@@ -293,7 +312,7 @@ fn verdict(diff: &Diff) -> String {
         ),
         None => match diff.by_stack.first().filter(|r| r.growth() > 0) {
             Some(row) => format!(
-                "Verdict: nothing grew in every interval; the largest growth is {}, {} (up in {} of {steps} intervals).",
+                "Verdict: no big allocation site grew in every interval; the largest growth is {}, {} (up in {} of {steps} intervals).",
                 row.label,
                 format_signed(row.growth(), unit),
                 row.intervals_up()
@@ -410,7 +429,7 @@ pub fn render_diff(profiles: &[&DecodedProfile], options: &DiffOptions) -> Resul
             format_value(*total, unit)
         );
     }
-    let growth = diff.totals[n - 1] - diff.totals[0];
+    let growth = diff.totals[n - 1].saturating_sub(diff.totals[0]);
     let _ = writeln!(
         out,
         "Total: {} → {} ({}, {})",
@@ -545,6 +564,31 @@ mod tests {
     }
 
     #[test]
+    fn a_sliver_that_grows_steadily_is_not_called_the_leak() {
+        let profiles: Vec<DecodedProfile> = [(100, 1 << 20), (200, 1 << 20), (300, 50 << 20)]
+            .iter()
+            .map(|&(tiny, big): &(i64, i64)| {
+                let raw = profile_from(
+                    TYPES,
+                    &[
+                        (&[("Tiny#grow", "/app/t.rb", 1)], &[tiny, tiny], None),
+                        (&[("Big#leak", "/app/b.rb", 2)], &[big, big], None),
+                    ],
+                );
+                DecodedProfile::from_raw(raw).unwrap()
+            })
+            .collect();
+        let refs: Vec<&DecodedProfile> = profiles.iter().collect();
+        let text = render_diff(&refs, &options()).unwrap();
+        assert!(
+            text.contains(
+                "Verdict: no big allocation site grew in every interval; the largest growth is Big#leak"
+            ),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn no_growth_is_said_plainly() {
         let (a, b) = (snapshot(5 << 20, 0), snapshot(1 << 20, 0));
         let text = render_diff(&[&a, &b], &options()).unwrap();
@@ -564,7 +608,7 @@ mod tests {
         let cpu = DecodedProfile::from_raw(profile_from(&[("cpu", "nanoseconds")], &[])).unwrap();
         let error = diff(&[&a, &cpu], &options()).unwrap_err();
         assert!(
-            error.starts_with("profile 2: this profile has no sample type \"inuse_space\""),
+            error.starts_with("b.pprof: this profile has no sample type \"inuse_space\""),
             "{error}"
         );
     }

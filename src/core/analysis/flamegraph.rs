@@ -30,23 +30,24 @@ use crate::core::fast_hash::FastHashMap;
 const PAGE_CSS: &str = include_str!("flamegraph/page.css");
 const PAGE_JS: &str = include_str!("flamegraph/page.js");
 
-/// One frame of a stack.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FlameFrame {
-    pub name: String,
-    pub file: String,
+/// One frame of a stack. Borrowed from the profile: a big profile has
+/// millions of frames, and copying each name would cost gigabytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FlameFrame<'a> {
+    pub name: &'a str,
+    pub file: &'a str,
     pub line: i64,
 }
 
 /// One sample's stack, root first and leaf last, with its value.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FlameStack {
-    pub frames: Vec<FlameFrame>,
+pub struct FlameStack<'a> {
+    pub frames: Vec<FlameFrame<'a>>,
     pub value: i64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct FlameGraphInput {
+pub struct FlameGraphInput<'a> {
     /// The page's heading, e.g. the profile's file name.
     pub title: String,
     /// The line under it, e.g. "inuse_space · 12.4 MB total · taken ...".
@@ -55,12 +56,16 @@ pub struct FlameGraphInput {
     pub sample_type: String,
     /// The values' unit: "bytes", "count", ... (see `units::format_value`).
     pub unit: String,
-    pub stacks: Vec<FlameStack>,
+    pub stacks: Vec<FlameStack<'a>>,
 }
 
 /// The interactive page: header, flame graph, table of functions.
-pub fn render_html(input: &FlameGraphInput) -> String {
-    let tree = Tree::build(&input.stacks);
+pub fn render_html(input: &FlameGraphInput<'_>) -> String {
+    let mut tree = Tree::build(&input.stacks);
+    // The table covers every frame; the graph only the biggest, so a huge
+    // profile's page stays small enough for a browser.
+    let functions = tree.functions();
+    tree.prune(MAX_PAGE_NODES);
     let mut out = String::with_capacity(PAGE_CSS.len() + PAGE_JS.len() + 64 * tree.nodes.len());
     out.push_str("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n");
     // Nothing may be fetched: no scripts, styles, fonts or images but the inline ones.
@@ -115,7 +120,7 @@ pub fn render_html(input: &FlameGraphInput) -> String {
          <div id=\"tooltip\" hidden></div>\n</main>\n\
          <script type=\"application/json\" id=\"flamegraph-data\">",
     );
-    write_json(&mut out, input, &tree);
+    write_json(&mut out, input, &tree, &functions);
     out.push_str("</script>\n<script>\n");
     out.push_str(PAGE_JS);
     out.push_str("</script>\n</body>\n</html>\n");
@@ -128,11 +133,13 @@ const SVG_ROW: f64 = 17.0;
 const SVG_FONT: f64 = 12.0;
 /// Frames narrower than this many pixels are not drawn (nor their callees).
 const MIN_WIDTH: f64 = 0.5;
+/// Nodes in the page's graph at most (a few MB of page); see `Tree::prune`.
+const MAX_PAGE_NODES: usize = 200_000;
 
 /// A static SVG, 1200 px wide; `<title>`s give each frame's details on hover.
 /// Frames narrower than half a pixel are left out, and their parent's
 /// `<title>` says how many and how much they hold.
-pub fn render_svg(input: &FlameGraphInput) -> String {
+pub fn render_svg(input: &FlameGraphInput<'_>) -> String {
     let tree = Tree::build(&input.stacks);
     let total = tree.total();
     let mut notes = Vec::new();
@@ -267,12 +274,12 @@ pub fn render_svg(input: &FlameGraphInput) -> String {
     out
 }
 
-fn no_samples_message(input: &FlameGraphInput) -> String {
+fn no_samples_message(input: &FlameGraphInput<'_>) -> String {
     format!("No samples with {} in this profile", input.sample_type)
 }
 
 /// What a diff's shrinking stacks add up to, when there are some.
-fn negative_note(input: &FlameGraphInput, tree: &Tree) -> Option<String> {
+fn negative_note(input: &FlameGraphInput<'_>, tree: &Tree) -> Option<String> {
     (tree.negative_stacks > 0).then(|| {
         format!(
             "{} {} with a negative value ({} in all) not shown: a flame graph shows growth only",
@@ -287,8 +294,17 @@ fn negative_note(input: &FlameGraphInput, tree: &Tree) -> Option<String> {
     })
 }
 
-fn push_html_note(out: &mut String, input: &FlameGraphInput, tree: &Tree) {
-    if let Some(note) = negative_note(input, tree) {
+fn push_html_note(out: &mut String, input: &FlameGraphInput<'_>, tree: &Tree) {
+    let pruned = (tree.pruned_nodes > 0).then(|| {
+        format!(
+            "{} frames smaller than {} ({} of the total) are not drawn, to keep the page light; \
+             their values count in their callers, and in the table below",
+            tree.pruned_nodes,
+            format_value(tree.pruned_below, &input.unit),
+            format_percent(tree.pruned_below, tree.total())
+        )
+    });
+    for note in [negative_note(input, tree), pruned].into_iter().flatten() {
         out.push_str("<p class=\"note\">");
         push_escaped(out, &note);
         out.push_str("</p>\n");
@@ -404,7 +420,7 @@ fn push_json_numbers(out: &mut String, key: &str, values: impl Iterator<Item = i
 /// `functions` merges a function's frames across the tree, sorted by flat
 /// value: flat is what ends in it, cum what passes through it (counted once
 /// per stack even when it recurses).
-fn write_json(out: &mut String, input: &FlameGraphInput, tree: &Tree) {
+fn write_json(out: &mut String, input: &FlameGraphInput<'_>, tree: &Tree, functions: &[Function]) {
     let nodes = &tree.nodes;
     out.push('{');
     push_json_key(out, "sampleType");
@@ -435,7 +451,6 @@ fn write_json(out: &mut String, input: &FlameGraphInput, tree: &Tree) {
     out.push(',');
     push_json_numbers(out, "value", nodes.iter().map(|n| n.total));
     out.push_str("},\"functions\":{");
-    let functions = tree.functions();
     push_json_numbers(out, "name", functions.iter().map(|f| i64::from(f.name)));
     out.push(',');
     push_json_numbers(out, "file", functions.iter().map(|f| i64::from(f.file)));
@@ -483,10 +498,13 @@ struct Tree<'a> {
     /// Stacks left out for their negative value, and their sum.
     negative_stacks: usize,
     negative_value: i64,
+    /// Nodes `prune` dropped, all smaller than `pruned_below`.
+    pruned_nodes: usize,
+    pruned_below: i64,
 }
 
 impl<'a> Tree<'a> {
-    fn build(stacks: &'a [FlameStack]) -> Tree<'a> {
+    fn build(stacks: &'a [FlameStack<'a>]) -> Tree<'a> {
         struct Building {
             name: u32,
             file: u32,
@@ -527,7 +545,7 @@ impl<'a> Tree<'a> {
             let mut at = 0u32;
             nodes[0].total = nodes[0].total.saturating_add(value);
             for frame in &stack.frames {
-                let key = (at, intern(&frame.name), intern(&frame.file));
+                let key = (at, intern(frame.name), intern(frame.file));
                 let new_id = nodes.len() as u32;
                 let child = *child_ids.entry(key).or_insert(new_id);
                 if child == new_id {
@@ -603,7 +621,40 @@ impl<'a> Tree<'a> {
             nodes: ordered,
             negative_stacks,
             negative_value,
+            pruned_nodes: 0,
+            pruned_below: 0,
         }
+    }
+
+    /// Keeps the `max_nodes` biggest nodes (by total; more on ties) and
+    /// drops the rest. A node is never bigger than its parent, so what is
+    /// kept is still a tree, in the same order; a parent's dropped children
+    /// show as part of its own (self) width.
+    fn prune(&mut self, max_nodes: usize) {
+        if self.nodes.len() <= max_nodes || max_nodes == 0 {
+            return;
+        }
+        let mut totals: Vec<i64> = self.nodes.iter().map(|n| n.total).collect();
+        let (_, threshold, _) = totals.select_nth_unstable_by(max_nodes - 1, |a, b| b.cmp(a));
+        let threshold = (*threshold).max(1);
+        let mut new_index = vec![u32::MAX; self.nodes.len()];
+        let mut kept: Vec<Node> = Vec::with_capacity(max_nodes);
+        for (i, node) in self.nodes.iter().enumerate() {
+            if i == 0 || node.total >= threshold {
+                new_index[i] = kept.len() as u32;
+                let mut node = node.clone();
+                node.parent = new_index[node.parent as usize];
+                node.end = kept.len() as u32 + 1;
+                kept.push(node);
+            }
+        }
+        for i in (1..kept.len()).rev() {
+            let (parent, end) = (kept[i].parent as usize, kept[i].end);
+            kept[parent].end = kept[parent].end.max(end);
+        }
+        self.pruned_nodes = self.nodes.len() - kept.len();
+        self.pruned_below = threshold;
+        self.nodes = kept;
     }
 
     fn total(&self) -> i64 {
@@ -615,7 +666,7 @@ impl<'a> Tree<'a> {
     }
 
     /// The text drawn on a frame: its name; the root's shows the total.
-    fn label(&self, i: usize, input: &FlameGraphInput) -> String {
+    fn label(&self, i: usize, input: &FlameGraphInput<'_>) -> String {
         let node = &self.nodes[i];
         if i == 0 {
             format!("all ({})", format_value(node.total, &input.unit))
@@ -625,7 +676,7 @@ impl<'a> Tree<'a> {
     }
 
     /// A frame's tooltip: name, file:line, value and self value.
-    fn describe(&self, i: usize, input: &FlameGraphInput) -> String {
+    fn describe(&self, i: usize, input: &FlameGraphInput<'_>) -> String {
         let node = &self.nodes[i];
         let total = self.total();
         let mut text = self.label(i, input);
@@ -710,16 +761,18 @@ fn compare_frames(strings: &[&str], a: (u32, u32), b: (u32, u32)) -> Ordering {
 mod tests {
     use super::*;
 
-    fn frame(name: &str, file: &str, line: i64) -> FlameFrame {
+    /// Leaks its strings: tests build frames from format!s, and a
+    /// FlameFrame borrows (as it borrows from a profile in the real use).
+    fn frame(name: &str, file: &str, line: i64) -> FlameFrame<'static> {
         FlameFrame {
-            name: name.to_string(),
-            file: file.to_string(),
+            name: Box::leak(name.to_string().into_boxed_str()),
+            file: Box::leak(file.to_string().into_boxed_str()),
             line,
         }
     }
 
     /// A stack of frames named `names` (root first), all in app.rb.
-    fn stack(names: &[&str], value: i64) -> FlameStack {
+    fn stack(names: &[&str], value: i64) -> FlameStack<'static> {
         FlameStack {
             frames: names
                 .iter()
@@ -730,7 +783,7 @@ mod tests {
         }
     }
 
-    fn input(stacks: Vec<FlameStack>) -> FlameGraphInput {
+    fn input(stacks: Vec<FlameStack<'static>>) -> FlameGraphInput<'static> {
         FlameGraphInput {
             title: "heap-1234-5.pprof".to_string(),
             subtitle: "inuse_space · test".to_string(),
@@ -873,6 +926,52 @@ mod tests {
     }
 
     #[test]
+    fn pruning_keeps_the_biggest_nodes_as_a_tree() {
+        let stacks: Vec<FlameStack> = (0..50)
+            .map(|i| stack(&["main", &format!("f{}", i % 5), &format!("g{i}")], 1 + i))
+            .collect();
+        let mut tree = Tree::build(&stacks);
+        let functions_before = tree.functions();
+        let before = tree.nodes.len();
+        assert_eq!(before, 1 + 1 + 5 + 50);
+        tree.prune(10);
+        assert_eq!(tree.pruned_nodes, before - tree.nodes.len());
+        assert!(
+            tree.nodes.len() >= 10 && tree.nodes.len() < before,
+            "{}",
+            tree.nodes.len()
+        );
+        // Still a tree in depth-first order: parents come first, and each
+        // subtree's `end` covers its kept descendants.
+        for (i, node) in tree.nodes.iter().enumerate().skip(1) {
+            let parent = &tree.nodes[node.parent as usize];
+            assert!((node.parent as usize) < i && parent.end >= node.end);
+            assert!(node.total >= tree.pruned_below);
+        }
+        assert_eq!(
+            tree.total(),
+            (1..=50).sum::<i64>(),
+            "the root keeps the whole total"
+        );
+        let names: Vec<&str> = tree
+            .nodes
+            .iter()
+            .map(|n| tree.strings[n.name as usize])
+            .collect();
+        assert!(
+            names.contains(&"g49") && !names.contains(&"g0"),
+            "{names:?}"
+        );
+        // The table is computed before pruning: all 50 leaves are in it.
+        assert_eq!(functions_before.len(), 1 + 5 + 50);
+        let html = render_html(&input(stacks));
+        assert!(
+            !html.contains("frames smaller than"),
+            "57 nodes are far under the page's limit"
+        );
+    }
+
+    #[test]
     fn functions_count_recursion_once() {
         let stacks = vec![
             stack(&["main", "walk", "walk", "walk", "alloc"], 5),
@@ -918,7 +1017,7 @@ mod tests {
         );
     }
 
-    fn hostile_input() -> FlameGraphInput {
+    fn hostile_input() -> FlameGraphInput<'static> {
         let mut hostile = input(vec![
             FlameStack {
                 frames: vec![
@@ -1124,8 +1223,8 @@ mod tests {
     }
 
     /// 200k stacks, 1M frames, more than 200k nodes.
-    fn big_input(n: usize) -> FlameGraphInput {
-        let stacks: Vec<FlameStack> = (0..n)
+    fn big_input(n: usize) -> FlameGraphInput<'static> {
+        let stacks: Vec<FlameStack<'static>> = (0..n)
             .map(|k| FlameStack {
                 frames: vec![
                     frame("<main>", "app.rb", 1),
@@ -1157,7 +1256,7 @@ mod tests {
             return;
         };
         let f = |name: &str, file: &str, line: i64| frame(name, file, line);
-        let app = |leaf: Vec<FlameFrame>, value: i64| {
+        let app = |leaf: Vec<FlameFrame<'static>>, value: i64| -> FlameStack<'static> {
             let mut frames = vec![
                 f("<main>", "demo.rb", 40),
                 f("App#handle", "app.rb", 12),

@@ -2,7 +2,7 @@
 //! functions, mappings and locations are interned again into one set of
 //! tables; samples with the same stack and labels are added up.
 
-use crate::core::fast_hash::FastHashMap;
+use crate::core::fast_hash::{FastHashMap, FastHashSet};
 use crate::core::pprof;
 
 use super::decoded_profile::DecodedProfile;
@@ -60,6 +60,7 @@ pub fn merge(profiles: &[&DecodedProfile]) -> Result<pprof::Profile, String> {
     let mut samples: FastHashMap<SampleKey, Vec<i64>> = FastHashMap::default();
     let mut sample_order: Vec<SampleKey> = Vec::new();
     let mut comments: Vec<String> = Vec::new();
+    let mut seen_comments: FastHashSet<String> = FastHashSet::default();
     let (mut start, mut end) = (i64::MAX, i64::MIN);
 
     for (position, profile) in profiles.iter().enumerate() {
@@ -195,18 +196,18 @@ pub fn merge(profiles: &[&DecodedProfile]) -> Result<pprof::Profile, String> {
                 }
             };
             for (sum, from) in sums.iter_mut().zip(&value_map) {
-                *sum += sample.value[*from];
+                *sum = sum.saturating_add(sample.value[*from]);
             }
         }
 
         for comment in profile.comments() {
-            if !comments.iter().any(|c| c == comment) {
+            if seen_comments.insert(comment.to_string()) {
                 comments.push(comment.to_string());
             }
         }
         if raw.time_nanos > 0 {
             start = start.min(raw.time_nanos);
-            end = end.max(raw.time_nanos + raw.duration_nanos.max(0));
+            end = end.max(raw.time_nanos.saturating_add(raw.duration_nanos.max(0)));
         }
     }
 
@@ -229,7 +230,7 @@ pub fn merge(profiles: &[&DecodedProfile]) -> Result<pprof::Profile, String> {
     }
     if start != i64::MAX {
         out.time_nanos = start;
-        out.duration_nanos = end - start;
+        out.duration_nanos = end.saturating_sub(start);
     }
     let raw = &first.raw;
     if let Some(period_type) = &raw.period_type {

@@ -125,11 +125,11 @@ pub fn top_table(profile: &DecodedProfile, options: &TopOptions) -> Result<TopTa
         let (groups, labels) = frame_groups(profile, options.by, &paths);
         let mut on_stack: Vec<u32> = Vec::new();
         for (sample, value) in profile.values(index).enumerate() {
-            profile_total += value;
+            profile_total = profile_total.saturating_add(value);
             if value == 0 || !in_focus(profile, sample, &options.focus) {
                 continue;
             }
-            total += value;
+            total = total.saturating_add(value);
             samples_counted += 1;
             on_stack.clear();
             on_stack.extend(
@@ -139,12 +139,18 @@ pub fn top_table(profile: &DecodedProfile, options: &TopOptions) -> Result<TopTa
                     .map(|frame| groups[*frame as usize]),
             );
             if let Some(leaf) = on_stack.first() {
-                *flat.entry(*leaf).or_default() += value;
+                {
+                    let slot = flat.entry(*leaf).or_default();
+                    *slot = slot.saturating_add(value);
+                }
             }
             on_stack.sort_unstable();
             on_stack.dedup();
             for group in &on_stack {
-                *cum.entry(*group).or_default() += value;
+                {
+                    let slot = cum.entry(*group).or_default();
+                    *slot = slot.saturating_add(value);
+                }
             }
         }
         for (group, cum) in cum {
@@ -157,13 +163,16 @@ pub fn top_table(profile: &DecodedProfile, options: &TopOptions) -> Result<TopTa
     } else {
         let mut by_class: FastHashMap<&str, i64> = FastHashMap::default();
         for (sample, value) in profile.values(index).enumerate() {
-            profile_total += value;
+            profile_total = profile_total.saturating_add(value);
             if value == 0 || !in_focus(profile, sample, &options.focus) {
                 continue;
             }
-            total += value;
+            total = total.saturating_add(value);
             samples_counted += 1;
-            *by_class.entry(class_label(profile, sample)).or_default() += value;
+            {
+                let slot = by_class.entry(class_label(profile, sample)).or_default();
+                *slot = slot.saturating_add(value);
+            }
         }
         for (class, value) in by_class {
             rows.push(TopRow {
@@ -269,7 +278,9 @@ pub fn render_top(profile: &DecodedProfile, options: &TopOptions) -> Result<Stri
     } else {
         options.limit.min(table.rows.len())
     };
-    let shown_flat: i64 = table.rows[..shown].iter().map(|r| r.flat).sum();
+    let shown_flat = table.rows[..shown]
+        .iter()
+        .fold(0i64, |sum, r| sum.saturating_add(r.flat));
     let _ = writeln!(
         out,
         "Showing {shown} of {} {}: {} of {} total ({})",
@@ -303,7 +314,7 @@ pub fn render_top(profile: &DecodedProfile, options: &TopOptions) -> Result<Stri
     out.push('\n');
     let mut sum = 0i64;
     for (row, (flat, cum)) in table.rows[..shown].iter().zip(&formatted) {
-        sum += row.flat;
+        sum = sum.saturating_add(row.flat);
         let _ = write!(
             out,
             "{flat:>width$} {:>6} {:>6}",
