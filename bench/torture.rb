@@ -106,7 +106,15 @@ module Torture
       return "allocation_samples_count #{data.allocation_samples_count} > cap #{caps[:max_allocation_samples]}"
     end
 
+    # Two independent decoders must agree: the Rust core's (what the
+    # executable uses) and the plain-Ruby PprofReader. Neither uses Ruby's
+    # zlib, whose GVL-released resizing crashes forked children
+    # (bench/zlib_fork_crash.rb).
     profile = MemprofilerPprof::PprofReader.parse(data.pprof_data)
+    native = MemprofilerPprof::Profile.parse(data.pprof_data)
+    if native.samples_count != profile.samples.size
+      return "decoders disagree: #{native.samples_count} samples (native) vs #{profile.samples.size} (PprofReader)"
+    end
     names = profile.sample_type_names
     unless names == %w[allocations allocation_size inuse_objects inuse_space] ||
            names.sort == %w[alloc_objects alloc_space inuse_objects inuse_space]

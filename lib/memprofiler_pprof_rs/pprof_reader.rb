@@ -1,6 +1,5 @@
 # frozen_string_literal: true
 
-require "zlib"
 require "stringio"
 
 module MemprofilerPprof
@@ -44,9 +43,11 @@ module MemprofilerPprof
 
     def parse(bytes)
       bytes = bytes.b
-      bytes = Zlib.gunzip(bytes) if bytes.start_with?("\x1f\x8b".b)
+      # Not Ruby's zlib: see MemprofilerPprof::Profile.gunzip (it can corrupt
+      # memory under fork).
+      bytes = MemprofilerPprof::Profile.gunzip(bytes) if bytes.start_with?("\x1f\x8b".b)
       decode_profile(bytes)
-    rescue Zlib::Error => e
+    rescue ProfileFormatError => e
       raise FormatError, "not a gzipped pprof profile: #{e.message}"
     end
 

@@ -88,7 +88,7 @@ class FakePyroscope
     return [record, 405, "POST only"] unless req.request_method == "POST"
 
     body = req.body.to_s.b
-    body = Zlib.gunzip(body) if req["Content-Encoding"] == "gzip"
+    body = MemprofilerPprof::Profile.gunzip(body) if req["Content-Encoding"] == "gzip"
     case req["Content-Type"]
     when "application/proto" then push_proto(body, record)
     when "application/json", "application/json; charset=utf-8" then push_json(body, record)
@@ -174,7 +174,7 @@ class FakePyroscope
     return [record, status, "no profile"] if record.profiles.empty?
 
     record.profiles.map! do |gz|
-      raw = Zlib.gunzip(gz)
+      raw = MemprofilerPprof::Profile.gunzip(gz)
       return [record, status, "profile too large"] if raw.bytesize > MAX_PROFILE_BYTES
 
       profile = MemprofilerPprof::PprofReader.parse(raw)
@@ -196,7 +196,7 @@ class FakePyroscope
       profile
     end
     [record, 200, "ok"]
-  rescue Zlib::Error, MemprofilerPprof::PprofReader::FormatError => e
+  rescue MemprofilerPprof::ProfileFormatError, MemprofilerPprof::PprofReader::FormatError => e
     [record, status, "bad profile: #{e.message}"]
   end
 
