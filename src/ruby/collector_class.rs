@@ -3,7 +3,7 @@
 //! calls after validating arguments. These methods check types again, so a
 //! direct call with bad values gets a TypeError, not undefined behaviour.
 
-use std::ffi::{c_int, c_long, c_void};
+use std::ffi::{c_long, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use rb_sys::{
@@ -16,6 +16,7 @@ use rb_sys::{
 use super::active_collectors;
 use super::collector::{Collector, FlushOptions, FlushResult, SizeMeasurement};
 use super::errors::{method_entry, protect, RbError, RbResult};
+use super::method_table::{method_def, MethodDef, MethodKind};
 
 struct DataType(rb_data_type_t);
 
@@ -400,84 +401,81 @@ unsafe extern "C" fn native_flush(
     })
 }
 
-/// A Ruby method's C entry point, type-erased as rb_define_method wants.
-type AnyMethod = unsafe extern "C" fn() -> VALUE;
-
-pub struct MethodDef {
-    pub name: &'static std::ffi::CStr,
-    pub func: AnyMethod,
-    pub arity: c_int,
-    pub private: bool,
-}
-
-macro_rules! method_def {
-    ($name:literal, $func:expr, $arity:literal, $private:literal) => {
-        MethodDef {
-            name: $name,
-            // SAFETY: Ruby calls the function with `arity` VALUE arguments
-            // plus self, which is exactly its real signature.
-            func: unsafe { std::mem::transmute::<*const (), AnyMethod>($func as *const ()) },
-            arity: $arity,
-            private: $private,
-        }
-    };
-}
-
 pub fn methods() -> Vec<MethodDef> {
     vec![
-        method_def!(c"_native_configure", native_configure, 3, true),
-        method_def!(c"_native_set_sample_rate", native_set_sample_rate, 1, true),
-        method_def!(c"_native_set_seed", native_set_seed, 1, true),
-        method_def!(c"sample_rate", sample_rate, 0, false),
+        method_def!(
+            c"_native_configure",
+            native_configure,
+            3,
+            MethodKind::Private
+        ),
+        method_def!(
+            c"_native_set_sample_rate",
+            native_set_sample_rate,
+            1,
+            MethodKind::Private
+        ),
+        method_def!(c"_native_set_seed", native_set_seed, 1, MethodKind::Private),
+        method_def!(c"sample_rate", sample_rate, 0, MethodKind::Public),
         method_def!(
             c"_native_set_max_allocation_samples",
             native_set_max_allocation_samples,
             1,
-            true
+            MethodKind::Private
         ),
-        method_def!(c"max_allocation_samples", max_allocation_samples, 0, false),
+        method_def!(
+            c"max_allocation_samples",
+            max_allocation_samples,
+            0,
+            MethodKind::Public
+        ),
         method_def!(
             c"_native_set_max_heap_samples",
             native_set_max_heap_samples,
             1,
-            true
+            MethodKind::Private
         ),
-        method_def!(c"max_heap_samples", max_heap_samples, 0, false),
+        method_def!(c"max_heap_samples", max_heap_samples, 0, MethodKind::Public),
         method_def!(
             c"_native_set_allocation_retain_rate",
             native_set_allocation_retain_rate,
             1,
-            true
+            MethodKind::Private
         ),
-        method_def!(c"allocation_retain_rate", allocation_retain_rate, 0, false),
+        method_def!(
+            c"allocation_retain_rate",
+            allocation_retain_rate,
+            0,
+            MethodKind::Public
+        ),
         method_def!(
             c"_native_set_size_measurement",
             native_set_size_measurement,
             1,
-            true
+            MethodKind::Private
         ),
-        method_def!(c"_native_start", native_start, 1, true),
+        method_def!(c"_native_start", native_start, 1, MethodKind::Private),
         method_def!(
             c"sampling_paused_for_ractors?",
             sampling_paused_for_ractors_p,
             0,
-            false
+            MethodKind::Public
         ),
-        method_def!(c"_native_stop", native_stop, 0, true),
-        method_def!(c"running?", running_p, 0, false),
+        method_def!(c"_native_stop", native_stop, 0, MethodKind::Private),
+        method_def!(c"running?", running_p, 0, MethodKind::Public),
         method_def!(
             c"live_heap_samples_count",
             live_heap_samples_count,
             0,
-            false
+            MethodKind::Public
         ),
         method_def!(
             c"_native_internal_error_count",
             internal_error_count,
             0,
-            true
+            MethodKind::Private
         ),
-        method_def!(c"_native_flush", native_flush, 3, true),
-        method_def!(c"_native_table_sizes", table_sizes, 0, true),
+        method_def!(c"_native_flush", native_flush, 3, MethodKind::Private),
+        method_def!(c"_native_table_sizes", table_sizes, 0, MethodKind::Private),
     ]
 }

@@ -10,15 +10,16 @@ mod empty_hooks;
 mod errors;
 mod frames;
 mod heap;
+mod method_table;
 mod profile_class;
 
 use rb_sys::{
-    rb_cObject, rb_define_alloc_func, rb_define_class_under, rb_define_method, rb_define_module,
-    rb_define_module_under, rb_define_private_method, rb_define_singleton_method, rb_set_end_proc,
-    rb_undef_alloc_func, Qnil, VALUE,
+    rb_cObject, rb_define_alloc_func, rb_define_class_under, rb_define_module,
+    rb_define_module_under, rb_set_end_proc, rb_undef_alloc_func, Qnil, VALUE,
 };
 
 use errors::{method_entry, protect};
+use method_table::{define_methods, method_def, MethodKind};
 
 /// Called by Ruby on `require "memprofiler_pprof_rs/memprofiler_pprof_rs"`.
 #[no_mangle]
@@ -28,78 +29,43 @@ pub unsafe extern "C" fn Init_memprofiler_pprof_rs() {
         heap::init();
         active_collectors::init();
         empty_hooks::init();
-        let methods = collector_class::methods();
+        let mut collector_methods = collector_class::methods();
+        collector_methods.push(method_def!(
+            c"_native_pause_all_for_ractors",
+            collector_class::native_pause_all_for_ractors,
+            0,
+            MethodKind::Singleton
+        ));
         let profile_methods = profile_class::methods();
+        let empty_hooks_methods = [
+            method_def!(
+                c"_native_enable",
+                empty_hooks::native_enable,
+                2,
+                MethodKind::Singleton
+            ),
+            method_def!(
+                c"_native_disable",
+                empty_hooks::native_disable,
+                0,
+                MethodKind::Singleton
+            ),
+        ];
         protect(|| {
-            // SAFETY: runs once at load with the GVL held; every pointer
-            // passed is a static C string or a function of the right arity.
+            // SAFETY: runs once at load with the GVL held, under protect;
+            // every pointer passed is a static C string, a live class, or a
+            // function of the right arity.
             unsafe {
                 let module = rb_define_module(c"MemprofilerPprof".as_ptr());
                 let collector = rb_define_class_under(module, c"Collector".as_ptr(), rb_cObject);
                 rb_define_alloc_func(collector, Some(collector_class::collector_alloc));
-                rb_define_singleton_method(
-                    collector,
-                    c"_native_pause_all_for_ractors".as_ptr(),
-                    Some(std::mem::transmute::<
-                        *const (),
-                        unsafe extern "C" fn() -> VALUE,
-                    >(
-                        collector_class::native_pause_all_for_ractors as *const ()
-                    )),
-                    0,
-                );
-                for method in &methods {
-                    let define = if method.private {
-                        rb_define_private_method
-                    } else {
-                        rb_define_method
-                    };
-                    define(
-                        collector,
-                        method.name.as_ptr(),
-                        Some(method.func),
-                        method.arity,
-                    );
-                }
+                define_methods(collector, &collector_methods);
                 // Profile objects come only from Profile.parse / merge.
                 let profile = rb_define_class_under(module, c"Profile".as_ptr(), rb_cObject);
                 rb_undef_alloc_func(profile);
-                for method in &profile_methods {
-                    let define = if method.singleton {
-                        rb_define_singleton_method
-                    } else {
-                        rb_define_private_method
-                    };
-                    define(
-                        profile,
-                        method.name.as_ptr(),
-                        Some(method.func),
-                        method.arity,
-                    );
-                }
+                define_methods(profile, &profile_methods);
                 let empty_hooks = rb_define_module_under(module, c"EmptyHooks".as_ptr());
-                rb_define_singleton_method(
-                    empty_hooks,
-                    c"_native_enable".as_ptr(),
-                    Some(std::mem::transmute::<
-                        *const (),
-                        unsafe extern "C" fn() -> VALUE,
-                    >(
-                        empty_hooks::native_enable as *const ()
-                    )),
-                    2,
-                );
-                rb_define_singleton_method(
-                    empty_hooks,
-                    c"_native_disable".as_ptr(),
-                    Some(std::mem::transmute::<
-                        *const (),
-                        unsafe extern "C" fn() -> VALUE,
-                    >(
-                        empty_hooks::native_disable as *const ()
-                    )),
-                    0,
-                );
+                define_methods(empty_hooks, &empty_hooks_methods);
                 rb_set_end_proc(Some(active_collectors::disable_all_at_exit), Qnil as VALUE);
                 Qnil as VALUE
             }

@@ -4,7 +4,7 @@
 //! validating arguments. The wrapped data holds no Ruby objects, so there is
 //! nothing to mark or move.
 
-use std::ffi::{c_int, c_long, c_void};
+use std::ffi::{c_long, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use rb_sys::{
@@ -17,6 +17,7 @@ use rb_sys::{
 
 use super::errors::{method_entry, protect, RbError, RbResult};
 use super::frames::rust_string;
+use super::method_table::{method_def, MethodDef, MethodKind};
 use crate::core::analysis::decoded_profile::{decompress, DecodedProfile};
 use crate::core::analysis::diff::{render_diff, DiffOptions};
 use crate::core::analysis::flamegraph::{
@@ -523,48 +524,39 @@ fn flame_input<'a>(
     })
 }
 
-/// A Ruby method's C entry point, type-erased as rb_define_method wants.
-type AnyMethod = unsafe extern "C" fn() -> VALUE;
-
-pub struct NativeMethod {
-    pub name: &'static std::ffi::CStr,
-    pub func: AnyMethod,
-    pub arity: c_int,
-    /// A singleton (class) method rather than an instance method.
-    pub singleton: bool,
-}
-
-macro_rules! native_method {
-    ($name:literal, $func:expr, $arity:literal, $singleton:literal) => {
-        NativeMethod {
-            name: $name,
-            // SAFETY: Ruby calls the function with `arity` VALUE arguments
-            // plus self, which is exactly its real signature.
-            func: unsafe { std::mem::transmute::<*const (), AnyMethod>($func as *const ()) },
-            arity: $arity,
-            singleton: $singleton,
-        }
-    };
-}
-
-pub fn methods() -> Vec<NativeMethod> {
+pub fn methods() -> Vec<MethodDef> {
     vec![
-        native_method!(c"_native_parse", native_parse, 1, true),
-        native_method!(c"_native_gunzip", native_gunzip, 1, true),
-        native_method!(c"_native_diff", native_diff, 5, true),
-        native_method!(c"_native_merge", native_merge, 1, true),
-        native_method!(c"_native_sample_types", native_sample_types, 0, false),
-        native_method!(
+        method_def!(c"_native_parse", native_parse, 1, MethodKind::Singleton),
+        method_def!(c"_native_gunzip", native_gunzip, 1, MethodKind::Singleton),
+        method_def!(c"_native_diff", native_diff, 5, MethodKind::Singleton),
+        method_def!(c"_native_merge", native_merge, 1, MethodKind::Singleton),
+        method_def!(
+            c"_native_sample_types",
+            native_sample_types,
+            0,
+            MethodKind::Private
+        ),
+        method_def!(
             c"_native_default_sample_type",
             native_default_sample_type,
             0,
-            false
+            MethodKind::Private
         ),
-        native_method!(c"_native_summary", native_summary, 0, false),
-        native_method!(c"_native_totals", native_totals, 0, false),
-        native_method!(c"_native_frame_names", native_frame_names, 0, false),
-        native_method!(c"_native_top", native_top, 8, false),
-        native_method!(c"_native_to_pprof", native_to_pprof, 1, false),
-        native_method!(c"_native_flamegraph", native_flamegraph, 3, false),
+        method_def!(c"_native_summary", native_summary, 0, MethodKind::Private),
+        method_def!(c"_native_totals", native_totals, 0, MethodKind::Private),
+        method_def!(
+            c"_native_frame_names",
+            native_frame_names,
+            0,
+            MethodKind::Private
+        ),
+        method_def!(c"_native_top", native_top, 8, MethodKind::Private),
+        method_def!(c"_native_to_pprof", native_to_pprof, 1, MethodKind::Private),
+        method_def!(
+            c"_native_flamegraph",
+            native_flamegraph,
+            3,
+            MethodKind::Private
+        ),
     ]
 }
