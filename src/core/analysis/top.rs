@@ -281,14 +281,17 @@ pub fn render_top(profile: &DecodedProfile, options: &TopOptions) -> Result<Stri
     let shown_flat = table.rows[..shown]
         .iter()
         .fold(0i64, |sum, r| sum.saturating_add(r.flat));
+    // Percentages are of the whole profile, focus or not, as go tool pprof
+    // shows them (its relative_percentages is off by default).
+    let whole = table.profile_total;
     let _ = writeln!(
         out,
         "Showing {shown} of {} {}: {} of {} total ({})",
         table.rows.len(),
         options.by.plural(),
         format_value(shown_flat, &table.unit),
-        format_value(table.total, &table.unit),
-        format_percent(shown_flat, table.total)
+        format_value(whole, &table.unit),
+        format_percent(shown_flat, whole)
     );
 
     let formatted: Vec<(String, String)> = table.rows[..shown]
@@ -318,15 +321,11 @@ pub fn render_top(profile: &DecodedProfile, options: &TopOptions) -> Result<Stri
         let _ = write!(
             out,
             "{flat:>width$} {:>6} {:>6}",
-            format_percent(row.flat, table.total),
-            format_percent(sum, table.total)
+            format_percent(row.flat, whole),
+            format_percent(sum, whole)
         );
         if per_frame {
-            let _ = write!(
-                out,
-                " {cum:>width$} {:>6}",
-                format_percent(row.cum, table.total)
-            );
+            let _ = write!(out, " {cum:>width$} {:>6}", format_percent(row.cum, whole));
         }
         let _ = writeln!(out, "  {}", row.label);
     }
@@ -449,6 +448,11 @@ mod tests {
         assert_eq!(table.total, 1_000_000);
         assert_eq!(table.profile_total, 4_600_000);
         let text = render_top(&profile, &options).unwrap();
+        // Percentages are of the whole profile (as go tool pprof shows them).
+        assert!(
+            text.contains("977 kB  21.7%  21.7% 977 kB  21.7%  Array#map"),
+            "{text}"
+        );
         assert!(
             text.contains("Focus: /map/ matches 977 kB of 4.39 MB (21.7%)"),
             "{text}"
