@@ -8,16 +8,20 @@
 # when the child's GC frees that String, glibc aborts with "double free or
 # corruption", or a later GC trips over the damage.
 #
-#   ruby bench/zlib_fork_crash.rb [seconds]   # default 300
+#   ruby bench/zlib_fork_crash.rb [seconds]             # default 300
+#   ruby -Ilib bench/zlib_fork_crash.rb 300 native      # the control
 #
-# Prints how many forked children crashed. Nothing here loads
-# memprofiler_pprof_rs; the gem no longer uses Ruby's zlib anywhere
-# (PprofReader gunzips in Rust, with the GVL held).
+# Prints how many forked children crashed. Without "native" nothing here
+# loads memprofiler_pprof_rs. With it, the threads gunzip with
+# MemprofilerPprof::Profile.gunzip (Rust, GVL held), which the gem uses
+# instead of Ruby's zlib everywhere: its children should not crash.
 
 require "zlib"
 require "securerandom"
 
 seconds = Float(ARGV[0] || 300)
+native = ARGV[1] == "native"
+require "memprofiler_pprof_rs" if native
 # Compressible but not trivially: many output-buffer expansions per inflate.
 payload = Array.new(4_000) { |i| "sample #{i} #{SecureRandom.hex(4)} " * 4 }.join
 gz = Zlib.gzip(payload)
@@ -25,7 +29,11 @@ stop = false
 
 inflaters = Array.new(3) do
   Thread.new do
-    Zlib.gunzip(gz) until stop
+    if native
+      MemprofilerPprof::Profile.gunzip(gz) until stop
+    else
+      Zlib.gunzip(gz) until stop
+    end
   end
 end
 
@@ -49,5 +57,6 @@ while Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
 end
 stop = true
 inflaters.each(&:join)
-puts "zlib_fork_crash: #{children} forked children, #{crashed} crashed (#{RUBY_DESCRIPTION}, zlib #{Zlib::VERSION})"
+gunzip = native ? "MemprofilerPprof::Profile.gunzip" : "Ruby's zlib #{Zlib::VERSION}"
+puts "zlib_fork_crash: #{children} forked children, #{crashed} crashed (#{RUBY_DESCRIPTION}; #{gunzip})"
 exit(crashed.zero? ? 0 : 1)
