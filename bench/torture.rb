@@ -48,7 +48,7 @@ $LOAD_PATH.unshift(File.expand_path("../lib", __dir__))
 require "memprofiler_pprof_rs"
 
 module Torture
-  Options = Struct.new(:duration, :seed, :rss_margin_mb, :workers, :go, :keep_dir, :quiet)
+  Options = Struct.new(:duration, :seed, :rss_margin_mb, :workers, :go, :keep_dir, :quiet, :profiler)
 
   # Raised on purpose by the workers; anything else they see is a failure.
   class Expected < StandardError; end
@@ -348,15 +348,17 @@ module Torture
 
     def call
       started = @started = now
-      @collectors.each_key(&:start!)
+      # --no-profiler: the same threads, GC and forks with no collector
+      # running, to tell Ruby's own crashes from the profiler's.
+      @collectors.each_key(&:start!) if @options.profiler
       threads = []
       @options.workers.times do |i|
         threads << named("worker#{i}") { Worker.new(i, Random.new(@random.rand(2**32)), @stop, @failures, @stats).run }
       end
-      2.times { |i| threads << named("flusher#{i}") { flusher_loop } }
+      2.times { |i| threads << named("flusher#{i}") { flusher_loop } } if @options.profiler
       threads << named("controller") { controller_loop(Random.new(@random.rand(2**32))) }
       threads << named("forker") { forker_loop(Random.new(@random.rand(2**32))) }
-      threads << named("churn") { churn_loop(Random.new(@random.rand(2**32))) }
+      threads << named("churn") { churn_loop(Random.new(@random.rand(2**32))) } if @options.profiler
 
       watch(started)
       @stop.set
@@ -490,13 +492,10 @@ module Torture
         action = random.rand(100)
         action_started = now
         case action
-        when 0...15
-          collector = @collectors.keys.sample(random: random)
-          collector.stop!
-          sleep random.rand * 0.05
-          collector.start!
-        when 15...35
-          @collectors.keys.sample(random: random).sample_rate = [0.0, 0.001, 0.01, 0.1, 0.5, 1.0].sample(random: random)
+        when 0...35
+          next unless @options.profiler
+
+          collector_action(random, action)
         when 35...50
           GC.compact
           @stats.bump(:compactions)
@@ -527,6 +526,17 @@ module Torture
       end
     ensure
       GC.stress = false
+    end
+
+    def collector_action(random, action)
+      collector = @collectors.keys.sample(random: random)
+      if action < 15
+        collector.stop!
+        sleep random.rand * 0.05
+        collector.start!
+      else
+        collector.sample_rate = [0.0, 0.001, 0.01, 0.1, 0.5, 1.0].sample(random: random)
+      end
     end
 
     # Children inherit both running collectors, profile on their own, flush
@@ -571,6 +581,11 @@ module Torture
       random = Random.new(seed)
       errors = []
       worker = Worker.new(100 + serial, random, Atomic.new, Failures.new, Stats.new)
+      unless @options.profiler
+        10.times { worker.__send__(Worker::STEPS.sample(random: random)) }
+        GC.start
+        exit!(0)
+      end
       own = MemprofilerPprof::Collector.new(sample_rate: 0.05, seed: seed, **SIDE_CAPS)
       own.start!
       10.times { worker.__send__(Worker::STEPS.sample(random: random)) }
@@ -645,7 +660,7 @@ module Torture
   end
 
   def self.parse(argv)
-    options = Options.new(120, Random.new_seed % (2**32), 200, 3, true, "tmp/torture-failures", false)
+    options = Options.new(120, Random.new_seed % (2**32), 200, 3, true, "tmp/torture-failures", false, true)
     OptionParser.new do |o|
       o.banner = "usage: ruby bench/torture.rb [options]"
       o.on("--duration SECONDS", Float, "how long to run (default 120)") { |v| options.duration = v }
@@ -654,6 +669,9 @@ module Torture
       o.on("--workers N", Integer, "allocating threads (default 3)") { |v| options.workers = v }
       o.on("--[no-]go", "check every profile with go tool pprof (default on)") { |v| options.go = v }
       o.on("--quiet", "no progress lines") { options.quiet = true }
+      o.on("--no-profiler", "the control: the same threads, GC and forks, no collector running") do
+        options.profiler = false
+      end
     end.parse!(argv)
     if options.go && !system("go", "version", out: File::NULL, err: File::NULL)
       abort "torture: go is not installed (apt-get install golang-go, or pass --no-go)"
