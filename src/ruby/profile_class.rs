@@ -144,6 +144,8 @@ fn array_elements(array: VALUE, name: &str) -> RbResult<Vec<VALUE>> {
     // allocating or raising (out-of-range reads give nil).
     let length = unsafe { RARRAY_LEN(array) };
     Ok((0..length)
+        // SAFETY: as above; `i` is below the length just read, and nothing
+        // in between can run Ruby code that would shrink the Array.
         .map(|i| unsafe { rb_ary_entry(array, i as c_long) })
         .collect())
 }
