@@ -68,11 +68,22 @@ CHILD = <<~'RUBY'
   ]
 
   workers = Array.new(4) { Thread.new { steps.sample.call until stop } }
+  # Threads that leave fresh garbage just above their VM stack top and then
+  # block for a while, as the torture's flusher, validator and forker
+  # threads do: the stale slot the buggy check reads.
+  workers += Array.new(4) do
+    Thread.new do
+      until stop
+        Array.new(rand(1..500)) { |i| "stale#{i}" }.map(&:upcase).size
+        sleep rand * 0.5
+      end
+    end
+  end
   deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + Float(ARGV[0])
   while Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
     sleep rand * 0.05
-    if rand < 0.1
-      GC.verify_compaction_references(double_heap: rand < 0.3, toward: :empty)
+    if rand < 0.3
+      GC.verify_compaction_references(double_heap: rand < 0.5, toward: :empty)
     else
       GC.compact
     end
