@@ -1,0 +1,48 @@
+# frozen_string_literal: true
+
+# Says whether a crashed torture run's output is one of the two Ruby 3.1.2
+# GC.compact bugs the torture hits without this gem being involved (README,
+# Safety), by the crash's own signature: Debian 12's libruby3.1, the faulting
+# frame and its callers as offsets into libruby, and no frame of this gem.
+#
+#   ruby bench/known_ruby_crash.rb LOG    # exit 0 and name the bug if known, 1 otherwise
+#
+# script/test uses it to run the 2-minute torture once more after such a
+# crash instead of failing CI on a Ruby bug; any other crash still fails.
+
+# Debian 12's build of 3.1.2; the offsets below are for exactly this build.
+DEBIAN_LIBRUBY = "3.1.7+really3.1.2-0+deb12u1"
+KNOWN = {
+  # check_stack_for_moved -> rb_vm_each_stack_value reads one slot past a VM
+  # stack top (ruby/ruby#7081, bench/ruby31_compaction_crash.rb).
+  %w[cf4b6 24caef cea19] => "ruby/ruby#7081: GC.compact's stack check reads past a thread's VM stack",
+  # gc_update_references -> st_foreach_with_replace over RubyVM::FrozenCore's
+  # never-marked __classpath__ entry (bench/ruby31_frozencore_classpath.rb).
+  %w[c8528 1e2c2b cb6ff] => "RubyVM::FrozenCore's unmarked __classpath__, followed by GC.compact into a freed page"
+}.freeze
+
+log = File.binread(ARGV.fetch(0)).force_encoding(Encoding::BINARY)
+unless log.include?("[BUG]")
+  puts "no Ruby [BUG] report in #{ARGV[0]}"
+  exit 1
+end
+installed = `dpkg-query -W -f='${Version}' libruby3.1 2>/dev/null`
+unless log.include?("ruby 3.1.2p20") && installed == DEBIAN_LIBRUBY
+  puts "not Debian 12's Ruby 3.1.2 (libruby3.1 #{installed.empty? ? 'not installed' : installed})"
+  exit 1
+end
+if log.include?("memprofiler_pprof_rs.so(")
+  puts "a frame of this gem is on the crashing stack"
+  exit 1
+end
+
+base = log[/^(\h+)-\h+ r--p 00000000 \S+ \d+\s+\S*libruby-3\.1\.so[^\n]*$/, 1]&.to_i(16)
+frames = log.lines.drop_while { |l| !l.include?("__restore_rt") }.drop(1).first(3)
+offsets = frames.map { |l| (a = l[/\[0x(\h+)\]/, 1]) ? (a.to_i(16) - base).to_s(16) : "?" } if base
+bug = offsets && KNOWN[offsets]
+if bug
+  puts "known Ruby 3.1.2 bug: #{bug} (faulting frames libruby+0x#{offsets.join(', +0x')})"
+  exit 0
+end
+puts "not a known Ruby bug (faulting frames: #{offsets ? "libruby+0x#{offsets.join(', +0x')}" : 'not found'})"
+exit 1
