@@ -13,9 +13,8 @@
 # threads do what the torture's workers do -- deep recursion, exceptions,
 # eval'd methods, runtime classes, fibers, short threads -- while their main
 # thread compacts the heap in a loop. Prints how many children crashed and,
-# for each crash, the faulting and calling addresses as offsets into
-# libruby, to compare with the torture crash (fault at libruby+0xcf4b6,
-# called from libruby+0x24caef with Debian 12's libruby3.1 3.1.7+really3.1.2-0+deb12u1).
+# for each crash, whether bench/known_ruby_crash.rb recognises it (the
+# torture's crash faulted at libruby+0xcf4b6, called from +0x24caef).
 
 require "rbconfig"
 require "tmpdir"
@@ -96,16 +95,6 @@ seconds = Float(ARGV[0] || 600)
 per_child = Float(ARGV[1] || 60)
 abort "#{$PROGRAM_NAME}: meant for Ruby 3.1 (this is #{RUBY_VERSION})" unless RUBY_VERSION.start_with?("3.1.")
 
-# libruby+offset of the frames that follow the signal trampoline in a [BUG]
-# report, using the report's own memory map for libruby's load address.
-def fault_offsets(report)
-  base = report[/^(\h+)-\h+ r--p 00000000 \S+ \d+\s+\S*libruby[^\n]*$/, 1]&.to_i(16)
-  frames = report.lines.drop_while { |l| !l.include?("__restore_rt") }.drop(1).first(2)
-  return "no C backtrace" if base.nil? || frames.empty?
-
-  frames.map { |l| (a = l[/\[0x(\h+)\]/, 1]) ? format("libruby+0x%x", a.to_i(16) - base) : "?" }.join(" called from ")
-end
-
 env = { "RUBY_THREAD_VM_STACK_SIZE" => (64 * 1024 * 1024).to_s }
 deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + seconds
 children = crashed = 0
@@ -122,7 +111,8 @@ Dir.mktmpdir do |dir|
     crashed += 1
     report = File.read(log)
     first = report.lines.find { |l| l.include?("[BUG]") }&.strip || status.inspect
-    warn "child #{children}: #{first}; #{fault_offsets(report)}"
+    verdict = IO.popen([RbConfig.ruby, File.join(__dir__, "known_ruby_crash.rb"), log], &:read).strip
+    warn "child #{children}: #{first}; #{verdict}"
     File.write("tmp/ruby31_compaction_crash-#{pid}.log", report) if Dir.exist?("tmp")
   end
 end
