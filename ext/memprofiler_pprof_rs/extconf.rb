@@ -13,6 +13,7 @@
 require "rbconfig"
 require "tmpdir"
 require "shellwords"
+require_relative "libclang_probe"
 
 CRATE_DIR = File.expand_path("../..", __dir__)
 LIB_NAME = "memprofiler_pprof_rs"
@@ -28,12 +29,7 @@ def find_cargo
 end
 
 def warn_if_libclang_missing
-  return if ENV["LIBCLANG_PATH"]
-
-  found = Dir.glob(["/usr/lib/llvm-*/lib/libclang*.so*", "/usr/lib/*/libclang*.so*",
-                    "/usr/lib64/libclang*.so*", "/usr/local/lib/libclang*.so*",
-                    "/opt/homebrew/opt/llvm/lib/libclang.dylib", "/usr/local/opt/llvm/lib/libclang.dylib"])
-  return unless found.empty?
+  return if LibclangProbe.find
 
   warn <<~MSG
     memprofiler_pprof_rs: libclang was not found; the build (rb-sys runs bindgen) needs it.
