@@ -10,6 +10,7 @@ module RackAppSpec
   TOKEN = "s3cret+t0ken/with=chars&more-0123456789"
   LIB = File.expand_path("../lib", __dir__)
   WORKLOAD = File.expand_path("fixtures/workload.rb", __dir__)
+  SERVE = File.expand_path("fixtures/serve_rack.rb", __dir__)
 end
 
 # Counts flushes that run at the same time, for a collector whose flush it
@@ -512,8 +513,9 @@ RSpec.describe MemprofilerPprof::RackApp do
     end
   end
 
-  # A real server (puma, in its own process) read by a real go tool pprof.
-  describe "served by puma, read by go tool pprof" do
+  # A real server (WEBrick through Rack's handler, in its own process; the
+  # fixture says why not puma) read by a real go tool pprof.
+  describe "served by a real server, read by go tool pprof" do
     before(:all) do # rubocop:disable RSpec/BeforeAfterAll
       @dir = Dir.mktmpdir("rack-app-spec")
       File.write(File.join(@dir, "config.ru"), <<~RUBY)
@@ -529,26 +531,26 @@ RSpec.describe MemprofilerPprof::RackApp do
           [200, { "content-type" => "text/plain" }, ["ok\\n"]]
         }
       RUBY
-      @log = File.join(@dir, "puma.log")
-      @pid = Process.spawn({ "PPROF_TOKEN" => RackAppSpec::TOKEN }, "puma", "-b", "tcp://127.0.0.1:0", "-t", "2:2",
-                           "-e", "production", "config.ru", chdir: @dir, out: @log, err: [:child, :out])
+      @log = File.join(@dir, "server.log")
+      @pid = Process.spawn({ "PPROF_TOKEN" => RackAppSpec::TOKEN }, RbConfig.ruby, RackAppSpec::SERVE, "config.ru",
+                           chdir: @dir, out: @log, err: [:child, :out])
       deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 30
       until (@port = File.read(@log)[%r{Listening on (?:http|tcp)://127\.0\.0\.1:(\d+)}, 1])
-        raise "puma did not start:\n#{File.read(@log)}" if Process.waitpid(@pid, Process::WNOHANG)
+        raise "the server did not start:\n#{File.read(@log)}" if Process.waitpid(@pid, Process::WNOHANG)
         if Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
-          raise "puma did not start in 30 s:\n#{File.read(@log)}"
+          raise "the server did not start in 30 s:\n#{File.read(@log)}"
         end
 
         sleep 0.05
       end
     rescue StandardError
-      stop_puma
+      stop_server
       raise
     end
 
-    after(:all) { stop_puma } # rubocop:disable RSpec/BeforeAfterAll
+    after(:all) { stop_server } # rubocop:disable RSpec/BeforeAfterAll
 
-    def stop_puma
+    def stop_server
       if @pid
         begin
           Process.kill("TERM", @pid)
