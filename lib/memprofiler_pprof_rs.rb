@@ -12,6 +12,7 @@ end
 
 require_relative "memprofiler_pprof_rs/profile_data"
 require_relative "memprofiler_pprof_rs/collector"
+require_relative "memprofiler_pprof_rs/method_blocks"
 require_relative "memprofiler_pprof_rs/pprof_reader"
 require_relative "memprofiler_pprof_rs/profile"
 require_relative "memprofiler_pprof_rs/atfork"

@@ -74,8 +74,7 @@ RSpec.describe "Flame graphs" do
     page.evaluate("flamegraph.visibleFrames()")
   end
 
-  # The outermost frame named `name` (Ruby 3.1 also names the block in
-  # FlameSpecLeak#hold that way).
+  # The outermost frame named `name`.
   def outermost(frames, name)
     frames.select { |f| f["name"] == name }.min_by { |f| f["depth"] } or
       raise "no frame #{name} among #{frames.map { |f| f["name"] }.uniq}"

@@ -5,6 +5,7 @@
 
 pub mod address_filter;
 pub mod analysis;
+pub mod block_frames;
 pub mod fast_hash;
 pub mod lock;
 pub mod named_classes;

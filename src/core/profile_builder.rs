@@ -10,6 +10,7 @@ use flate2::write::GzEncoder;
 use flate2::Compression;
 use prost::Message;
 
+use super::block_frames::{BlockAttribution, FrameCode};
 use super::fast_hash::FastHashMap;
 use super::pprof;
 use super::sampler_state::{ClassRef, FlushSnapshot};
@@ -64,6 +65,11 @@ struct ProfileBuilder<'a> {
     profile: pprof::Profile,
     /// Samples folded into "(other)" by `fold_to_fit`.
     folded: usize,
+    /// Names the blocks of methods that have some (see core::block_frames).
+    blocks: BlockAttribution,
+    /// One key per distinct method with blocks (equal frames of one method
+    /// can have different handles: a method entry per including class).
+    method_keys: FastHashMap<&'a FrameInfo, u32>,
 }
 
 impl<'a> ProfileBuilder<'a> {
@@ -79,6 +85,8 @@ impl<'a> ProfileBuilder<'a> {
             locations: FastHashMap::default(),
             profile: pprof::Profile::default(),
             folded: 0,
+            blocks: BlockAttribution::default(),
+            method_keys: FastHashMap::default(),
         }
     }
 
@@ -132,6 +140,7 @@ impl<'a> ProfileBuilder<'a> {
             return vec![self.location_id(function, 0)];
         }
         let frames = self.without_hidden_main_frame(frames);
+        let blocks_ran = self.blocks_ran(frames);
         let mut ids = Vec::with_capacity(frames.len());
         for (i, frame) in frames.iter().enumerate() {
             let frames_map = self.frames;
@@ -151,7 +160,16 @@ impl<'a> ProfileBuilder<'a> {
                         })
                         .unwrap_or(("(C function)", 0)),
                 };
-                let function = self.function_id(&info.name, filename, info.start_line);
+                let block = blocks_ran
+                    .get(i)
+                    .copied()
+                    .flatten()
+                    .zip(info.blocks.as_deref())
+                    .map(|(index, blocks)| blocks.block(index));
+                let function = match block {
+                    Some(block) => self.function_id(&block.name, filename, block.start_line),
+                    None => self.function_id(&info.name, filename, info.start_line),
+                };
                 self.location_id(function, line)
             } else {
                 let function = self.function_id("(unknown frame)", "", 0);
@@ -160,6 +178,32 @@ impl<'a> ProfileBuilder<'a> {
             ids.push(id);
         }
         ids
+    }
+
+    /// For each frame of a stack, the block of its method that ran there
+    /// (see core::block_frames); empty if no frame's method has blocks.
+    fn blocks_ran(&mut self, frames: &[Frame]) -> Vec<Option<usize>> {
+        let frames_map = self.frames;
+        let with_blocks = |frame: &Frame| {
+            frames_map
+                .get(&frame.frame)
+                .filter(|info| info.blocks.is_some())
+        };
+        if !frames.iter().any(|frame| with_blocks(frame).is_some()) {
+            return Vec::new();
+        }
+        let codes: Vec<FrameCode> = frames
+            .iter()
+            .map(|frame| FrameCode {
+                method: with_blocks(frame).and_then(|info| {
+                    let next = self.method_keys.len() as u32;
+                    let key = *self.method_keys.entry(info).or_insert(next);
+                    Some((key, info.blocks.as_deref()?))
+                }),
+                line: frame.line,
+            })
+            .collect();
+        self.blocks.attribute(&codes).to_vec()
     }
 
     /// rb_profile_frames reports, under the main script's `<main>`, the
@@ -519,6 +563,7 @@ mod tests {
             name: name.into(),
             filename: file.map(Into::into),
             start_line,
+            blocks: None,
         }
     }
 
@@ -639,6 +684,56 @@ mod tests {
         assert_eq!(foo_functions, 1);
         assert_eq!(profile.location.len(), 4);
         assert!(profile.function.iter().all(|f| f.system_name == 0));
+    }
+
+    #[test]
+    fn frames_running_a_block_are_named_as_the_block() {
+        use crate::core::block_frames::{BlockCode, BlockKind, MethodBlocks};
+        use std::sync::Arc;
+        let mut state = SamplerState::new(GapSampler::new(1.0, 1), 100, 100);
+        // Foo#bar (lines 10-20) has a one-line block on line 12
+        // (`items.each { ... }`). Leaf first: the block at 12 <- Array#each
+        // (C) <- Foo#bar at 12 <- <main>. The method has two handles (8 and
+        // 40: a method entry per including class); only if they count as
+        // one method is the leaf seen as a block of the frame below.
+        let stack = [frame(40, 12), frame(24, 0), frame(8, 12), frame(16, 30)];
+        record(&mut state, 0x1000, &stack);
+        state.measure_pending(|_| Some(40));
+        let snapshot = state.take_snapshot(0, |_| Some(40));
+        let blocks = MethodBlocks::new(vec![BlockCode {
+            name: "block in Foo#bar".into(),
+            start_line: 12,
+            end_line: 12,
+            parent: None,
+            kind: BlockKind::Block,
+        }])
+        .map(Arc::new);
+        let bar = FrameInfo {
+            blocks,
+            ..info("Foo#bar", Some("app.rb"), 10)
+        };
+        let mut frames = FastHashMap::default();
+        frames.insert(8, bar.clone());
+        frames.insert(40, bar);
+        frames.insert(16, info("<main>", Some("app.rb"), 1));
+        frames.insert(24, info("Array#each", None, 0));
+        let profile = build_profile(&snapshot, &frames, &classes(), &meta());
+        assert_eq!(
+            function_names(&profile, &profile.sample[0]),
+            vec![
+                "block in Foo#bar@app.rb:12",
+                "Array#each@app.rb:12",
+                "Foo#bar@app.rb:12",
+                "<main>@app.rb:30"
+            ]
+        );
+        let start_lines: Vec<(String, i64)> = profile
+            .function
+            .iter()
+            .map(|f| (string(&profile, f.name).to_string(), f.start_line))
+            .collect();
+        assert!(start_lines.contains(&("block in Foo#bar".into(), 12)));
+        assert!(start_lines.contains(&("Foo#bar".into(), 10)));
     }
 
     #[test]

@@ -1099,6 +1099,7 @@ mod tests {
                     name: name.to_string(),
                     filename: None,
                     start_line: 0,
+                    blocks: None,
                 };
                 (frame, info)
             })
@@ -1819,6 +1820,7 @@ mod tests {
                         name: format!("BenchWorkloads::Scenario::Calls.method_{m}"),
                         filename: Some("/work/main/bench/lib/workloads.rb".to_string()),
                         start_line: m as i64,
+                        blocks: None,
                     },
                 )
             })
@@ -1979,6 +1981,7 @@ mod tests {
                                     name: name_of(f.frame, &gen),
                                     filename: None,
                                     start_line: 0,
+                                    blocks: None,
                                 },
                             );
                         }

@@ -16,6 +16,7 @@
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
+use super::block_frames::MethodBlocks;
 use super::fast_hash::{FastHashMap, FastHasher};
 
 /// An opaque handle to a frame (in the binding layer: the VALUE that
@@ -46,10 +47,14 @@ fn resolved_index(frame: FrameRef) -> usize {
 pub struct FrameInfo {
     /// Ruby's label: `Foo#bar`, `block in Foo#bar`, `Integer#times`, `<main>`.
     pub name: String,
-    /// Source file; None for methods implemented in C, which are shown at
-    /// their caller's file and line, as Ruby's own backtraces do.
+    /// Source file; None for methods implemented in C (and Ruby's own
+    /// `<internal:...>` methods), which are shown at their caller's file and
+    /// line, as Ruby's own backtraces do.
     pub filename: Option<String>,
     pub start_line: i64,
+    /// For a method with blocks: which of its lines are the blocks' (a
+    /// frame running one of its blocks is reported as the method itself).
+    pub blocks: Option<Arc<MethodBlocks>>,
 }
 
 /// One entry of a backtrace: which frame, at which line.
@@ -708,6 +713,7 @@ mod tests {
                     name: name.to_string(),
                     filename: Some("app.rb".to_string()),
                     start_line: 1,
+                    blocks: None,
                 };
                 (frame, info)
             })

@@ -6,8 +6,8 @@ use rb_sys::{
     VALUE,
 };
 
+use super::convert::utf8_string;
 use super::errors::{protect, RbResult};
-use super::frames::utf8_string;
 use crate::core::fast_hash::FastHashMap;
 use crate::core::sampler_state::{ClassRef, ObjectInfo};
 

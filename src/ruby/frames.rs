@@ -5,13 +5,13 @@ use std::ffi::c_int;
 use std::sync::Arc;
 
 use rb_sys::{
-    rb_ascii8bit_encindex, rb_enc_get, rb_enc_get_index, rb_profile_frame_first_lineno,
-    rb_profile_frame_full_label, rb_profile_frame_path, rb_profile_frames, rb_str_conv_enc,
-    rb_usascii_encindex, rb_utf8_encindex, rb_utf8_encoding, ruby_value_type, FIX2LONG, FIXNUM_P,
-    NIL_P, RB_TYPE_P, RSTRING_LEN, RSTRING_PTR, VALUE,
+    rb_profile_frame_first_lineno, rb_profile_frame_full_label, rb_profile_frame_path,
+    rb_profile_frames, VALUE,
 };
 
+use super::convert::{fixnum, utf8_string};
 use super::errors::{protect, RbResult};
+use super::method_blocks::MethodBlocksReader;
 use crate::core::fast_hash::FastHashMap;
 use crate::core::profile_builder::FrameInfo;
 use crate::core::stack_table::{is_resolved_frame, Frame, FrameRef, StackId, TRUNCATION_FRAME};
@@ -78,63 +78,18 @@ impl BacktraceBuffer {
     }
 }
 
-/// Copies a Ruby String's bytes into a Rust String, replacing invalid UTF-8
-/// (method names and paths can be arbitrary bytes).
-pub fn rust_string(value: VALUE) -> Option<String> {
-    // SAFETY: RB_TYPE_P only reads the object's flags; `value` came from a
-    // Ruby API call that returns a String or nil.
-    if NIL_P(value) || !unsafe { RB_TYPE_P(value, ruby_value_type::RUBY_T_STRING) } {
-        return None;
-    }
-    // SAFETY: `value` is a String; its pointer and length describe its bytes,
-    // which stay put while we copy them (no Ruby call in between).
-    let bytes = unsafe {
-        std::slice::from_raw_parts(RSTRING_PTR(value).cast::<u8>(), RSTRING_LEN(value) as usize)
-    };
-    Some(String::from_utf8_lossy(bytes).into_owned())
-}
-
-/// A name or path as UTF-8, for the profile: a String in another encoding
-/// (a class or method named in ISO-8859-1 or Shift_JIS source) is converted
-/// from it first; bytes that are still not UTF-8 (binary names, invalid
-/// sequences) become U+FFFD. Calls into Ruby (allocates), so only at flush.
-pub fn utf8_string(value: VALUE) -> RbResult<Option<String>> {
-    // SAFETY: RB_TYPE_P reads the flags only; for a String the encoding
-    // index is read from its header (no allocation, no raise).
-    let is_string = !NIL_P(value) && unsafe { RB_TYPE_P(value, ruby_value_type::RUBY_T_STRING) };
-    if !is_string {
-        return Ok(None);
-    }
-    // SAFETY: `value` is a String (checked above).
-    let index = unsafe { rb_enc_get_index(value) };
-    // SAFETY: these read Ruby's fixed encoding table indexes.
-    let plain = unsafe {
-        [
-            rb_utf8_encindex(),
-            rb_usascii_encindex(),
-            rb_ascii8bit_encindex(),
-        ]
-    };
-    if plain.contains(&index) {
-        return Ok(rust_string(value));
-    }
-    // SAFETY: `value` is a String; rb_str_conv_enc allocates the converted
-    // copy (under protect) and returns `value` itself when it cannot convert.
-    let converted =
-        protect(|| unsafe { rb_str_conv_enc(value, rb_enc_get(value), rb_utf8_encoding()) })?;
-    Ok(rust_string(converted))
-}
-
 /// Names, files and first lines of every Ruby frame in `stacks` (resolved
-/// frames already have theirs). Calls into Ruby
-/// (which allocates), so it must run without the sampler lock held; the
-/// frames stay alive because the stack table still holds (and marks) them.
-/// With `yield_every`, lets other threads run after that many frames.
+/// frames already have theirs), and where the blocks of their methods are.
+/// Calls into Ruby (which allocates), so it must run without the sampler
+/// lock held; the frames stay alive because the stack table still holds
+/// (and marks) them. With `yield_every`, lets other threads run after that
+/// many frames.
 pub fn resolve_frames(
     stacks: &FastHashMap<StackId, Arc<[Frame]>>,
     yield_every: Option<usize>,
 ) -> RbResult<FastHashMap<FrameRef, FrameInfo>> {
     let mut resolved: FastHashMap<FrameRef, FrameInfo> = FastHashMap::default();
+    let mut blocks = MethodBlocksReader::default();
     for frames in stacks.values() {
         for frame in frames.iter() {
             if frame.frame == TRUNCATION_FRAME
@@ -148,29 +103,48 @@ pub fn resolve_frames(
                     super::collector::yield_to_other_threads()?;
                 }
             }
-            let value = frame.frame as VALUE;
-            // SAFETY (all three): `value` is a frame from rb_profile_frames,
-            // kept alive by the collector's mark function.
-            let label = protect(|| unsafe { rb_profile_frame_full_label(value) })?;
-            let name = utf8_string(label)?.unwrap_or_else(|| "(unknown)".to_string());
-            let path = protect(|| unsafe { rb_profile_frame_path(value) })?;
-            let filename = utf8_string(path)?;
-            let first_line = protect(|| unsafe { rb_profile_frame_first_lineno(value) })?;
-            let start_line = if FIXNUM_P(first_line) {
-                // SAFETY: checked to be a Fixnum.
-                (unsafe { FIX2LONG(first_line) }) as i64
-            } else {
-                0
-            };
-            resolved.insert(
-                frame.frame,
-                FrameInfo {
-                    name,
-                    filename,
-                    start_line,
-                },
-            );
+            let info = frame_info(frame.frame as VALUE, &mut blocks)?;
+            resolved.insert(frame.frame, info);
         }
     }
     Ok(resolved)
+}
+
+/// One frame's name, file and first line. `value` is a frame from
+/// rb_profile_frames, kept alive by the collector's mark function.
+fn frame_info(value: VALUE, blocks: &mut MethodBlocksReader) -> RbResult<FrameInfo> {
+    // SAFETY (all three): `value` is a live frame (above); these read it,
+    // allocating the result, under protect.
+    let label = protect(|| unsafe { rb_profile_frame_full_label(value) })?;
+    let name = utf8_string(label)?.unwrap_or_else(|| "(unknown)".to_string());
+    let path = protect(|| unsafe { rb_profile_frame_path(value) })?;
+    let filename = utf8_string(path)?;
+    if filename
+        .as_deref()
+        .is_some_and(|f| f.starts_with("<internal:"))
+    {
+        // Ruby's own methods written in Ruby (Integer#times since 3.3, at
+        // <internal:numeric>): shown as C methods are, at their caller's
+        // file and line, as Ruby 4.0's backtraces show them and as the same
+        // methods read on Rubies where they are C. The file would only point
+        // inside Ruby itself.
+        return Ok(FrameInfo {
+            name,
+            filename: None,
+            start_line: 0,
+            blocks: None,
+        });
+    }
+    let first_lineno = protect(|| unsafe { rb_profile_frame_first_lineno(value) })?;
+    let start_line = fixnum(first_lineno).unwrap_or(0);
+    let blocks = match &filename {
+        Some(file) => blocks.read(value, &name, file, path, first_lineno)?,
+        None => None,
+    };
+    Ok(FrameInfo {
+        name,
+        filename,
+        start_line,
+        blocks,
+    })
 }

@@ -6,10 +6,12 @@ mod active_collectors;
 mod classes;
 mod collector;
 mod collector_class;
+mod convert;
 mod empty_hooks;
 mod errors;
 mod frames;
 mod heap;
+mod method_blocks;
 mod method_table;
 mod profile_class;
 

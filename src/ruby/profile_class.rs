@@ -8,15 +8,14 @@ use std::ffi::{c_long, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use rb_sys::{
-    rb_ary_entry, rb_ary_new_capa, rb_ary_push, rb_data_type_struct,
-    rb_data_type_struct__bindgen_ty_1, rb_data_type_t, rb_data_typed_object_wrap, rb_str_new,
-    rb_ull2inum, rb_utf8_str_new, ruby_value_type, FIX2LONG, FIXNUM_P, NIL_P, RARRAY_LEN,
-    RB_TYPE_P, RSTRING_LEN, RSTRING_PTR, RTYPEDDATA_GET_DATA, RTYPEDDATA_P, RTYPEDDATA_TYPE, TEST,
-    VALUE,
+    rb_ary_new_capa, rb_ary_push, rb_data_type_struct, rb_data_type_struct__bindgen_ty_1,
+    rb_data_type_t, rb_data_typed_object_wrap, rb_str_new, rb_ull2inum, rb_utf8_str_new,
+    ruby_value_type, FIX2LONG, FIXNUM_P, NIL_P, RB_TYPE_P, RSTRING_LEN, RSTRING_PTR,
+    RTYPEDDATA_GET_DATA, RTYPEDDATA_P, RTYPEDDATA_TYPE, TEST, VALUE,
 };
 
+use super::convert::{array_elements, is_string, rust_string};
 use super::errors::{method_entry, protect, RbError, RbResult};
-use super::frames::rust_string;
 use super::method_table::{method_def, MethodDef, MethodKind};
 use crate::core::analysis::decoded_profile::{decompress, DecodedProfile};
 use crate::core::analysis::diff::{render_diff, DiffOptions};
@@ -104,16 +103,6 @@ fn profile_of(object: VALUE) -> RbResult<&'static DecodedProfile> {
     }
 }
 
-fn is_string(value: VALUE) -> bool {
-    // SAFETY: reads the object's flags only.
-    !NIL_P(value) && unsafe { RB_TYPE_P(value, ruby_value_type::RUBY_T_STRING) }
-}
-
-fn is_array(value: VALUE) -> bool {
-    // SAFETY: reads the object's flags only.
-    !NIL_P(value) && unsafe { RB_TYPE_P(value, ruby_value_type::RUBY_T_ARRAY) }
-}
-
 fn string_arg(value: VALUE, name: &str) -> RbResult<String> {
     rust_string(value).ok_or_else(|| RbError::type_error(format!("{name} must be a String")))
 }
@@ -133,21 +122,6 @@ fn count_arg(value: VALUE, name: &str) -> RbResult<usize> {
     // SAFETY: checked to be a Fixnum.
     let n = unsafe { FIX2LONG(value) };
     usize::try_from(n).map_err(|_| RbError::argument(format!("{name} must be >= 0, got {n}")))
-}
-
-/// The elements of a Ruby Array (read without calling Ruby).
-fn array_elements(array: VALUE, name: &str) -> RbResult<Vec<VALUE>> {
-    if !is_array(array) {
-        return Err(RbError::type_error(format!("{name} must be an Array")));
-    }
-    // SAFETY: `array` is an Array; rb_ary_entry reads an element without
-    // allocating or raising (out-of-range reads give nil).
-    let length = unsafe { RARRAY_LEN(array) };
-    Ok((0..length)
-        // SAFETY: as above; `i` is below the length just read, and nothing
-        // in between can run Ruby code that would shrink the Array.
-        .map(|i| unsafe { rb_ary_entry(array, i as c_long) })
-        .collect())
 }
 
 fn utf8_result(text: &str) -> RbResult<VALUE> {
