@@ -1,11 +1,14 @@
 //! Questions about Ruby heap objects that must be asked carefully: is this
 //! address still a live object, and how big is it.
 //!
-//! `rb_obj_memsize_of` and `rb_objspace_markable_object_p` are exported by
-//! libruby but not declared in its public headers, and their presence can
-//! change between Ruby versions, so they are looked up at load time with
-//! dlsym. Without `rb_obj_memsize_of` sizes are reported as 0; without the
-//! liveness check, objects are only checked by their type bits.
+//! `rb_obj_memsize_of`, `rb_objspace_markable_object_p` and
+//! `rb_objspace_garbage_object_p` are exported by libruby but not declared
+//! in its public headers, and their presence changes between Ruby versions
+//! (Ruby 3.4 removed the markable one), so they are looked up at load time
+//! with dlsym. Without `rb_obj_memsize_of` sizes are reported as 0; without
+//! either liveness check, objects are only checked by their type bits, which
+//! would take an object that died but is not swept yet (Ruby sweeps lazily)
+//! for a live one.
 
 use std::ffi::{c_int, c_void, CStr};
 use std::sync::OnceLock;
@@ -13,11 +16,21 @@ use std::sync::OnceLock;
 use rb_sys::{ruby_value_type, VALUE};
 
 type MemsizeOf = unsafe extern "C" fn(VALUE) -> usize;
-type MarkableObject = unsafe extern "C" fn(VALUE) -> c_int;
+type ObjectPredicate = unsafe extern "C" fn(VALUE) -> c_int;
+
+/// Whether an object in a heap slot is alive, as the GC sees it.
+enum Liveness {
+    /// `rb_objspace_markable_object_p` (Ruby 3.1-3.3): non-zero if alive.
+    Markable(ObjectPredicate),
+    /// `rb_objspace_garbage_object_p` (all Rubies; used from 3.4, which
+    /// dropped the other): non-zero if dead (free, moved, a zombie, or
+    /// unmarked on a page not swept yet).
+    Garbage(ObjectPredicate),
+}
 
 struct HeapApi {
     memsize_of: Option<MemsizeOf>,
-    markable_object: Option<MarkableObject>,
+    liveness: Option<Liveness>,
 }
 
 static HEAP_API: OnceLock<HeapApi> = OnceLock::new();
@@ -30,13 +43,18 @@ fn lookup(name: &CStr) -> Option<*mut c_void> {
 }
 
 fn api() -> &'static HeapApi {
+    // SAFETY (all three transmutes): these symbols, where present, have
+    // these C signatures (size_t f(VALUE), int f(VALUE)) in every Ruby from
+    // 2.x to 4.0 (gc.c, internal/gc.h).
+    let predicate = |f| unsafe { std::mem::transmute::<*mut c_void, ObjectPredicate>(f) };
     HEAP_API.get_or_init(|| HeapApi {
-        // SAFETY: both symbols, where present, have these C signatures in
-        // every Ruby from 2.x to 4.0 (gc.c).
         memsize_of: lookup(c"rb_obj_memsize_of")
             .map(|f| unsafe { std::mem::transmute::<*mut c_void, MemsizeOf>(f) }),
-        markable_object: lookup(c"rb_objspace_markable_object_p")
-            .map(|f| unsafe { std::mem::transmute::<*mut c_void, MarkableObject>(f) }),
+        liveness: lookup(c"rb_objspace_markable_object_p")
+            .map(|f| Liveness::Markable(predicate(f)))
+            .or_else(|| {
+                lookup(c"rb_objspace_garbage_object_p").map(|f| Liveness::Garbage(predicate(f)))
+            }),
     })
 }
 
@@ -55,22 +73,25 @@ const T_MASK: VALUE = 0x1f;
 /// the GVL held and not during GC.
 ///
 /// Never inlined, so that valgrind reports (and script/valgrind.supp
-/// names) its test of rb_objspace_markable_object_p's answer under this
-/// name. While Ruby lazily sweeps, that answer is a bit of the GC's mark
-/// bitmap, which memcheck believes undefined whenever Ruby's conservative
-/// stack scan has marked an object through a stack word it never wrote
-/// (see the suppression's comment).
+/// names) its test of the liveness function's answer under this name.
+/// While Ruby lazily sweeps, that answer is a bit of the GC's mark bitmap,
+/// which memcheck believes undefined whenever Ruby's conservative stack
+/// scan has marked an object through a stack word it never wrote (see the
+/// suppression's comment).
 #[inline(never)]
 pub fn is_live_object(object: VALUE) -> bool {
-    if let Some(markable) = api().markable_object {
-        // SAFETY: `object` is the address of an object we saw allocated and
-        // whose free we watch (the caller's contract), so it lies in a heap
-        // page. (On Ruby 3.1 this function reads the flags word and page
-        // header right after the special-constant test, without checking
-        // that the address is in the heap, so any VALUE would not do.)
-        if unsafe { markable(object) } == 0 {
-            return false;
-        }
+    // SAFETY (both): `object` is the address of an object we saw allocated
+    // and whose free we watch (the caller's contract), so it lies in a heap
+    // page. (These functions read the flags word and page header right after
+    // the special-constant test, without checking that the address is in the
+    // heap, so any VALUE would not do.)
+    let alive = match &api().liveness {
+        Some(Liveness::Markable(markable)) => (unsafe { markable(object) }) != 0,
+        Some(Liveness::Garbage(garbage)) => (unsafe { garbage(object) }) == 0,
+        None => true,
+    };
+    if !alive {
+        return false;
     }
     // SAFETY: `object` is a heap slot address (checked above where the
     // check is available; otherwise it is an address we saw allocated and
