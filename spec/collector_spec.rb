@@ -25,6 +25,13 @@ RSpec.describe MemprofilerPprof::Collector do
       expect(collector.stop!).to be(false)
     end
 
+    it "refuses to start under another GC than Ruby's default one, naming it" do
+      allow(GC).to receive(:config).and_return({ implementation: "mmtk" })
+      collector = described_class.new(sample_rate: 1.0)
+      expect { collector.start! }.to raise_error(MemprofilerPprof::UnsupportedRuntimeError, /"mmtk" GC/)
+      expect(collector.running?).to be(false)
+    end
+
     it "samples nothing while stopped" do
       collector = described_class.new(sample_rate: 1.0)
       Workload::Allocator.new.outer(50)

@@ -86,8 +86,10 @@ module MemprofilerPprof
     end
 
     # Starts sampling. Clears samples and drop counters of any earlier run.
-    # Does nothing (returns false) if already running.
+    # Does nothing (returns false) if already running. Raises
+    # UnsupportedRuntimeError under a GC other than Ruby's default one.
     def start!
+      GCSupport.check!
       _native_start(RactorSafety.ractors_used?)
     end
 
@@ -219,15 +221,42 @@ module MemprofilerPprof
     end
   end
 
+  # Raised by Collector#start! where the gem cannot profile safely.
+  class UnsupportedRuntimeError < StandardError; end
+
+  # Since Ruby 3.4 a process can run another GC than the default one
+  # (RUBY_GC_LIBRARY, e.g. MMTk, an opt-in build of Ruby 4.0). The gem is
+  # built on the default GC's contract: FREEOBJ hooks called on the thread
+  # that holds the GVL, objects moved only by GC.compact. MMTk calls FREEOBJ
+  # from its own worker threads, where this gem's hook must not run; so
+  # start! refuses any GC but the default one, with a message that names it.
+  module GCSupport
+    def self.implementation
+      return "default" unless GC.respond_to?(:config)
+
+      GC.config.fetch(:implementation, "default").to_s
+    end
+
+    def self.check!
+      name = implementation
+      return if name == "default"
+
+      raise UnsupportedRuntimeError,
+            "memprofiler_pprof_rs supports Ruby's default GC only; this process runs the #{name.inspect} " \
+            "GC (RUBY_GC_LIBRARY)"
+    end
+  end
+
   # Ruby's GC event hooks (NEWOBJ, FREEOBJ) are not safe once Ractors run:
   # on Ruby 3.1 an allocation or GC in a Ractor's thread crashes inside the
   # interpreter whenever any such hook is enabled (ObjectSpace's allocation
   # tracing crashes the same way), even while a finished Ractor's thread is
-  # still winding down after Ractor.count is back to 1. The hooks only ever
-  # see the Ractor that enabled them anyway. So from the first Ractor.new on,
-  # every collector's hooks are off for the rest of the process:
-  # `sampling_paused_for_ractors?` says so, and data collected before stays
-  # flushable.
+  # still winding down after Ractor.count is back to 1. Up to Ruby 3.4 the
+  # hooks only see the Ractor that enabled them; from Ruby 4.0 they fire in
+  # every Ractor, in parallel, which this gem's hooks are not written for.
+  # So from the first Ractor.new on, every collector's hooks are off for the
+  # rest of the process: `sampling_paused_for_ractors?` says so, and data
+  # collected before stays flushable.
   module RactorSafety
     @ractors_used = false
 
