@@ -3,7 +3,7 @@
 //! with them.
 
 use std::cell::Cell;
-use std::ffi::c_void;
+use std::ffi::{c_int, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -12,12 +12,13 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use rb_sys::{
     rb_event_flag_t, rb_event_hook_flag_t, rb_event_hook_func_t, rb_gc_count, rb_gc_location,
     rb_gc_mark, rb_remove_event_hook_with_data, rb_thread_call_without_gvl, rb_thread_schedule,
-    rb_trace_arg_t, rb_tracearg_object, Qnil, ID, RUBY_EVENT_C_RETURN, RUBY_INTERNAL_EVENT_FREEOBJ,
-    RUBY_INTERNAL_EVENT_NEWOBJ, VALUE,
+    rb_trace_arg_t, rb_tracearg_lineno, rb_tracearg_object, Qnil, ID, RUBY_EVENT_C_RETURN,
+    RUBY_INTERNAL_EVENT_FREEOBJ, RUBY_INTERNAL_EVENT_NEWOBJ, VALUE,
 };
 
 use super::active_collectors;
 use super::classes::{is_class_value, object_info, resolve_classes};
+use super::convert::fixnum;
 use super::errors::{protect, RbError, RbResult};
 use super::frames::{resolve_frames, BacktraceBuffer};
 use super::heap;
@@ -280,7 +281,8 @@ impl Collector {
     // ----- hooks -------------------------------------------------------------
 
     /// NEWOBJ for an allocation the countdown chose (see `newobj_hook`).
-    fn on_sampled_newobj(&self, object: VALUE) {
+    /// `top_line`: the innermost Ruby frame's line, from the trace arg.
+    fn on_sampled_newobj(&self, object: VALUE, top_line: impl FnOnce() -> c_int) {
         let suppressed = self.suppressed_thread.load(Ordering::Relaxed);
         if suppressed != 0 && suppressed == current_thread() {
             return;
@@ -308,7 +310,7 @@ impl Collector {
         let weight = state.gaps.weight();
         // SAFETY: we are in the NEWOBJ hook for `object`, on a Ruby thread
         // with the GVL.
-        let (info, frames) = unsafe { (object_info(object), backtrace.capture()) };
+        let (info, frames) = unsafe { (object_info(object), backtrace.capture(top_line)) };
         state.record_allocation(object as usize, info, frames, weight, admission);
         // Measuring costs a postponed job; samples of types that can be
         // sized at their free wait for a batch (a flush measures the rest).
@@ -790,8 +792,13 @@ unsafe extern "C" fn newobj_hook(data: VALUE, arg: *mut rb_trace_arg_t) {
         if collector.countdown.skip() {
             return;
         }
-        // SAFETY: a NEWOBJ trace arg carries the new object.
-        collector.on_sampled_newobj(unsafe { rb_tracearg_object(arg) });
+        // SAFETY (both): a NEWOBJ trace arg carries the new object, and the
+        // frame it was allocated in, whose line rb_tracearg_lineno reads
+        // from the frame's pc, returning a Fixnum, without allocating
+        // (ObjectSpace's allocation tracing calls it from this same hook).
+        collector.on_sampled_newobj(unsafe { rb_tracearg_object(arg) }, || {
+            fixnum(unsafe { rb_tracearg_lineno(arg) }).map_or(0, |line| line as c_int)
+        });
     });
 }
 

@@ -43,11 +43,13 @@ impl BacktraceBuffer {
             + (MAX_FRAMES + 1) * std::mem::size_of::<Frame>()
     }
 
-    /// The current thread's Ruby backtrace, leaf first.
+    /// The current thread's Ruby backtrace, leaf first. `top_line` is
+    /// asked for the line of the innermost frame when rb_profile_frames
+    /// gives 0 for it.
     ///
     /// # Safety
     /// Must run on a Ruby thread holding the GVL (e.g. inside a NEWOBJ hook).
-    pub unsafe fn capture(&mut self) -> &[Frame] {
+    pub unsafe fn capture(&mut self, top_line: impl FnOnce() -> c_int) -> &[Frame] {
         // One slot more than kept, to tell a stack of exactly MAX_FRAMES from
         // a deeper one.
         // SAFETY: both buffers hold MAX_FRAMES + 1 elements, the limit passed;
@@ -60,6 +62,16 @@ impl BacktraceBuffer {
                 self.lines.as_mut_ptr(),
             )
         };
+        if depth > 0 && self.lines[0] == 0 {
+            // Ruby 3.3 and 3.4 report line 0 for the top frame whenever JIT
+            // code (YJIT) pushed it (`cfp == top && cfp->jit_return` in
+            // vm_backtrace.c; 4.0 reads the pc instead), though YJIT saves
+            // the pc before anything that allocates. `top_line` reads that
+            // pc, as ObjectSpace's allocation tracing does. For a C method on
+            // top (line 0 by design) it gives the caller's line, which the
+            // profile shows for C methods anyway.
+            self.lines[0] = top_line();
+        }
         let depth = usize::try_from(depth).unwrap_or(0);
         self.frames.clear();
         for i in 0..depth.min(MAX_FRAMES) {
