@@ -70,6 +70,9 @@ struct ProfileBuilder<'a> {
     /// One key per distinct method with blocks (equal frames of one method
     /// can have different handles: a method entry per including class).
     method_keys: FastHashMap<&'a FrameInfo, u32>,
+    method_key_of_frame: FastHashMap<FrameRef, u32>,
+    /// `stack_locations`' buffer: each position's info.
+    infos: Vec<Option<&'a FrameInfo>>,
 }
 
 impl<'a> ProfileBuilder<'a> {
@@ -87,6 +90,8 @@ impl<'a> ProfileBuilder<'a> {
             folded: 0,
             blocks: BlockAttribution::default(),
             method_keys: FastHashMap::default(),
+            method_key_of_frame: FastHashMap::default(),
+            infos: Vec::new(),
         }
     }
 
@@ -140,23 +145,28 @@ impl<'a> ProfileBuilder<'a> {
             return vec![self.location_id(function, 0)];
         }
         let frames = self.without_hidden_main_frame(frames);
-        let blocks_ran = self.blocks_ran(frames);
+        let frames_map = self.frames;
+        // Each position's info, looked up once (a stack is walked twice,
+        // and a C method's caller is searched for among the outer frames).
+        let mut infos = std::mem::take(&mut self.infos);
+        infos.clear();
+        infos.extend(frames.iter().map(|frame| frames_map.get(&frame.frame)));
+        let blocks_ran = self.blocks_ran(frames, &infos);
         let mut ids = Vec::with_capacity(frames.len());
         for (i, frame) in frames.iter().enumerate() {
-            let frames_map = self.frames;
             let id = if frame.frame == TRUNCATION_FRAME {
                 let function = self.function_id("(truncated stack)", "", 0);
                 self.location_id(function, 0)
-            } else if let Some(info) = frames_map.get(&frame.frame) {
+            } else if let Some(info) = infos[i] {
                 let (filename, line) = match &info.filename {
                     Some(file) => (file.as_str(), i64::from(frame.line)),
                     // A C method: its caller's file and line (the nearest
                     // outer frame that has a file).
                     None => frames[i + 1..]
                         .iter()
-                        .find_map(|outer| {
-                            let file = frames_map.get(&outer.frame)?.filename.as_deref()?;
-                            Some((file, i64::from(outer.line)))
+                        .zip(&infos[i + 1..])
+                        .find_map(|(outer, info)| {
+                            Some((info.as_ref()?.filename.as_deref()?, i64::from(outer.line)))
                         })
                         .unwrap_or(("(C function)", 0)),
                 };
@@ -177,33 +187,44 @@ impl<'a> ProfileBuilder<'a> {
             };
             ids.push(id);
         }
+        self.infos = infos;
         ids
     }
 
     /// For each frame of a stack, the block of its method that ran there
     /// (see core::block_frames); empty if no frame's method has blocks.
-    fn blocks_ran(&mut self, frames: &[Frame]) -> Vec<Option<usize>> {
-        let frames_map = self.frames;
-        let with_blocks = |frame: &Frame| {
-            frames_map
-                .get(&frame.frame)
-                .filter(|info| info.blocks.is_some())
-        };
-        if !frames.iter().any(|frame| with_blocks(frame).is_some()) {
+    fn blocks_ran(
+        &mut self,
+        frames: &[Frame],
+        infos: &[Option<&'a FrameInfo>],
+    ) -> Vec<Option<usize>> {
+        if !infos.iter().flatten().any(|info| info.blocks.is_some()) {
             return Vec::new();
         }
         let codes: Vec<FrameCode> = frames
             .iter()
-            .map(|frame| FrameCode {
-                method: with_blocks(frame).and_then(|info| {
-                    let next = self.method_keys.len() as u32;
-                    let key = *self.method_keys.entry(info).or_insert(next);
-                    Some((key, info.blocks.as_deref()?))
+            .zip(infos)
+            .map(|(frame, info)| FrameCode {
+                method: info.and_then(|info| {
+                    let blocks = info.blocks.as_deref()?;
+                    Some((self.method_key(frame.frame, info), blocks))
                 }),
                 line: frame.line,
             })
             .collect();
         self.blocks.attribute(&codes).to_vec()
+    }
+
+    /// The key of `info`'s method: the same for every handle of one method
+    /// (a method entry per including class), hashed once per handle.
+    fn method_key(&mut self, frame: FrameRef, info: &'a FrameInfo) -> u32 {
+        if let Some(&key) = self.method_key_of_frame.get(&frame) {
+            return key;
+        }
+        let next = self.method_keys.len() as u32;
+        let key = *self.method_keys.entry(info).or_insert(next);
+        self.method_key_of_frame.insert(frame, key);
+        key
     }
 
     /// rb_profile_frames reports, under the main script's `<main>`, the

@@ -67,9 +67,8 @@ impl MethodBlocksReader {
         path: VALUE,
         first_lineno: VALUE,
     ) -> RbResult<Option<Arc<MethodBlocks>>> {
-        if !is_method_frame(frame)? {
-            return Ok(None);
-        }
+        // The cache first: every flush names the frames of the stacks taken
+        // since the previous one, mostly the same methods again.
         let key = (
             name.to_string(),
             file.to_string(),
@@ -78,9 +77,12 @@ impl MethodBlocksReader {
         if let Some(blocks) = cached(&key) {
             return Ok(blocks);
         }
-        let blocks = self
-            .describe(frame, name, path, first_lineno)?
-            .map(Arc::new);
+        let blocks = if is_method_frame(frame)? {
+            self.describe(frame, name, path, first_lineno)?
+                .map(Arc::new)
+        } else {
+            None
+        };
         remember(key, blocks.clone());
         Ok(blocks)
     }
