@@ -72,6 +72,10 @@ pub struct MethodBlocks {
     blocks: Vec<BlockCode>,
     /// Nesting level of each block: 1 directly in the method.
     depths: Vec<u32>,
+    /// The blocks directly in the method's body, and directly in each block
+    /// (so that a line's owner is found without comparing every pair).
+    top_level: Vec<usize>,
+    children: Vec<Vec<usize>>,
 }
 
 impl MethodBlocks {
@@ -83,18 +87,31 @@ impl MethodBlocks {
             return None;
         }
         let mut depths: Vec<u32> = Vec::with_capacity(blocks.len());
+        let mut top_level = Vec::new();
+        let mut children = vec![Vec::new(); blocks.len()];
         for (index, block) in blocks.iter().enumerate() {
             if block.end_line < block.start_line {
                 return None;
             }
             let depth = match block.parent {
-                None => 1,
-                Some(parent) if parent < index => depths[parent] + 1,
+                None => {
+                    top_level.push(index);
+                    1
+                }
+                Some(parent) if parent < index => {
+                    children[parent].push(index);
+                    depths[parent] + 1
+                }
                 Some(_) => return None,
             };
             depths.push(depth);
         }
-        Some(MethodBlocks { blocks, depths })
+        Some(MethodBlocks {
+            blocks,
+            depths,
+            top_level,
+            children,
+        })
     }
 
     pub fn block(&self, index: usize) -> &BlockCode {
@@ -104,21 +121,21 @@ impl MethodBlocks {
     /// Whether code of `owner` (None: the method's body) can be at `line`:
     /// within its lines and not strictly inside one of its children.
     fn has_code_at(&self, owner: Option<usize>, line: i64) -> bool {
-        if let Some(index) = owner {
-            if !self.blocks[index].covers(line) {
-                return false;
-            }
-        }
-        !self
-            .blocks
+        let inner = match owner {
+            Some(index) if !self.blocks[index].covers(line) => return false,
+            Some(index) => &self.children[index],
+            None => &self.top_level,
+        };
+        !inner
             .iter()
-            .any(|block| block.parent == owner && block.holds_inside(line))
+            .any(|&child| self.blocks[child].holds_inside(line))
     }
 
     /// The blocks of `kind` whose code can be at `line`.
     fn at(&self, line: i64, kind: BlockKind) -> impl Iterator<Item = usize> + '_ {
         (0..self.blocks.len()).filter(move |&index| {
-            self.blocks[index].kind == kind && self.has_code_at(Some(index), line)
+            let block = &self.blocks[index];
+            block.kind == kind && block.covers(line) && self.has_code_at(Some(index), line)
         })
     }
 

@@ -125,8 +125,8 @@ pub fn resolve_frames(
 /// One frame's name, file and first line. `value` is a frame from
 /// rb_profile_frames, kept alive by the collector's mark function.
 fn frame_info(value: VALUE, blocks: &mut MethodBlocksReader) -> RbResult<FrameInfo> {
-    // SAFETY (all three): `value` is a live frame (above); these read it,
-    // allocating the result, under protect.
+    // SAFETY (label and path): `value` is a live frame (above); these read
+    // it, allocating the result, under protect.
     let label = protect(|| unsafe { rb_profile_frame_full_label(value) })?;
     let name = utf8_string(label)?.unwrap_or_else(|| "(unknown)".to_string());
     let path = protect(|| unsafe { rb_profile_frame_path(value) })?;
@@ -147,6 +147,7 @@ fn frame_info(value: VALUE, blocks: &mut MethodBlocksReader) -> RbResult<FrameIn
             blocks: None,
         });
     }
+    // SAFETY: as above.
     let first_lineno = protect(|| unsafe { rb_profile_frame_first_lineno(value) })?;
     let start_line = fixnum(first_lineno).unwrap_or(0);
     let blocks = match &filename {
