@@ -87,6 +87,51 @@ RSpec.describe "frame names" do
                                   ["block in FrameNames::Blocks#proc_for_later", "frame_names.rb:33"]])
   end
 
+  describe "blocks with no frame between them and their method, clauses, prepend" do
+    let(:direct) { FrameNames::Direct.new }
+
+    def ours(stack) = stack.map(&:first).grep(/FrameNames/)
+
+    it "names a proc called by its own method (Proc#call pushes no frame)" do
+      stack = stack_of(profile_of { direct.proc_called_here }, /proc_called_here/)
+      expect(ours(stack)).to eq(["block in FrameNames::Direct#proc_called_here",
+                                 "FrameNames::Direct#proc_called_here"])
+    end
+
+    it "names a block yielded to by a recursive call of its own method" do
+      stack = stack_of(profile_of { direct.yield_to_itself(1) }, /yield_to_itself/)
+      expect(ours(stack)).to eq(["block in FrameNames::Direct#yield_to_itself",
+                                 "FrameNames::Direct#yield_to_itself", "FrameNames::Direct#yield_to_itself"])
+    end
+
+    it "names a block in an ensure clause on the normal path and after a raise" do
+      stack = stack_of(profile_of { direct.ensured(false) }, /ensured/)
+      expect(ours(stack)).to eq(["block in FrameNames::Direct#ensured", "FrameNames::Direct#ensured"])
+      profile = profile_of do
+        direct.ensured(true)
+      rescue ArgumentError
+        nil
+      end
+      # Ruby names a block in a clause after the method alone, as here.
+      expect(ours(stack_of(profile, /ensure in/))).to eq(["block in FrameNames::Direct#ensured",
+                                                          "ensure in FrameNames::Direct#ensured",
+                                                          "FrameNames::Direct#ensured"])
+    end
+
+    it "names a block in a rescue clause" do
+      stack = stack_of(profile_of { direct.rescued_with_block }, /rescued_with_block/)
+      expect(ours(stack)).to eq(["block in FrameNames::Direct#rescued_with_block",
+                                 "rescue in FrameNames::Direct#rescued_with_block",
+                                 "FrameNames::Direct#rescued_with_block"])
+    end
+
+    it "finds a method behind a prepended module" do
+      stack = stack_of(profile_of { direct.behind_prepend(2) }, /behind_prepend/)
+      expect(ours(stack)).to eq(["block in FrameNames::Direct#behind_prepend", "FrameNames::Direct#behind_prepend",
+                                 "FrameNames::Instrumented#behind_prepend"])
+    end
+  end
+
   it "keeps the method's name for blocks of a method it cannot find by name (an anonymous class)" do
     stack = stack_of(profile_of { FrameNames::ANONYMOUS.first.new.anonymous_block(2) }, /anonymous_block/)
     names = stack.map(&:first).grep(/anonymous_block/)
@@ -107,13 +152,21 @@ RSpec.describe "frame names" do
     expect(MemprofilerPprof::MethodBlocks.describe("FrameNames::Blocks", "multi_line", false, fixture, 7))
       .to eq([["block in ", 8, 10, nil, "block"]])
     expect(MemprofilerPprof::MethodBlocks.describe("FrameNames::Blocks", "rescued", false, fixture, 19))
-      .to eq([["rescue in ", 21, 22, nil, "clause"]])
+      .to eq([["rescue in ", 21, 22, nil, "rescue"]])
     # Not the method at that place (moved, redefined), not found, no blocks: nil.
     expect(MemprofilerPprof::MethodBlocks.describe("FrameNames::Blocks", "multi_line", false, fixture, 8)).to be_nil
     expect(MemprofilerPprof::MethodBlocks.describe("FrameNames::Nope", "multi_line", false, fixture, 7)).to be_nil
     expect(MemprofilerPprof::MethodBlocks.describe("#<Class:0x1>", "x", false, fixture, 7)).to be_nil
     expect(MemprofilerPprof::MethodBlocks.describe("FrameNames::Blocks", "walk", false, fixture, 29))
       .to eq([["block in ", 29, 29, nil, "block"]])
+  end
+
+  it "lets through what is the program's (an Interrupt), and rescues the rest" do
+    allow(RubyVM::InstructionSequence).to receive(:of).and_raise(Interrupt)
+    expect { MemprofilerPprof::MethodBlocks.describe("FrameNames::Blocks", "multi_line", false, fixture, 7) }
+      .to raise_error(Interrupt)
+    allow(RubyVM::InstructionSequence).to receive(:of).and_raise(TypeError)
+    expect(MemprofilerPprof::MethodBlocks.describe("FrameNames::Blocks", "multi_line", false, fixture, 7)).to be_nil
   end
 
   it "never loads code to describe a method (a pending autoload stays pending)" do

@@ -15,6 +15,9 @@ module MemprofilerPprof
     FRAME_LABEL = /\A(?:(?:block(?: \(\d+ levels\))?|rescue|ensure) in )+/
     # A method with more blocks than this is described by its first ones only.
     MAX_BLOCKS = 1000
+    # Methods prepended over the one sought (instrumentation) are skipped,
+    # up to this many.
+    MAX_SUPER_STEPS = 16
 
     # Bound once, so that classes redefining these methods cannot change
     # (or break) what is read here.
@@ -32,13 +35,14 @@ module MemprofilerPprof
     # path:first_lineno:
     #   [[prefix, first_line, last_line, parent_index_or_nil, kind], ...]
     # prefix: "block in ", "block (2 levels) in ", "rescue in "...; kind:
-    # "block", or "clause" for rescue/ensure; parents before their children.
+    # "block", "rescue" or "ensure"; parents before their children.
     # nil when the method has no blocks or cannot be found again by name (an
     # anonymous class, a refinement, a method redefined since): its frames
-    # then keep its name. Never raises.
+    # then keep its name. Raises only what is not a StandardError or a
+    # ScriptError (Interrupt, a Thread#raise), which is the program's.
     def describe(class_path, name, singleton, path, first_lineno)
-      iseq = method_iseq(class_path, name, singleton)
-      return nil unless iseq && iseq.path == path && iseq.first_lineno == first_lineno
+      iseq = method_iseq(class_path, name, singleton, path, first_lineno)
+      return nil unless iseq
 
       blocks = []
       add_blocks(iseq, nil, iseq.label, blocks)
@@ -47,14 +51,23 @@ module MemprofilerPprof
       nil
     end
 
-    def method_iseq(class_path, name, singleton)
+    # The instruction sequence of that method, if its code starts at
+    # path:first_lineno; methods prepended over it (a module's `super`
+    # chain, e.g. instrumentation) are looked through.
+    def method_iseq(class_path, name, singleton, path, first_lineno)
       return nil unless defined?(RubyVM::InstructionSequence) && class_path && name
 
       owner = constant(class_path)
-      return nil unless owner.is_a?(Module)
+      return nil unless Module === owner # rubocop:disable Style/CaseEquality -- is_a? could be overridden
 
       owner = SINGLETON_CLASS.bind_call(owner) if singleton
-      RubyVM::InstructionSequence.of(INSTANCE_METHOD.bind_call(owner, name))
+      method = INSTANCE_METHOD.bind_call(owner, name)
+      MAX_SUPER_STEPS.times do
+        iseq = RubyVM::InstructionSequence.of(method)
+        return iseq if iseq && iseq.path == path && iseq.first_lineno == first_lineno
+        return nil unless (method = method.super_method)
+      end
+      nil
     rescue NameError
       nil
     end
@@ -63,7 +76,7 @@ module MemprofilerPprof
     # (a pending autoload) or calling const_missing.
     def constant(path)
       path.split("::").reduce(Object) do |scope, part|
-        return nil unless scope.is_a?(Module) && CONSTANT_NAME.match?(part) &&
+        return nil unless Module === scope && CONSTANT_NAME.match?(part) && # rubocop:disable Style/CaseEquality
                           CONST_DEFINED.bind_call(scope, part, false) && !AUTOLOAD_P.bind_call(scope, part, false)
 
         CONST_GET.bind_call(scope, part, false)
@@ -76,11 +89,11 @@ module MemprofilerPprof
         next unless label.end_with?(" in #{method_label}") && (prefix = label[FRAME_LABEL])
         return if blocks.size >= MAX_BLOCKS
 
-        block = prefix.start_with?("block")
-        lines = block ? block_lines(child) : own_lines(child)
+        kind = prefix[/\A\w+/] # "block", "rescue" or "ensure": the innermost
+        lines = kind == "block" ? block_lines(child) : own_lines(child)
         next if lines.empty?
 
-        blocks << [prefix, lines.min, lines.max, parent, block ? "block" : "clause"]
+        blocks << [prefix, lines.min, lines.max, parent, kind]
         add_blocks(child, blocks.size - 1, method_label, blocks)
       end
     end

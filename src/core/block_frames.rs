@@ -13,31 +13,46 @@
 //! lines but its first and last. A first or last line is shared with the
 //! code around the block (`items.map { |i| i.to_s }` on one line, or
 //! `end.compact`), and the stack decides, walked from the root:
-//! - A rescue or ensure clause runs in a frame pushed directly on its
-//!   method's (or block's) frame, so a frame called by a frame of the same
-//!   method is such a clause if its line is in one, and otherwise the
-//!   method's body (direct recursion).
-//! - A block is called by something else (the iterator, `Proc#call`),
-//!   never directly by its own method's frame. A frame called by another
-//!   method, with a frame of its own method nearer the root, is a block of
-//!   what that frame ran (one level deeper); with none, the method's body,
-//!   unless its line is only a block's (a stored proc called after its
-//!   method returned).
+//! - A frame called by a frame of the same method is a rescue or ensure
+//!   clause if its line is in one (a clause runs in a frame pushed directly
+//!   on its method's, or block's, frame); else the method's body if the
+//!   body has code at its line (direct recursion); else a block (`Proc#call`
+//!   pushes no frame of its own, nor does a `yield` from a recursive call).
+//! - A block called by something else (an iterator) with a frame of its own
+//!   method nearer the root is a block of what that frame ran (one level
+//!   deeper). With no such frame, a frame is the method's body, unless its
+//!   line is only a block's (a stored proc called after its method
+//!   returned).
+//! - An ensure clause's code also runs inline on the normal path, so its
+//!   lines count as the code around it too.
 //!
-//! That is exact for code without recursion. Recursion through another
-//! method on a shared line (`a` calls `b` calls `a`, on the line where a
-//! block of `a` starts) can be taken for a block.
+//! That is exact for code without recursion. Two kinds of recursion on a
+//! line shared by a block and the code around it can be misnamed: `a`
+//! calls `b` calls `a` (the inner `a` taken for a block), and a one-line
+//! proc called by its own method (taken for direct recursion).
 
 use super::fast_hash::FastHashMap;
 
 /// What kind of code a `BlockCode` is: which frames can run it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum BlockKind {
-    /// A block: called by an iterator or `Proc#call`, in a frame of its own.
+    /// A block: called by an iterator, `yield` or `Proc#call`, in a frame of
+    /// its own.
     Block,
-    /// A rescue or ensure clause: run in a frame pushed directly on the frame
-    /// of the code it belongs to.
-    Clause,
+    /// A rescue clause: run, after a raise, in a frame pushed directly on the
+    /// frame of the code it belongs to.
+    Rescue,
+    /// An ensure clause: the same after a raise; on the normal path Ruby runs
+    /// a copy of its code inline, in the frame of the code it belongs to (so
+    /// its lines are that code's too, and blocks in it are listed twice:
+    /// under the clause and under that code).
+    Ensure,
+}
+
+impl BlockKind {
+    fn is_clause(self) -> bool {
+        matches!(self, BlockKind::Rescue | BlockKind::Ensure)
+    }
 }
 
 /// One block (or rescue/ensure clause) of a method, as the binding layer
@@ -126,16 +141,19 @@ impl MethodBlocks {
             Some(index) => &self.children[index],
             None => &self.top_level,
         };
-        !inner
-            .iter()
-            .any(|&child| self.blocks[child].holds_inside(line))
+        !inner.iter().any(|&child| {
+            let child = &self.blocks[child];
+            child.kind != BlockKind::Ensure && child.holds_inside(line)
+        })
     }
 
-    /// The blocks of `kind` whose code can be at `line`.
-    fn at(&self, line: i64, kind: BlockKind) -> impl Iterator<Item = usize> + '_ {
+    /// The blocks whose code can be at `line`: blocks, or clauses.
+    fn at(&self, line: i64, clauses: bool) -> impl Iterator<Item = usize> + '_ {
         (0..self.blocks.len()).filter(move |&index| {
             let block = &self.blocks[index];
-            block.kind == kind && block.covers(line) && self.has_code_at(Some(index), line)
+            block.kind.is_clause() == clauses
+                && block.covers(line)
+                && self.has_code_at(Some(index), line)
         })
     }
 
@@ -153,19 +171,29 @@ impl MethodBlocks {
         caller_ran: Option<Option<usize>>,
         context: Option<Option<usize>>,
     ) -> Option<usize> {
+        let in_body = self.has_code_at(None, line);
+        let mut context = context;
         if let Some(caller_ran) = caller_ran {
             // Called by its own method's frame: a clause of what that frame
-            // ran, or any clause there, or the body (direct recursion).
-            let mut clauses = self.at(line, BlockKind::Clause);
+            // ran (or any clause there); else the body (direct recursion);
+            // else, on a line only a block has, that block: Proc#call pushes
+            // no frame, nor does a yield from a recursive call.
+            let mut clauses = self.at(line, true);
             let first = clauses.next();
-            return std::iter::once(first)
+            if let Some(clause) = std::iter::once(first)
                 .flatten()
                 .chain(clauses)
                 .find(|&c| self.blocks[c].parent == caller_ran)
-                .or(first);
+                .or(first)
+            {
+                return Some(clause);
+            }
+            if in_body {
+                return None;
+            }
+            context = Some(caller_ran);
         }
-        let in_body = self.has_code_at(None, line);
-        let mut blocks = self.at(line, BlockKind::Block);
+        let mut blocks = self.at(line, false);
         match (blocks.next(), blocks.next()) {
             (None, _) => return None,
             (Some(only), None) if !in_body => return Some(only),
@@ -178,25 +206,24 @@ impl MethodBlocks {
             return if in_body {
                 None
             } else {
-                self.at(line, BlockKind::Block)
-                    .min_by_key(|&b| self.depths[b])
+                self.at(line, false).min_by_key(|&b| self.depths[b])
             };
         };
         if let Some(child) = self
-            .at(line, BlockKind::Block)
+            .at(line, false)
             .find(|&b| self.blocks[b].parent == context)
         {
             return Some(child);
         }
         let deeper = self.depth(context);
         match self
-            .at(line, BlockKind::Block)
+            .at(line, false)
             .filter(|&b| self.depths[b] > deeper)
             .min_by_key(|&b| self.depths[b])
         {
             Some(block) => Some(block),
             None if in_body => None,
-            None => self.at(line, BlockKind::Block).next(),
+            None => self.at(line, false).next(),
         }
     }
 }
@@ -275,12 +302,15 @@ mod tests {
     ///     e << 1                              # 10
     ///   end                                   # 11
     /// end
+    ///
+    /// (Ruby names the block in the clause `block in Foo#bar` too; here it
+    /// has a name of its own so that the tests can tell the two apart.)
     fn bar() -> MethodBlocks {
         MethodBlocks::new(vec![
             block("block in Foo#bar", (3, 6), None),
             block("block (2 levels) in Foo#bar", (4, 4), Some(0)),
             block("block in Foo#bar", (7, 7), None),
-            code("rescue in Foo#bar", (9, 11), None, BlockKind::Clause),
+            code("rescue in Foo#bar", (9, 11), None, BlockKind::Rescue),
             block("block in rescue in Foo#bar", (9, 11), Some(3)),
         ])
         .expect("consistent")
@@ -386,6 +416,60 @@ mod tests {
                 "Foo#bar",
                 "other"
             ]
+        );
+    }
+
+    #[test]
+    fn a_block_called_with_no_frame_in_between_is_a_block() {
+        // def m            # 1
+        //   pr = proc do   # 2
+        //     "x" * 2      # 3
+        //   end            # 4
+        //   pr.call        # 5   (Proc#call pushes no frame)
+        // end
+        let m = MethodBlocks::new(vec![block("block in m", (2, 4), None)]).expect("ok");
+        let frame = |line| FrameCode {
+            method: Some((5, &m)),
+            line,
+        };
+        let mut attribution = BlockAttribution::default();
+        assert_eq!(
+            attribution.attribute(&[OTHER, frame(3), frame(5), OTHER]),
+            [None, Some(0), None, None]
+        );
+    }
+
+    #[test]
+    fn an_ensure_clause_runs_inline_and_after_a_raise() {
+        // def m(fail)                      # 1
+        //   raise "boom" if fail           # 2
+        // ensure                           # 3
+        //   [1].each do |i|                # 4
+        //     "x" * 2                      # 5
+        //   end                            # 6
+        // end
+        // Ruby lists the block twice: in the body (the inline copy) and in
+        // the clause.
+        let m = MethodBlocks::new(vec![
+            block("block in m", (4, 6), None),
+            code("ensure in m", (4, 4), None, BlockKind::Ensure),
+            block("block in ensure in m", (4, 6), Some(1)),
+        ])
+        .expect("ok");
+        let frame = |line| FrameCode {
+            method: Some((5, &m)),
+            line,
+        };
+        let mut attribution = BlockAttribution::default();
+        // Normal path: block at 5 <- each <- m at 4.
+        assert_eq!(
+            attribution.attribute(&[frame(5), OTHER, frame(4), OTHER]),
+            [Some(0), None, None, None]
+        );
+        // After a raise at 2: block at 5 <- each <- ensure frame at 4 <- m at 2.
+        assert_eq!(
+            attribution.attribute(&[frame(5), OTHER, frame(4), frame(2), OTHER]),
+            [Some(2), None, Some(1), None, None]
         );
     }
 

@@ -12,7 +12,7 @@ use rb_sys::{
     NIL_P, VALUE,
 };
 
-use super::convert::{array_elements, fixnum, is_array, rust_string, utf8_string};
+use super::convert::{array_elements, fixnum, is_array, rust_string};
 use super::errors::{protect, RbError, RbResult};
 use crate::core::block_frames::{BlockCode, BlockKind, MethodBlocks};
 use crate::core::fast_hash::FastHashMap;
@@ -129,12 +129,10 @@ impl MethodBlocksReader {
                 args.as_ptr(),
             )
         });
-        match described {
-            Ok(description) => blocks_from(description, name),
-            // It rescues what it can; anything else means "no blocks known".
-            Err(RbError::Exception(_)) => Ok(None),
-            Err(other) => Err(other),
-        }
+        // It rescues StandardError and ScriptError itself; what gets through
+        // (Interrupt, a Timeout or Thread#raise, SystemExit) is the program's
+        // and goes on up, uncached.
+        blocks_from(described?, name)
     }
 }
 
@@ -154,7 +152,9 @@ fn is_method_frame(frame: VALUE) -> RbResult<bool> {
 }
 
 /// `MethodBlocks.describe`'s answer as core data; None for nil or anything
-/// not shaped as documented there.
+/// not shaped as documented there. Calls nothing that allocates: the answer
+/// and its elements, read into a Rust Vec the GC does not scan, must stay
+/// alive until the end, and only an allocation could free them.
 fn blocks_from(description: VALUE, method: &str) -> RbResult<Option<MethodBlocks>> {
     if !is_array(description) {
         return Ok(None);
@@ -171,8 +171,10 @@ fn blocks_from(description: VALUE, method: &str) -> RbResult<Option<MethodBlocks
         let [prefix, start, end, parent, kind] = array_elements(entry, "block")?[..] else {
             return Ok(None);
         };
+        // The prefix ("block in ", "rescue in "...) is ASCII in whatever
+        // encoding the source had: read as is, with no conversion.
         let (Some(prefix), Some(start_line), Some(end_line)) =
-            (utf8_string(prefix)?, fixnum(start), fixnum(end))
+            (rust_string(prefix), fixnum(start), fixnum(end))
         else {
             return Ok(None);
         };
@@ -186,7 +188,8 @@ fn blocks_from(description: VALUE, method: &str) -> RbResult<Option<MethodBlocks
         };
         let kind = match rust_string(kind).as_deref() {
             Some("block") => BlockKind::Block,
-            Some("clause") => BlockKind::Clause,
+            Some("rescue") => BlockKind::Rescue,
+            Some("ensure") => BlockKind::Ensure,
             _ => return Ok(None),
         };
         blocks.push(BlockCode {
