@@ -62,6 +62,10 @@ RSpec.describe LibclangProbe do
     expect(find("LIBCLANG_PATH" => "/opt/none")).to be_nil
     path = touch("opt/llvm/lib/libclang.so")
     expect(find("LIBCLANG_PATH" => "/opt/llvm/lib")).to eq(path)
+    # bindgen also takes the library file itself; not libclang-cpp's.
+    expect(find("LIBCLANG_PATH" => "/opt/llvm/lib/libclang.so")).to eq(path)
+    touch("opt/cpp/libclang-cpp.so.14")
+    expect(find("LIBCLANG_PATH" => "/opt/cpp/libclang-cpp.so.14")).to be_nil
   end
 
   it "says so and exits 1 from the command line when there is none" do

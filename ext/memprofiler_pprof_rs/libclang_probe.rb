@@ -24,11 +24,16 @@ module LibclangProbe
   module_function
 
   # The first libclang under root (the file system's root unless testing),
-  # or nil. LIBCLANG_PATH, when set, is the only directory searched, as
-  # bindgen does.
+  # or nil. LIBCLANG_PATH, when set, is the only place searched, as bindgen
+  # does: a directory holding libclang, or the library file itself.
   def find(root: "/", env: ENV)
-    dirs = if env["LIBCLANG_PATH"] && !env["LIBCLANG_PATH"].empty?
-             [File.join(root, env["LIBCLANG_PATH"])]
+    given = env["LIBCLANG_PATH"]
+    if given && !given.empty?
+      path = File.join(root, given)
+      return path if File.file?(path) && NAME.match?(File.basename(path))
+    end
+    dirs = if given && !given.empty?
+             [File.join(root, given)]
            else
              DIR_GLOBS.flat_map { |glob| Dir.glob(File.join(root, glob)) }
            end
