@@ -193,9 +193,11 @@ module MemprofilerPprof
                when String then Regexp.new(focus)
                else raise TypeError, "focus must be a Regexp or String, got #{focus.inspect}"
                end
+      strings, frame_pairs = _native_frame_strings
+      matching = strings.map { |text| regexp.match?(text) }
       frames = []
-      _native_frame_names.each_with_index do |(name, file), index|
-        frames << index if regexp.match?(name) || regexp.match?(file)
+      frame_pairs.each_slice(2).with_index do |(name, file), index|
+        frames << index if matching[name] || matching[file]
       end
       [frames, regexp.inspect]
     rescue RegexpError => e

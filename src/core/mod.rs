@@ -15,6 +15,13 @@ pub mod sample_gate;
 pub mod sampler_state;
 pub mod stack_table;
 pub mod string_table;
+#[cfg(test)]
+pub(crate) mod test_alloc;
+
+/// The unit tests count each thread's memory (see `test_alloc`).
+#[cfg(test)]
+#[global_allocator]
+static TEST_ALLOCATOR: test_alloc::CountingAllocator = test_alloc::CountingAllocator;
 
 /// A test's loop count, cut to 1% under Miri (which interprets every
 /// instruction, about 1,000x slower) so `script/memcheck` finishes.

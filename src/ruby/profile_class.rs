@@ -19,14 +19,11 @@ use super::errors::{method_entry, protect, RbError, RbResult};
 use super::method_table::{method_def, MethodDef, MethodKind};
 use crate::core::analysis::decoded_profile::{decompress, DecodedProfile};
 use crate::core::analysis::diff::{render_diff, DiffOptions};
-use crate::core::analysis::flamegraph::{
-    render_html, render_svg, FlameFrame, FlameGraphInput, FlameStack,
-};
+use crate::core::analysis::flamegraph::{flame_graph_of, render_html, render_svg};
 use crate::core::analysis::grouping::GroupBy;
 use crate::core::analysis::merge::merge;
 use crate::core::analysis::top::{render_top, TopOptions};
-use crate::core::analysis::units::{format_time_utc, format_value};
-use crate::core::fast_hash::FastHashSet;
+use crate::core::fast_hash::{FastHashMap, FastHashSet};
 
 struct DataType(rb_data_type_t);
 
@@ -274,31 +271,49 @@ unsafe extern "C" fn native_totals(rb_self: VALUE) -> VALUE {
     })
 }
 
-/// `[[name, file], ...]` of every distinct frame, by frame index: the Ruby
-/// side matches `--focus` against them.
-unsafe extern "C" fn native_frame_names(rb_self: VALUE) -> VALUE {
+/// `[strings, frames]`: every distinct name and file the frames use, once
+/// each, and for each frame (by frame index) the positions of its name and
+/// file in `strings`, flat: `[name0, file0, name1, file1, ...]`. The Ruby
+/// side matches `--focus` against each string once: a name can be long and
+/// used by thousands of frames, and must not be copied for each.
+unsafe extern "C" fn native_frame_strings(rb_self: VALUE) -> VALUE {
     method_entry(|| {
         let profile = profile_of(rb_self)?;
+        let mut position: FastHashMap<u32, u32> = FastHashMap::default();
+        let mut used: Vec<u32> = Vec::new();
+        let mut slot = |id: u32| {
+            *position.entry(id).or_insert_with(|| {
+                used.push(id);
+                (used.len() - 1) as u32
+            })
+        };
+        let frames: Vec<(u32, u32)> = profile
+            .frames
+            .iter()
+            .map(|frame| (slot(frame.name), slot(frame.file)))
+            .collect();
         // Built inside one protect: a raise (NoMemoryError) leaves no Rust
         // owner behind, only borrowed strings.
         // SAFETY: plain allocations with valid pointers and lengths, each
         // pushed into an Array held by a local as soon as it is made.
         protect(|| unsafe {
-            let array = rb_ary_new_capa(profile.frames.len() as c_long);
-            for frame in &profile.frames {
-                let (name, file) = (profile.string(frame.name), profile.string(frame.file));
-                let pair = rb_ary_new_capa(2);
-                rb_ary_push(array, pair);
+            let result = rb_ary_new_capa(2);
+            let strings = rb_ary_new_capa(used.len() as c_long);
+            rb_ary_push(result, strings);
+            for id in &used {
+                let text = profile.string(*id);
                 rb_ary_push(
-                    pair,
-                    rb_utf8_str_new(name.as_ptr().cast(), name.len() as c_long),
-                );
-                rb_ary_push(
-                    pair,
-                    rb_utf8_str_new(file.as_ptr().cast(), file.len() as c_long),
+                    strings,
+                    rb_utf8_str_new(text.as_ptr().cast(), text.len() as c_long),
                 );
             }
-            array
+            let pairs = rb_ary_new_capa(2 * frames.len() as c_long);
+            rb_ary_push(result, pairs);
+            for (name, file) in &frames {
+                rb_ary_push(pairs, rb_ull2inum(u64::from(*name)));
+                rb_ary_push(pairs, rb_ull2inum(u64::from(*file)));
+            }
+            result
         })
     })
 }
@@ -428,7 +443,8 @@ unsafe extern "C" fn native_flamegraph(
         let sample_type = optional_string_arg(sample_type, "sample_index")?;
         let format = string_arg(format, "format")?;
         let title = string_arg(title, "title")?;
-        let input = flame_input(profile, sample_type.as_deref(), title)?;
+        let input =
+            flame_graph_of(profile, sample_type.as_deref(), title).map_err(RbError::argument)?;
         let text = match format.as_str() {
             "html" => render_html(&input),
             "svg" => render_svg(&input),
@@ -439,64 +455,6 @@ unsafe extern "C" fn native_flamegraph(
             }
         };
         utf8_result(&text)
-    })
-}
-
-/// Frames per stack in a flame graph at most: a crafted profile can hold a
-/// stack millions deep, and each frame would be a node of the page.
-const MAX_FLAME_DEPTH: usize = 1024;
-
-/// The flame graph's input: each sample's stack (root first) and value,
-/// borrowing names from the profile.
-fn flame_input<'a>(
-    profile: &'a DecodedProfile,
-    sample_type: Option<&str>,
-    title: String,
-) -> RbResult<FlameGraphInput<'a>> {
-    let index = profile
-        .sample_index(sample_type)
-        .map_err(RbError::argument)?;
-    let (sample_type, unit) = profile.sample_types().swap_remove(index);
-    let mut stacks = Vec::new();
-    for (sample, value) in profile.values(index).enumerate() {
-        // Negative values (a diff written as a profile) go through: the
-        // renderer leaves them out and says how much it left out.
-        if value == 0 {
-            continue;
-        }
-        let mut frames: Vec<FlameFrame<'a>> = profile
-            .stack(sample)
-            .map(|f| FlameFrame {
-                name: profile.string(f.name),
-                file: profile.string(f.file),
-                line: f.line,
-            })
-            .collect();
-        frames.reverse();
-        if frames.len() > MAX_FLAME_DEPTH {
-            frames.truncate(MAX_FLAME_DEPTH - 1);
-            frames.push(FlameFrame {
-                name: "(deeper frames not shown)",
-                file: "",
-                line: 0,
-            });
-        }
-        stacks.push(FlameStack { frames, value });
-    }
-    let total = profile.total(index).max(0);
-    let mut subtitle = format!("{sample_type} · {} total", format_value(total, &unit));
-    if profile.raw.time_nanos > 0 {
-        subtitle.push_str(&format!(
-            " · taken {}",
-            format_time_utc(profile.raw.time_nanos)
-        ));
-    }
-    Ok(FlameGraphInput {
-        title,
-        subtitle,
-        sample_type,
-        unit,
-        stacks,
     })
 }
 
@@ -521,8 +479,8 @@ pub fn methods() -> Vec<MethodDef> {
         method_def!(c"_native_summary", native_summary, 0, MethodKind::Private),
         method_def!(c"_native_totals", native_totals, 0, MethodKind::Private),
         method_def!(
-            c"_native_frame_names",
-            native_frame_names,
+            c"_native_frame_strings",
+            native_frame_strings,
             0,
             MethodKind::Private
         ),

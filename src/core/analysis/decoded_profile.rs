@@ -9,6 +9,7 @@ use std::io::Read;
 use flate2::bufread::GzDecoder;
 use prost::Message;
 
+use super::display::shown;
 use crate::core::fast_hash::FastHashMap;
 use crate::core::pprof;
 use crate::core::profile_builder::encode_gzipped;
@@ -17,10 +18,23 @@ use crate::core::profile_builder::encode_gzipped;
 /// take the machine's memory (the biggest real heap profiles are ~100 MB).
 pub const MAX_DECODED_BYTES: u64 = 1 << 30;
 
-/// Decoding needs more memory than the encoded bytes (an empty string is 2
-/// bytes on the wire and 24 in memory, a packed varint 1 and 8); profiles
-/// whose estimate exceeds this are refused before decoding.
-pub const MAX_DECODE_MEMORY: u64 = 2 << 30;
+/// Decoding needs more memory than the encoded bytes (an empty label is 2
+/// bytes on the wire and 32 in memory, a packed varint 1 and 8); profiles
+/// whose estimate (`decode_memory_estimate`) exceeds this are refused
+/// before decoding.
+pub const MAX_DECODE_MEMORY: u64 = 1 << 30;
+
+/// A sample's stack, its locations' inlined frames counted, is refused past
+/// this depth (views hold one stack at a time, 4 bytes a frame). Real
+/// stacks are at most a few thousand frames deep (this gem cuts them at
+/// 1,024); a crafted one can list a location of 100,000 inlined lines
+/// 10,000 times in a file of 1 KB.
+pub const MAX_STACK_DEPTH: u64 = 1_000_000;
+
+/// Every view walks each sample's stack, so the sum of the stacks' depths
+/// bounds their time: profiles past it are refused. A 10 MB profile of this
+/// gem holds about 3.4 million frames in all.
+pub const MAX_EXPANDED_FRAMES: u64 = 50_000_000;
 
 /// Label keys that name the allocated object's class, in the order tried:
 /// this gem's, then Datadog's and other Ruby profilers'.
@@ -37,6 +51,9 @@ pub enum ReadError {
     TrailingData,
     NotPprof(String),
     Malformed(String),
+    /// Stacks deeper, or more frames in all, than the views can walk in
+    /// bounded time (see MAX_STACK_DEPTH, MAX_EXPANDED_FRAMES).
+    TooComplex(String),
 }
 
 impl fmt::Display for ReadError {
@@ -65,6 +82,7 @@ impl fmt::Display for ReadError {
             ),
             ReadError::NotPprof(why) => write!(f, "not a pprof profile ({why})"),
             ReadError::Malformed(why) => write!(f, "malformed pprof profile: {why}"),
+            ReadError::TooComplex(why) => write!(f, "{why}; refusing to read it"),
         }
     }
 }
@@ -96,6 +114,8 @@ pub struct DecodedProfile {
     pub sample_locations: Vec<Vec<u32>>,
     /// Per sample: the string index of its class label, if it has one.
     pub sample_class: Vec<Option<u32>>,
+    /// Per sample: its stack's depth, inlined frames counted.
+    pub sample_depth: Vec<u32>,
     /// Position in `raw.mapping` of each location's mapping, if any.
     pub location_mapping: Vec<Option<u32>>,
 }
@@ -127,6 +147,10 @@ impl DecodedProfile {
                 )))
             }
         };
+
+        // Frames and class labels use each string's first index: a table
+        // may repeat a string, and a view that compares indexes must see one.
+        let canonical = canonical_strings(&raw.string_table);
 
         let mut mapping_by_id = FastHashMap::default();
         for (position, mapping) in raw.mapping.iter().enumerate() {
@@ -193,8 +217,8 @@ impl DecodedProfile {
                 })?;
                 let function = &raw.function[*function];
                 own.push(intern_frame(FrameInfo {
-                    name: function.name as u32,
-                    file: function.filename as u32,
+                    name: canonical[function.name as usize],
+                    file: canonical[function.filename as usize],
                     line: line.line,
                     start_line: function.start_line,
                 }));
@@ -233,6 +257,8 @@ impl DecodedProfile {
         let value_count = raw.sample_type.len();
         let mut sample_locations = Vec::with_capacity(raw.sample.len());
         let mut sample_class = Vec::with_capacity(raw.sample.len());
+        let mut sample_depth = Vec::with_capacity(raw.sample.len());
+        let mut expanded_frames = 0u64;
         for (position, sample) in raw.sample.iter().enumerate() {
             if sample.value.len() != value_count {
                 return Err(ReadError::Malformed(format!(
@@ -241,14 +267,29 @@ impl DecodedProfile {
                 )));
             }
             let mut stack = Vec::with_capacity(sample.location_id.len());
+            let mut depth = 0u64;
             for id in &sample.location_id {
-                stack.push(*location_by_id.get(id).ok_or_else(|| {
+                let location = *location_by_id.get(id).ok_or_else(|| {
                     ReadError::Malformed(format!(
                         "sample {position} refers to location {id}, which does not exist"
                     ))
-                })?);
+                })?;
+                depth += location_frames[location as usize].len() as u64;
+                stack.push(location);
+            }
+            if depth > MAX_STACK_DEPTH {
+                return Err(ReadError::TooComplex(format!(
+                    "sample {position} has a stack of {depth} frames (inlined frames counted; at most {MAX_STACK_DEPTH})"
+                )));
+            }
+            expanded_frames += depth;
+            if expanded_frames > MAX_EXPANDED_FRAMES {
+                return Err(ReadError::TooComplex(format!(
+                    "its stacks hold more than {MAX_EXPANDED_FRAMES} frames in all (inlined frames counted)"
+                )));
             }
             sample_locations.push(stack);
+            sample_depth.push(depth as u32);
             let mut class = None;
             for label in &sample.label {
                 let what = || format!("a label of sample {position}");
@@ -256,7 +297,7 @@ impl DecodedProfile {
                 string_index(label.str, &what)?;
                 string_index(label.num_unit, &what)?;
                 if label.str != 0 && class.is_none() && class_keys.contains(&label.key) {
-                    class = Some(label.str as u32);
+                    class = Some(canonical[label.str as usize]);
                 }
             }
             sample_class.push(class);
@@ -282,6 +323,7 @@ impl DecodedProfile {
             location_frames,
             sample_locations,
             sample_class,
+            sample_depth,
             location_mapping,
         })
     }
@@ -332,9 +374,10 @@ impl DecodedProfile {
             }
         };
         types.iter().position(|(t, _)| *t == wanted).ok_or_else(|| {
-            let names: Vec<&str> = types.iter().map(|(t, _)| t.as_str()).collect();
+            let names: Vec<String> = types.iter().map(|(t, _)| shown(t).into_owned()).collect();
             format!(
-                "this profile has no sample type {wanted:?}; it has {}",
+                "this profile has no sample type {:?}; it has {}",
+                shown(&wanted),
                 names.join(", ")
             )
         })
@@ -407,47 +450,138 @@ impl DecodedProfile {
     }
 }
 
-/// An upper estimate of the memory `prost` needs to decode `plain`: each
-/// top-level field (a string, a sample, a location...) costs a fixed
-/// overhead plus at most 8 bytes per encoded byte (a 1-byte varint becomes an
-/// i64). Reads only the top-level field headers, so it is cheap.
-fn decode_memory_estimate(plain: &[u8]) -> u64 {
-    let mut at = 0usize;
-    let mut estimate = 0u64;
-    let varint = |at: &mut usize| -> Option<u64> {
+/// For each string of `table`, the index of its first occurrence.
+fn canonical_strings(table: &[String]) -> Vec<u32> {
+    let mut first: FastHashMap<&str, u32> = FastHashMap::default();
+    table
+        .iter()
+        .enumerate()
+        .map(|(index, s)| *first.entry(s.as_str()).or_insert(index as u32))
+        .collect()
+}
+
+/// Protobuf's wire format, read just enough to count what a message holds.
+struct Wire<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+/// One field of a message: its number, and its bytes if length-delimited.
+enum WireField<'a> {
+    Scalar(u64),
+    Bytes(u64, &'a [u8]),
+}
+
+impl<'a> Wire<'a> {
+    fn new(bytes: &'a [u8]) -> Self {
+        Wire { bytes, at: 0 }
+    }
+
+    fn varint(&mut self) -> Option<u64> {
         let mut value = 0u64;
         for shift in (0..64).step_by(7) {
-            let byte = *plain.get(*at)?;
-            *at += 1;
+            let byte = *self.bytes.get(self.at)?;
+            self.at += 1;
             value |= u64::from(byte & 0x7f) << shift;
             if byte & 0x80 == 0 {
                 return Some(value);
             }
         }
         None
-    };
-    while at < plain.len() {
-        let Some(key) = varint(&mut at) else { break };
-        let length = match key & 7 {
-            0 => {
-                if varint(&mut at).is_none() {
-                    break;
-                }
-                0
+    }
+
+    /// The next field, or None at the end or at bytes that are not protobuf
+    /// (prost then reports what is wrong).
+    fn next_field(&mut self) -> Option<WireField<'a>> {
+        let key = self.varint()?;
+        let number = key >> 3;
+        match key & 7 {
+            0 => self.varint().map(|_| WireField::Scalar(number)),
+            1 | 5 => {
+                let width = if key & 7 == 1 { 8 } else { 4 };
+                self.at = self.at.checked_add(width)?;
+                (self.at <= self.bytes.len()).then_some(WireField::Scalar(number))
             }
-            1 => 8,
-            2 => match varint(&mut at) {
-                Some(length) => length,
-                None => break,
-            },
-            5 => 4,
-            _ => break, // not protobuf; prost reports it
-        };
-        // 48: a Vec/String header plus the enclosing Vec's slot, rounded up.
-        estimate = estimate
-            .saturating_add(48)
-            .saturating_add(length.saturating_mul(8));
-        at = at.saturating_add(length as usize);
+            2 => {
+                let length = usize::try_from(self.varint()?).ok()?;
+                let end = self.at.checked_add(length)?;
+                let bytes = self.bytes.get(self.at..end)?;
+                self.at = end;
+                Some(WireField::Bytes(number, bytes))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// How many varints a packed repeated field holds (one per final byte).
+fn packed_count(bytes: &[u8]) -> u64 {
+    bytes.iter().filter(|b| **b & 0x80 == 0).count() as u64
+}
+
+/// What decoding costs in memory, per item: prost's struct (twice: a Vec's
+/// spare capacity) plus what `from_raw` indexes it with. Sizes from
+/// size_of on x86_64 (Sample 72, Location 56, Line 24, Label 32, Function 40,
+/// Mapping 56, String 24), rounded up; hash map entries count 32 bytes.
+mod cost {
+    pub const SAMPLE: u64 = 2 * 72 + 3 * 16 + 24 + 16 + 8 + 8;
+    /// A location id or value of a sample (and the id's copy in the index).
+    pub const SAMPLE_NUMBER: u64 = 2 * 8 + 4;
+    pub const LABEL: u64 = 2 * 32;
+    pub const LOCATION: u64 = 2 * 56 + 16 + 24 + 16 + 8 + 32;
+    /// A line of a location: its struct, the frame it may add (FrameInfo 32
+    /// in a Vec and a map), its slot in the location's frame list.
+    pub const LINE: u64 = 2 * 24 + 2 * 32 + 32 + 4;
+    pub const FUNCTION: u64 = 2 * 40 + 32;
+    pub const MAPPING: u64 = 2 * 56 + 32;
+    pub const VALUE_TYPE: u64 = 2 * 16;
+    /// A string, plus its bytes: the String, its heap block, its entry in
+    /// the canonical-string map and index.
+    pub const STRING: u64 = 2 * 24 + 16 + 32 + 4;
+    pub const NUMBER: u64 = 2 * 8;
+}
+
+/// An upper estimate of the memory decoding `plain` takes (prost's message
+/// and `from_raw`'s indexes), from one pass over the wire format that looks
+/// inside samples and locations too: an empty label or line is 2 bytes on
+/// the wire and 24-32 in memory, so counting bytes alone would not do.
+fn decode_memory_estimate(plain: &[u8]) -> u64 {
+    let mut estimate = 0u64;
+    let mut add = |n: u64| estimate = estimate.saturating_add(n);
+    let mut profile = Wire::new(plain);
+    while let Some(field) = profile.next_field() {
+        match field {
+            WireField::Bytes(2, sample) => {
+                add(cost::SAMPLE);
+                let mut inner = Wire::new(sample);
+                while let Some(field) = inner.next_field() {
+                    match field {
+                        WireField::Bytes(1 | 2, packed) => {
+                            add(packed_count(packed).saturating_mul(cost::SAMPLE_NUMBER))
+                        }
+                        WireField::Scalar(1 | 2) => add(cost::SAMPLE_NUMBER),
+                        WireField::Bytes(3, _) => add(cost::LABEL),
+                        _ => {}
+                    }
+                }
+            }
+            WireField::Bytes(4, location) => {
+                add(cost::LOCATION);
+                let mut inner = Wire::new(location);
+                while let Some(field) = inner.next_field() {
+                    if let WireField::Bytes(4, _) = field {
+                        add(cost::LINE);
+                    }
+                }
+            }
+            WireField::Bytes(1 | 11, _) => add(cost::VALUE_TYPE),
+            WireField::Bytes(3, _) => add(cost::MAPPING),
+            WireField::Bytes(5, _) => add(cost::FUNCTION),
+            WireField::Bytes(6, string) => add(cost::STRING + string.len() as u64),
+            WireField::Bytes(13, packed) => add(packed_count(packed).saturating_mul(cost::NUMBER)),
+            WireField::Scalar(13) => add(cost::NUMBER),
+            _ => {}
+        }
     }
     estimate
 }

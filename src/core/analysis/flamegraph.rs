@@ -21,10 +21,13 @@
 //! `<script type="application/json">` (see `write_json`), and
 //! `flamegraph/page.js` draws it on a `<canvas>`, with `flamegraph/page.css`.
 
+use std::borrow::Cow;
 use std::cmp::Ordering;
 use std::fmt::Write as _;
 
-use super::units::{format_percent, format_value};
+use super::decoded_profile::DecodedProfile;
+use super::display::shown;
+use super::units::{format_percent, format_time_utc, format_value};
 use crate::core::fast_hash::FastHashMap;
 
 const PAGE_CSS: &str = include_str!("flamegraph/page.css");
@@ -46,7 +49,7 @@ pub struct FlameStack<'a> {
     pub value: i64,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FlameGraphInput<'a> {
     /// The page's heading, e.g. the profile's file name.
     pub title: String,
@@ -56,12 +59,96 @@ pub struct FlameGraphInput<'a> {
     pub sample_type: String,
     /// The values' unit: "bytes", "count", ... (see `units::format_value`).
     pub unit: String,
-    pub stacks: Vec<FlameStack<'a>>,
+    /// The stacks merged as they came: never all held at once.
+    tree: Tree<'a>,
+}
+
+impl<'a> FlameGraphInput<'a> {
+    /// Merges `stacks` into the call tree as they come, so a caller can
+    /// make each stack only when it is asked for.
+    pub fn new<S: std::borrow::Borrow<FlameStack<'a>>>(
+        title: String,
+        subtitle: String,
+        sample_type: String,
+        unit: String,
+        stacks: impl IntoIterator<Item = S>,
+    ) -> Self {
+        FlameGraphInput {
+            title,
+            subtitle,
+            sample_type,
+            unit,
+            tree: Tree::build(stacks),
+        }
+    }
+}
+
+/// Frames per stack in a flame graph at most: deeper stacks keep their
+/// root side and end in a "(deeper frames not shown)" frame.
+const MAX_FLAME_DEPTH: usize = 1024;
+
+/// A profile's flame graph input for sample type `sample_type` (the
+/// default if None): each sample's stack, root first, made as the tree
+/// asks for it, names borrowed from the profile.
+pub fn flame_graph_of<'a>(
+    profile: &'a DecodedProfile,
+    sample_type: Option<&str>,
+    title: String,
+) -> Result<FlameGraphInput<'a>, String> {
+    let index = profile.sample_index(sample_type)?;
+    let (sample_type, unit) = profile.sample_types().swap_remove(index);
+    // Shown in every frame's tooltip: as any other text of the profile.
+    let (sample_type, unit) = (shown(&sample_type).into_owned(), shown(&unit).into_owned());
+    let total = profile.total(index).max(0);
+    let mut subtitle = format!("{sample_type} · {} total", format_value(total, &unit));
+    if profile.raw.time_nanos > 0 {
+        subtitle.push_str(&format!(
+            " · taken {}",
+            format_time_utc(profile.raw.time_nanos)
+        ));
+    }
+    // Negative values (a diff written as a profile) go through: the tree
+    // leaves them out and says how much it left out.
+    let stacks = profile
+        .values(index)
+        .enumerate()
+        .filter(|(_, value)| *value != 0)
+        .map(|(sample, value)| {
+            let depth = profile.sample_depth[sample] as usize;
+            let deeper = depth.saturating_sub(MAX_FLAME_DEPTH - 1);
+            let mut frames: Vec<FlameFrame<'a>> = Vec::with_capacity(depth.min(MAX_FLAME_DEPTH));
+            if depth > MAX_FLAME_DEPTH {
+                frames.push(FlameFrame {
+                    name: "(deeper frames not shown)",
+                    file: "",
+                    line: 0,
+                });
+            }
+            frames.extend(
+                profile
+                    .stack(sample)
+                    .skip(if depth > MAX_FLAME_DEPTH { deeper } else { 0 })
+                    .map(|f| FlameFrame {
+                        name: profile.string(f.name),
+                        file: profile.string(f.file),
+                        line: f.line,
+                    }),
+            );
+            frames.reverse();
+            FlameStack { frames, value }
+        });
+    Ok(FlameGraphInput::new(
+        title,
+        subtitle,
+        sample_type,
+        unit,
+        stacks,
+    ))
 }
 
 /// The interactive page: header, flame graph, table of functions.
 pub fn render_html(input: &FlameGraphInput<'_>) -> String {
-    let mut tree = Tree::build(&input.stacks);
+    let mut tree = input.tree.clone();
     // The table covers every frame; the graph only the biggest, so a huge
     // profile's page stays small enough for a browser.
     let functions = tree.functions();
@@ -135,18 +222,27 @@ const SVG_FONT: f64 = 12.0;
 const MIN_WIDTH: f64 = 0.5;
 /// Nodes in the page's graph at most (a few MB of page); see `Tree::prune`.
 const MAX_PAGE_NODES: usize = 200_000;
+/// Nodes in an SVG at most (its frames narrower than half a pixel are left
+/// out anyway; a 1200-pixel-wide picture shows far fewer).
+const MAX_SVG_NODES: usize = 20_000;
 
 /// A static SVG, 1200 px wide; `<title>`s give each frame's details on hover.
 /// Frames narrower than half a pixel are left out, and their parent's
 /// `<title>` says how many and how much they hold.
 pub fn render_svg(input: &FlameGraphInput<'_>) -> String {
-    let tree = Tree::build(&input.stacks);
+    // Each drawn frame repeats its names in its <title>: the biggest
+    // MAX_SVG_NODES at most, so the file stays a few MB.
+    let mut pruned = input.tree.clone();
+    pruned.prune(MAX_SVG_NODES);
+    let tree = &pruned;
     let total = tree.total();
     let mut notes = Vec::new();
     if tree.is_empty() {
         notes.push(no_samples_message(input));
     }
-    notes.extend(negative_note(input, &tree));
+    notes.extend(negative_note(input, tree));
+    notes.extend(cut_note(tree));
+    notes.extend(pruned_note(input, tree));
     let graph_top = 52.0 + 16.0 * notes.len() as f64;
     let scale = (SVG_WIDTH - 2.0 * SVG_PAD) / total.max(1) as f64;
     let width_of = |node: &Node| node.total as f64 * scale;
@@ -252,7 +348,7 @@ pub fn render_svg(input: &FlameGraphInput<'_>) -> String {
         let (r, g, b) = if i == 0 {
             ROOT_COLOR
         } else {
-            frame_color(tree.strings[node.name as usize])
+            frame_color(&tree.strings[node.name as usize])
         };
         let _ = write!(
             out,
@@ -294,17 +390,41 @@ fn negative_note(input: &FlameGraphInput<'_>, tree: &Tree) -> Option<String> {
     })
 }
 
-fn push_html_note(out: &mut String, input: &FlameGraphInput<'_>, tree: &Tree) {
-    let pruned = (tree.pruned_nodes > 0).then(|| {
+/// Stacks that met the tree's node limit, when there are some.
+fn cut_note(tree: &Tree) -> Option<String> {
+    (tree.cut_stacks > 0).then(|| {
+        format!(
+            "the graph holds at most {MAX_TREE_NODES} frames: {} {} end early, their deeper \
+             frames counted in the last frame shown",
+            tree.cut_stacks,
+            if tree.cut_stacks == 1 {
+                "stack"
+            } else {
+                "stacks"
+            },
+        )
+    })
+}
+
+/// What `Tree::prune` left out, when it did.
+fn pruned_note(input: &FlameGraphInput<'_>, tree: &Tree) -> Option<String> {
+    (tree.pruned_nodes > 0).then(|| {
         format!(
             "{} frames smaller than {} ({} of the total) are not drawn, to keep the page light; \
-             their values count in their callers, and in the table below",
+             their values count in their callers",
             tree.pruned_nodes,
             format_value(tree.pruned_below, &input.unit),
             format_percent(tree.pruned_below, tree.total())
         )
-    });
-    for note in [negative_note(input, tree), pruned].into_iter().flatten() {
+    })
+}
+
+fn push_html_note(out: &mut String, input: &FlameGraphInput<'_>, tree: &Tree) {
+    let pruned = pruned_note(input, tree).map(|note| format!("{note}, and in the table below"));
+    for note in [negative_note(input, tree), cut_note(tree), pruned]
+        .into_iter()
+        .flatten()
+    {
         out.push_str("<p class=\"note\">");
         push_escaped(out, &note);
         out.push_str("</p>\n");
@@ -489,11 +609,17 @@ struct Function {
     cum: i64,
 }
 
+/// Nodes the call tree holds at most while it is built (about 90 bytes
+/// each then): stacks met past it end at the node they reached. A 10 MB
+/// profile of this gem makes fewer than a million.
+const MAX_TREE_NODES: usize = 2_000_000;
+
 /// The call tree, nodes in depth-first order, children sorted by (name,
 /// file); node 0 is the root, "all".
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct Tree<'a> {
     /// Names and files, each once; 0 is "all", 1 is "".
-    strings: Vec<&'a str>,
+    strings: Vec<Cow<'a, str>>,
     nodes: Vec<Node>,
     /// Stacks left out for their negative value, and their sum.
     negative_stacks: usize,
@@ -501,10 +627,14 @@ struct Tree<'a> {
     /// Nodes `prune` dropped, all smaller than `pruned_below`.
     pruned_nodes: usize,
     pruned_below: i64,
+    /// Stacks whose deeper frames were not added (MAX_TREE_NODES).
+    cut_stacks: usize,
 }
 
 impl<'a> Tree<'a> {
-    fn build(stacks: &'a [FlameStack<'a>]) -> Tree<'a> {
+    fn build<S: std::borrow::Borrow<FlameStack<'a>>>(
+        stacks: impl IntoIterator<Item = S>,
+    ) -> Tree<'a> {
         struct Building {
             name: u32,
             file: u32,
@@ -515,11 +645,19 @@ impl<'a> Tree<'a> {
         }
         let mut strings: Vec<&'a str> = Vec::new();
         let mut string_ids: FastHashMap<&'a str, u32> = FastHashMap::default();
+        // By address first: a profile's frames borrow its string table, so
+        // one name is one slice, hashed once however long it is and however
+        // many frames use it.
+        let mut slice_ids: FastHashMap<(usize, usize), u32> = FastHashMap::default();
         let mut intern = |s: &'a str| -> u32 {
-            *string_ids.entry(s).or_insert_with(|| {
-                strings.push(s);
-                (strings.len() - 1) as u32
-            })
+            *slice_ids
+                .entry((s.as_ptr() as usize, s.len()))
+                .or_insert_with(|| {
+                    *string_ids.entry(s).or_insert_with(|| {
+                        strings.push(s);
+                        (strings.len() - 1) as u32
+                    })
+                })
         };
         let root_name = intern("all");
         let root_file = intern("");
@@ -533,7 +671,9 @@ impl<'a> Tree<'a> {
         }];
         let mut child_ids: FastHashMap<(u32, u32, u32), u32> = FastHashMap::default();
         let (mut negative_stacks, mut negative_value) = (0, 0i64);
+        let mut cut_stacks = 0;
         for stack in stacks {
+            let stack = stack.borrow();
             let value = stack.value;
             if value <= 0 {
                 if value < 0 {
@@ -547,6 +687,10 @@ impl<'a> Tree<'a> {
             for frame in &stack.frames {
                 let key = (at, intern(frame.name), intern(frame.file));
                 let new_id = nodes.len() as u32;
+                if nodes.len() >= MAX_TREE_NODES && !child_ids.contains_key(&key) {
+                    cut_stacks += 1;
+                    break;
+                }
                 let child = *child_ids.entry(key).or_insert(new_id);
                 if child == new_id {
                     nodes.push(Building {
@@ -604,14 +748,15 @@ impl<'a> Tree<'a> {
             ordered[parent].end = ordered[parent].end.max(end);
         }
         // Strings renumbered in order of first use, so the output does not
-        // depend on the order of the samples either.
+        // depend on the order of the samples either; as reports show them
+        // (control characters escaped, cut past MAX_SHOWN_CHARS).
         let mut renumbered = vec![u32::MAX; strings.len()];
-        let mut used: Vec<&'a str> = Vec::with_capacity(strings.len());
+        let mut used: Vec<Cow<'a, str>> = Vec::with_capacity(strings.len());
         for node in &mut ordered {
             for id in [&mut node.name, &mut node.file] {
                 if renumbered[*id as usize] == u32::MAX {
                     renumbered[*id as usize] = used.len() as u32;
-                    used.push(strings[*id as usize]);
+                    used.push(shown(strings[*id as usize]));
                 }
                 *id = renumbered[*id as usize];
             }
@@ -623,6 +768,7 @@ impl<'a> Tree<'a> {
             negative_value,
             pruned_nodes: 0,
             pruned_below: 0,
+            cut_stacks,
         }
     }
 
@@ -680,7 +826,7 @@ impl<'a> Tree<'a> {
         let node = &self.nodes[i];
         let total = self.total();
         let mut text = self.label(i, input);
-        let file = self.strings[node.file as usize];
+        let file = &self.strings[node.file as usize];
         if !file.is_empty() {
             text.push('\n');
             text.push_str(file);
@@ -752,9 +898,11 @@ impl<'a> Tree<'a> {
     }
 }
 
-fn compare_frames(strings: &[&str], a: (u32, u32), b: (u32, u32)) -> Ordering {
-    let name = strings[a.0 as usize].cmp(strings[b.0 as usize]);
-    name.then_with(|| strings[a.1 as usize].cmp(strings[b.1 as usize]))
+fn compare_frames<S: AsRef<str>>(strings: &[S], a: (u32, u32), b: (u32, u32)) -> Ordering {
+    let text = |id: u32| strings[id as usize].as_ref();
+    text(a.0)
+        .cmp(text(b.0))
+        .then_with(|| text(a.1).cmp(text(b.1)))
 }
 
 #[cfg(test)]
@@ -784,13 +932,13 @@ mod tests {
     }
 
     fn input(stacks: Vec<FlameStack<'static>>) -> FlameGraphInput<'static> {
-        FlameGraphInput {
-            title: "heap-1234-5.pprof".to_string(),
-            subtitle: "inuse_space · test".to_string(),
-            sample_type: "inuse_space".to_string(),
-            unit: "bytes".to_string(),
+        FlameGraphInput::new(
+            "heap-1234-5.pprof".to_string(),
+            "inuse_space · test".to_string(),
+            "inuse_space".to_string(),
+            "bytes".to_string(),
             stacks,
-        }
+        )
     }
 
     /// The tree as "  name total/self" lines, indented by depth.
@@ -860,7 +1008,7 @@ mod tests {
         let files: Vec<&str> = tree
             .nodes
             .iter()
-            .map(|n| tree.strings[n.file as usize])
+            .map(|n| tree.strings[n.file as usize].as_ref())
             .collect();
         assert_eq!(files, ["", "a.rb", "a.rb", "b.rb"]);
         let lines: Vec<i64> = tree.nodes.iter().map(|n| n.line).collect();
@@ -892,7 +1040,7 @@ mod tests {
         let names: Vec<&str> = tree
             .nodes
             .iter()
-            .map(|n| tree.strings[n.name as usize])
+            .map(|n| tree.strings[n.name as usize].as_ref())
             .collect();
         assert_eq!(names, ["all", "main", "Beta", "alpha", "x", "y", "zeta"]);
     }
@@ -956,7 +1104,7 @@ mod tests {
         let names: Vec<&str> = tree
             .nodes
             .iter()
-            .map(|n| tree.strings[n.name as usize])
+            .map(|n| tree.strings[n.name as usize].as_ref())
             .collect();
         assert!(
             names.contains(&"g49") && !names.contains(&"g0"),
@@ -1161,9 +1309,8 @@ mod tests {
         // 200k stacks, 1M frames, ~200k distinct leaves: a quadratic step
         // here would take minutes.
         let n = crate::core::miri_scaled(200_000);
-        let big = big_input(n);
-        let tree = Tree::build(&big.stacks);
-        assert!(tree.nodes.len() > n);
+        let big = input(big_stacks(n));
+        assert!(big.tree.nodes.len() > n);
         let html = render_html(&big);
         assert!(html.contains("\"leaf199999\"") || cfg!(miri));
         let svg = render_svg(&big);
@@ -1223,8 +1370,8 @@ mod tests {
     }
 
     /// 200k stacks, 1M frames, more than 200k nodes.
-    fn big_input(n: usize) -> FlameGraphInput<'static> {
-        let stacks: Vec<FlameStack<'static>> = (0..n)
+    fn big_stacks(n: usize) -> Vec<FlameStack<'static>> {
+        (0..n)
             .map(|k| FlameStack {
                 frames: vec![
                     frame("<main>", "app.rb", 1),
@@ -1235,8 +1382,7 @@ mod tests {
                 ],
                 value: (k % 97) as i64 + 1,
             })
-            .collect();
-        input(stacks)
+            .collect()
     }
 
     /// `FLAMEGRAPH_SAMPLE_OUT=/tmp/sample.html cargo test --lib -- --ignored
@@ -1247,7 +1393,7 @@ mod tests {
     #[ignore]
     fn write_sample_page() {
         if let Ok(path) = std::env::var("FLAMEGRAPH_BIG_SAMPLE_OUT") {
-            let big = big_input(200_000);
+            let big = input(big_stacks(200_000));
             std::fs::write(&path, render_html(&big)).unwrap();
             let svg_path = std::path::Path::new(&path).with_extension("svg");
             std::fs::write(svg_path, render_svg(&big)).unwrap();
@@ -1303,16 +1449,16 @@ mod tests {
             },
         ];
         let total = stacks.iter().map(|s| s.value).sum();
-        let sample = FlameGraphInput {
-            title: "heap-1234-5.pprof".to_string(),
-            subtitle: format!(
+        let sample = FlameGraphInput::new(
+            "heap-1234-5.pprof".to_string(),
+            format!(
                 "inuse_space · {} total · taken 2026-11-30 01:02:03 UTC",
                 format_value(total, "bytes")
             ),
-            sample_type: "inuse_space".to_string(),
-            unit: "bytes".to_string(),
+            "inuse_space".to_string(),
+            "bytes".to_string(),
             stacks,
-        };
+        );
         std::fs::write(&path, render_html(&sample)).unwrap();
         let svg_path = std::path::Path::new(&path).with_extension("svg");
         std::fs::write(svg_path, render_svg(&sample)).unwrap();

@@ -2,6 +2,8 @@
 //! and how file paths are shortened so a table stays readable.
 
 use super::decoded_profile::{DecodedProfile, FrameInfo};
+use super::display::shown;
+use crate::core::fast_hash::FastHashMap;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GroupBy {
@@ -136,32 +138,96 @@ fn is_stdlib(path: &str) -> bool {
             .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
 }
 
-/// The row label of a frame under `by` (not for `GroupBy::Class`).
+/// The row label of a frame under `by` (not for `GroupBy::Class`), its
+/// names as `display::shown` makes them.
 pub fn frame_label(
     profile: &DecodedProfile,
     frame: &FrameInfo,
     by: GroupBy,
     paths: &PathShortener,
 ) -> String {
-    let name = profile.string(frame.name);
+    let name = shown(profile.string(frame.name));
     let file = profile.string(frame.file);
     match by {
-        GroupBy::Function | GroupBy::Class => name.to_string(),
+        GroupBy::Function | GroupBy::Class => name.into_owned(),
         GroupBy::Line => {
             if file.is_empty() {
-                name.to_string()
+                name.into_owned()
             } else {
-                format!("{name} {}:{}", paths.shorten(file), frame.line)
+                format!("{name} {}:{}", shown(paths.shorten(file)), frame.line)
             }
         }
         GroupBy::File => {
             if file.is_empty() {
                 "(no file)".to_string()
             } else {
-                paths.shorten(file).to_string()
+                shown(paths.shorten(file)).into_owned()
             }
         }
-        GroupBy::Gem => gem_of(file),
+        GroupBy::Gem => shown(&gem_of(file)).into_owned(),
+    }
+}
+
+/// Which row of a per-frame report (`by` is not `Class`) each frame of a
+/// profile is in: frames with the same label share a row. Compared by
+/// string indexes, never by copying names (one can be 200 MB, and used by
+/// thousands of frames).
+pub struct FrameGroups {
+    /// The row of each frame, by frame index.
+    pub of_frame: Vec<u32>,
+    /// A frame of each row, to label it with `frame_label`.
+    pub representative: Vec<u32>,
+}
+
+impl FrameGroups {
+    pub fn new(profile: &DecodedProfile, by: GroupBy, paths: &PathShortener) -> FrameGroups {
+        const NO_FILE: u32 = u32::MAX;
+        // Per file string: its shortened path's (or gem's) id, computed once.
+        let mut file_key: FastHashMap<u32, u32> = FastHashMap::default();
+        let mut texts: FastHashMap<String, u32> = FastHashMap::default();
+        let mut groups: FastHashMap<(u32, u32, i64), u32> = FastHashMap::default();
+        let mut representative = Vec::new();
+        let of_frame = profile
+            .frames
+            .iter()
+            .enumerate()
+            .map(|(index, frame)| {
+                let file = if profile.string(frame.file).is_empty() {
+                    NO_FILE
+                } else {
+                    *file_key.entry(frame.file).or_insert_with(|| {
+                        let path = profile.string(frame.file);
+                        let text = match by {
+                            GroupBy::Gem => gem_of(path),
+                            _ => paths.shorten(path).to_string(),
+                        };
+                        let next = texts.len() as u32;
+                        *texts.entry(text).or_insert(next)
+                    })
+                };
+                let key = match by {
+                    GroupBy::Function | GroupBy::Class => (frame.name, 0, 0),
+                    GroupBy::Line if file == NO_FILE => (frame.name, NO_FILE, 0),
+                    GroupBy::Line => (frame.name, file, frame.line),
+                    GroupBy::File => (file, 0, 0),
+                    GroupBy::Gem if file == NO_FILE => {
+                        // gem_of("") is "(no file)": one row with the rest.
+                        let next = texts.len() as u32;
+                        (*texts.entry(gem_of("")).or_insert(next), 0, 0)
+                    }
+                    GroupBy::Gem => (file, 0, 0),
+                };
+                let next = representative.len() as u32;
+                *groups.entry(key).or_insert_with(|| {
+                    representative.push(index as u32);
+                    next
+                })
+            })
+            .collect();
+        FrameGroups {
+            of_frame,
+            representative,
+        }
     }
 }
 
@@ -173,16 +239,16 @@ pub fn describe_site(profile: &DecodedProfile, sample: usize, paths: &PathShorte
     let Some(leaf) = frames.next() else {
         return "(no frames)".to_string();
     };
-    let name = profile.string(leaf.name);
+    let name = shown(profile.string(leaf.name));
     let file = profile.string(leaf.file);
     let at = if file.is_empty() {
         String::new()
     } else {
-        format!(" at {}:{}", paths.shorten(file), leaf.line)
+        format!(" at {}:{}", shown(paths.shorten(file)), leaf.line)
     };
     if leaf.start_line == 0 {
         if let Some(caller) = frames.find(|f| f.start_line != 0) {
-            return format!("{name} in {}{at}", profile.string(caller.name));
+            return format!("{name} in {}{at}", shown(profile.string(caller.name)));
         }
     }
     format!("{name}{at}")

@@ -32,6 +32,37 @@ impl Strings {
     }
 }
 
+/// One profile's string indexes interned into the merged table, each
+/// string once: a name can be long and used by every function or label,
+/// and must not be hashed at each use.
+struct ProfileStrings<'p> {
+    profile: &'p DecodedProfile,
+    merged: Vec<i64>,
+}
+
+impl<'p> ProfileStrings<'p> {
+    fn new(profile: &'p DecodedProfile) -> Self {
+        ProfileStrings {
+            profile,
+            merged: vec![-1; profile.raw.string_table.len()],
+        }
+    }
+
+    fn id(&mut self, strings: &mut Strings, index: i64) -> i64 {
+        // Indexes were checked when the profile was decoded.
+        let Some(slot) = usize::try_from(index)
+            .ok()
+            .and_then(|i| self.merged.get_mut(i))
+        else {
+            return strings.intern(self.profile.string(index as u32));
+        };
+        if *slot < 0 {
+            *slot = strings.intern(self.profile.string(index as u32));
+        }
+        *slot
+    }
+}
+
 type FunctionKey = (i64, i64, i64, i64);
 type MappingKey = (i64, i64, u64, u64, u64);
 type LocationKey = (u64, u64, Vec<(u64, i64, i64)>, bool);
@@ -84,14 +115,14 @@ pub fn merge(profiles: &[&DecodedProfile]) -> Result<pprof::Profile, String> {
                 )
             })?;
         let raw = &profile.raw;
-        let s = |index: i64| profile.string(index as u32);
+        let mut own_strings = ProfileStrings::new(profile);
 
         let mut function_ids: FastHashMap<u64, u64> = FastHashMap::default();
         for function in &raw.function {
             let key = (
-                strings.intern(s(function.name)),
-                strings.intern(s(function.system_name)),
-                strings.intern(s(function.filename)),
+                own_strings.id(&mut strings, function.name),
+                own_strings.id(&mut strings, function.system_name),
+                own_strings.id(&mut strings, function.filename),
                 function.start_line,
             );
             let next = out.function.len() as u64 + 1;
@@ -111,8 +142,8 @@ pub fn merge(profiles: &[&DecodedProfile]) -> Result<pprof::Profile, String> {
         let mut mapping_ids: FastHashMap<u64, u64> = FastHashMap::default();
         for mapping in &raw.mapping {
             let key = (
-                strings.intern(s(mapping.filename)),
-                strings.intern(s(mapping.build_id)),
+                own_strings.id(&mut strings, mapping.filename),
+                own_strings.id(&mut strings, mapping.build_id),
                 mapping.memory_start,
                 mapping.memory_limit,
                 mapping.file_offset,
@@ -179,10 +210,10 @@ pub fn merge(profiles: &[&DecodedProfile]) -> Result<pprof::Profile, String> {
                 .iter()
                 .map(|l| {
                     (
-                        strings.intern(s(l.key)),
-                        strings.intern(s(l.str)),
+                        own_strings.id(&mut strings, l.key),
+                        own_strings.id(&mut strings, l.str),
                         l.num,
-                        strings.intern(s(l.num_unit)),
+                        own_strings.id(&mut strings, l.num_unit),
                     )
                 })
                 .collect();

@@ -4,8 +4,11 @@
 
 pub mod decoded_profile;
 pub mod diff;
+pub mod display;
 pub mod flamegraph;
 pub mod grouping;
+#[cfg(test)]
+mod hostile_input_tests;
 pub mod merge;
 pub mod top;
 pub mod units;

@@ -4,7 +4,8 @@
 use std::fmt::Write;
 
 use super::decoded_profile::DecodedProfile;
-use super::grouping::{frame_label, GroupBy, PathShortener};
+use super::display::{rank, shown};
+use super::grouping::{frame_label, FrameGroups, GroupBy, PathShortener};
 use super::units::{format_duration, format_percent, format_time_utc, format_value};
 use crate::core::fast_hash::{FastHashMap, FastHashSet};
 
@@ -54,35 +55,15 @@ pub struct TopRow {
 pub struct TopTable {
     pub sample_type: String,
     pub unit: String,
-    /// Every row with a value, sorted; `limit` applies when rendering.
+    /// The rows shown (`limit` of them, or all), sorted.
     pub rows: Vec<TopRow>,
+    /// How many rows have a value (shown or not).
+    pub row_count: usize,
     /// Sum over the samples that count (all, or the focused ones).
     pub total: i64,
     /// Sum over all samples (differs from `total` with a focus).
     pub profile_total: i64,
     pub samples_counted: usize,
-}
-
-/// Group id of each frame under `by`, and the labels of the groups.
-pub(crate) fn frame_groups(
-    profile: &DecodedProfile,
-    by: GroupBy,
-    paths: &PathShortener,
-) -> (Vec<u32>, Vec<String>) {
-    let mut ids: FastHashMap<String, u32> = FastHashMap::default();
-    let mut labels = Vec::new();
-    let groups = profile
-        .frames
-        .iter()
-        .map(|frame| {
-            let label = frame_label(profile, frame, by, paths);
-            *ids.entry(label).or_insert_with_key(|label| {
-                labels.push(label.clone());
-                (labels.len() - 1) as u32
-            })
-        })
-        .collect();
-    (groups, labels)
 }
 
 /// Whether sample `sample` passes the focus (has a frame in it).
@@ -101,11 +82,11 @@ pub(crate) fn in_focus(
     })
 }
 
-/// The class label of each sample, as a group label.
-pub(crate) fn class_label(profile: &DecodedProfile, sample: usize) -> &str {
+/// The class label of a sample, as a row label (see `display::shown`).
+pub(crate) fn class_label(profile: &DecodedProfile, sample: usize) -> String {
     match profile.sample_class[sample] {
-        Some(class) => profile.string(class),
-        None => "(no class label)",
+        Some(class) => shown(profile.string(class)).into_owned(),
+        None => "(no class label)".to_string(),
     }
 }
 
@@ -114,95 +95,91 @@ pub fn top_table(profile: &DecodedProfile, options: &TopOptions) -> Result<TopTa
     let (sample_type, unit) = profile.sample_types().swap_remove(index);
     let paths = PathShortener::new(&options.base_dir);
 
-    let mut flat: FastHashMap<u32, i64> = FastHashMap::default();
-    let mut cum: FastHashMap<u32, i64> = FastHashMap::default();
     let mut total = 0i64;
     let mut profile_total = 0i64;
     let mut samples_counted = 0usize;
-    let mut rows = Vec::new();
+    // (group, flat, cum): groups are frame groups, or class string indexes
+    // (u32::MAX: samples without a class label).
+    let mut values: FastHashMap<u32, (i64, i64)> = FastHashMap::default();
+    let mut add = |group: u32, flat: i64, cum: i64| {
+        let slot = values.entry(group).or_default();
+        slot.0 = slot.0.saturating_add(flat);
+        slot.1 = slot.1.saturating_add(cum);
+    };
 
-    if options.by.is_per_frame() {
-        let (groups, labels) = frame_groups(profile, options.by, &paths);
-        let mut on_stack: Vec<u32> = Vec::new();
-        for (sample, value) in profile.values(index).enumerate() {
-            profile_total = profile_total.saturating_add(value);
-            if value == 0 || !in_focus(profile, sample, &options.focus) {
-                continue;
-            }
-            total = total.saturating_add(value);
-            samples_counted += 1;
-            on_stack.clear();
-            on_stack.extend(
-                profile.sample_locations[sample]
-                    .iter()
-                    .flat_map(|l| profile.location_frames[*l as usize].iter())
-                    .map(|frame| groups[*frame as usize]),
+    let groups = options
+        .by
+        .is_per_frame()
+        .then(|| FrameGroups::new(profile, options.by, &paths));
+    let mut on_stack: Vec<u32> = Vec::new();
+    let mut on_locations: Vec<u32> = Vec::new();
+    for (sample, value) in profile.values(index).enumerate() {
+        profile_total = profile_total.saturating_add(value);
+        if value == 0 || !in_focus(profile, sample, &options.focus) {
+            continue;
+        }
+        total = total.saturating_add(value);
+        samples_counted += 1;
+        let Some(groups) = &groups else {
+            add(
+                profile.sample_class[sample].unwrap_or(u32::MAX),
+                value,
+                value,
             );
-            if let Some(leaf) = on_stack.first() {
-                {
-                    let slot = flat.entry(*leaf).or_default();
-                    *slot = slot.saturating_add(value);
-                }
-            }
-            on_stack.sort_unstable();
-            on_stack.dedup();
-            for group in &on_stack {
-                {
-                    let slot = cum.entry(*group).or_default();
-                    *slot = slot.saturating_add(value);
-                }
-            }
-        }
-        for (group, cum) in cum {
-            rows.push(TopRow {
-                label: labels[group as usize].clone(),
-                flat: flat.get(&group).copied().unwrap_or(0),
-                cum,
-            });
-        }
-    } else {
-        let mut by_class: FastHashMap<&str, i64> = FastHashMap::default();
-        for (sample, value) in profile.values(index).enumerate() {
-            profile_total = profile_total.saturating_add(value);
-            if value == 0 || !in_focus(profile, sample, &options.focus) {
-                continue;
-            }
-            total = total.saturating_add(value);
-            samples_counted += 1;
-            {
-                let slot = by_class.entry(class_label(profile, sample)).or_default();
-                *slot = slot.saturating_add(value);
-            }
-        }
-        for (class, value) in by_class {
-            rows.push(TopRow {
-                label: class.to_string(),
-                flat: value,
-                cum: value,
-            });
+            continue;
+        };
+        // Each group once per sample. Distinct locations first: a stack
+        // can repeat a location of many inlined frames thousands of times
+        // (recursion, or a crafted file), and only its groups matter.
+        let locations = &profile.sample_locations[sample];
+        let leaf = locations
+            .first()
+            .and_then(|l| profile.location_frames[*l as usize].first())
+            .map(|frame| groups.of_frame[*frame as usize]);
+        on_locations.clear();
+        on_locations.extend_from_slice(locations);
+        on_locations.sort_unstable();
+        on_locations.dedup();
+        on_stack.clear();
+        on_stack.extend(
+            on_locations
+                .iter()
+                .flat_map(|l| profile.location_frames[*l as usize].iter())
+                .map(|frame| groups.of_frame[*frame as usize]),
+        );
+        on_stack.sort_unstable();
+        on_stack.dedup();
+        for &group in &on_stack {
+            add(group, if Some(group) == leaf { value } else { 0 }, value);
         }
     }
 
-    rows.retain(|row| row.flat != 0 || row.cum != 0);
-    if options.sort_by_cum {
-        rows.sort_by(|a, b| {
-            b.cum
-                .cmp(&a.cum)
-                .then(b.flat.cmp(&a.flat))
-                .then(a.label.cmp(&b.label))
-        });
+    let rows: Vec<(u32, (i64, i64))> = values
+        .into_iter()
+        .filter(|(_, (flat, cum))| *flat != 0 || *cum != 0)
+        .collect();
+    let row_count = rows.len();
+    let label = |(group, _): &(u32, (i64, i64))| match &groups {
+        Some(groups) => {
+            let frame = groups.representative[*group as usize];
+            frame_label(profile, &profile.frames[frame as usize], options.by, &paths)
+        }
+        None if *group == u32::MAX => "(no class label)".to_string(),
+        None => shown(profile.string(*group)).into_owned(),
+    };
+    let ranked = if options.sort_by_cum {
+        rank(rows, options.limit, |(_, (flat, cum))| (*cum, *flat), label)
     } else {
-        rows.sort_by(|a, b| {
-            b.flat
-                .cmp(&a.flat)
-                .then(b.cum.cmp(&a.cum))
-                .then(a.label.cmp(&b.label))
-        });
-    }
+        rank(rows, options.limit, |(_, (flat, cum))| (*flat, *cum), label)
+    };
     Ok(TopTable {
         sample_type,
         unit,
-        rows,
+        rows: ranked
+            .into_iter()
+            .map(|((_, (flat, cum)), label)| TopRow { label, flat, cum })
+            .collect(),
+        row_count,
         total,
         profile_total,
         samples_counted,
@@ -220,7 +197,7 @@ pub(crate) fn header(
     if !title.is_empty() {
         let _ = writeln!(out, "File: {title}");
     }
-    let _ = writeln!(out, "Type: {sample_type} ({unit})");
+    let _ = writeln!(out, "Type: {} ({})", shown(sample_type), shown(unit));
     if profile.raw.time_nanos > 0 {
         let _ = write!(out, "Time: {}", format_time_utc(profile.raw.time_nanos));
         if profile.raw.duration_nanos > 0 {
@@ -273,11 +250,7 @@ pub fn render_top(profile: &DecodedProfile, options: &TopOptions) -> Result<Stri
         );
         return Ok(out);
     }
-    let shown = if options.limit == 0 {
-        table.rows.len()
-    } else {
-        options.limit.min(table.rows.len())
-    };
+    let shown = table.rows.len();
     let shown_flat = table.rows[..shown]
         .iter()
         .fold(0i64, |sum, r| sum.saturating_add(r.flat));
@@ -287,7 +260,7 @@ pub fn render_top(profile: &DecodedProfile, options: &TopOptions) -> Result<Stri
     let _ = writeln!(
         out,
         "Showing {shown} of {} {}: {} of {} total ({})",
-        table.rows.len(),
+        table.row_count,
         options.by.plural(),
         format_value(shown_flat, &table.unit),
         format_value(whole, &table.unit),
