@@ -10,6 +10,7 @@ rescue LoadError
   require "memprofiler_pprof_rs/memprofiler_pprof_rs"
 end
 
+require_relative "memprofiler_pprof_rs/file_output"
 require_relative "memprofiler_pprof_rs/profile_data"
 require_relative "memprofiler_pprof_rs/collector"
 require_relative "memprofiler_pprof_rs/method_blocks"

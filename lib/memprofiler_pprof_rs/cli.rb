@@ -245,7 +245,7 @@ module MemprofilerPprof
 
     # "-" reads the profile from standard input (e.g. piped from curl).
     def stdin_profile
-      Profile.parse($stdin.binmode.read)
+      Profile.parse(Profile.read_limited($stdin))
     rescue ProfileFormatError => e
       raise ProfileFormatError, "standard input: #{e.message}"
     end
@@ -307,8 +307,8 @@ module MemprofilerPprof
       0
     end
 
-    # Writes atomically (temporary file, then rename), so a reader never
-    # sees half a file; "-" writes to stdout.
+    # Writes whole or not at all, owner-only, never through a name another
+    # user could have prepared (FileOutput.write); "-" writes to stdout.
     def write_output(path, data)
       if path == "-"
         @stdout.write(data)
@@ -317,11 +317,7 @@ module MemprofilerPprof
       dir = File.dirname(path)
       raise Errno::ENOENT, "directory #{dir}" unless File.directory?(dir)
 
-      temporary = File.join(dir, ".#{File.basename(path)}.#{Process.pid}.tmp")
-      File.binwrite(temporary, data)
-      File.rename(temporary, path)
-    ensure
-      File.unlink(temporary) if temporary && File.exist?(temporary)
+      FileOutput.write(path, data)
     end
   end
 end

@@ -21,6 +21,7 @@ module MemprofilerPprof
       flush_interval: [30.0, :seconds, "a number of seconds >= 0.1"],
       file_pattern: [FileFlusher::DEFAULT_PATTERN, :pattern, "a file name pattern"],
       keep_files: [nil, :positive_count, "a whole number >= 1"],
+      file_mode: [FileOutput::FILE_MODE, :file_mode, "an octal file permission such as 600 or 640"],
       flush_at_exit: [true, :flag, "1/0, true/false, yes/no or on/off"],
       seed: [nil, :count, "a whole number >= 0"]
     }.freeze
@@ -40,8 +41,11 @@ module MemprofilerPprof
           # Float()/Integer() messages only repeat the value; a pattern's
           # message says what is wrong with it.
           detail = parser == :pattern ? " (#{e.message})" : ""
-          @warnings << "ignoring #{variable}=#{raw.inspect}: must be #{valid}#{detail}; " \
-                       "using #{default.nil? ? 'none' : default.inspect}"
+          shown = if default.nil? then "none"
+                  elsif parser == :file_mode then format("0%o", default)
+                  else default.inspect
+                  end
+          @warnings << "ignoring #{variable}=#{raw.inspect}: must be #{valid}#{detail}; using #{shown}"
           [name, default]
         end
       end
@@ -67,7 +71,8 @@ module MemprofilerPprof
 
     # Keywords for FileFlusher.new.
     def file_flusher_options
-      { pattern: file_pattern, interval: flush_interval, keep: keep_files, flush_on_stop: flush_at_exit }
+      { pattern: file_pattern, interval: flush_interval, keep: keep_files, flush_on_stop: flush_at_exit,
+        mode: file_mode }
     end
 
     # True if a file pattern was set explicitly (with Pyroscope on, files
@@ -145,6 +150,12 @@ module MemprofilerPprof
       raise ArgumentError, "" unless value.finite? && value >= 0.1
 
       value
+    end
+
+    def parse_file_mode(raw)
+      raise ArgumentError, "" unless raw.match?(/\A0?[0-7]{3}\z/)
+
+      Integer(raw, 8)
     end
 
     def parse_pattern(raw)

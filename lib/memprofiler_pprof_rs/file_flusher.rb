@@ -6,10 +6,12 @@ module MemprofilerPprof
   #   %{pid}       the writing process's id (a forked child uses its own)
   #   %{isotime}   UTC time of the write, ISO 8601 basic: 20261129T190840.123Z
   #   %{unixtime}  seconds since the epoch
-  #   %{index}     0, 1, 2, ... per flusher (format widths work: %<index>05d)
+  #   %{index}     0, 1, 2, ... per flusher (format widths work: %<index>05d,
+  #                up to MAX_PATTERN_WIDTH)
   #
-  # Directories are created as needed; files are written atomically (see
-  # ProfileData#write). A relative pattern is resolved against the working
+  # Directories are created as needed (0700); files are written atomically
+  # and readable by their owner only (0600; `mode:` changes that), see
+  # ProfileData#write. A relative pattern is resolved against the working
   # directory at construction, so a later chdir (Process.daemon does one)
   # does not move the files. With `keep: n` the flusher deletes the oldest
   # of the files it wrote itself beyond the newest n; it never touches
@@ -19,13 +21,18 @@ module MemprofilerPprof
   class FileFlusher < BlockFlusher
     DEFAULT_PATTERN = "tmp/profiles/mem-%{pid}-%{isotime}.pprof"
     PATTERN_KEYS = %i[pid isotime unixtime index].freeze
+    # Widths and precisions in a pattern at most: %<index>999999999d would
+    # make each name a gigabyte.
+    MAX_PATTERN_WIDTH = 64
 
-    attr_reader :pattern, :keep
+    attr_reader :pattern, :keep, :mode
     # The newest file written, or nil.
     attr_reader :last_path
 
-    def initialize(collector, pattern: DEFAULT_PATTERN, interval: 30, logger: nil, keep: nil, **options)
+    def initialize(collector, pattern: DEFAULT_PATTERN, interval: 30, logger: nil, keep: nil,
+                   mode: FileOutput::FILE_MODE, **options)
       @pattern = self.class.validate_pattern(pattern)
+      @mode = FileOutput.validate_mode(mode)
       unless keep.nil? || (keep.is_a?(Integer) && keep.positive?)
         raise ArgumentError, "keep must be a positive Integer or nil, got #{keep.inspect}"
       end
@@ -63,9 +70,16 @@ module MemprofilerPprof
 
       # Only named references (and %%) are allowed: a bare %s would print
       # the whole hash of values into the file name.
-      pattern.scan(/%(?:%|\{[^}]*\}|<[^>]*>|.?)/).each do |directive|
-        next if directive == "%%" || directive.start_with?("%{", "%<")
+      pattern.scan(/%(?:%|\{[^}]*\}|<[^>]*>[-+ 0#]*\d*(?:\.\d*)?|.?)/).each do |directive|
+        next if directive == "%%" || directive.start_with?("%{")
 
+        if directive.start_with?("%<")
+          widths = directive[/>.*\z/].scan(/\d+/).map(&:to_i)
+          next if widths.all? { |width| width <= MAX_PATTERN_WIDTH }
+
+          raise ArgumentError, "bad pattern #{pattern.inspect}: #{directive.inspect} asks for a width " \
+                               "or precision above #{MAX_PATTERN_WIDTH}"
+        end
         raise ArgumentError, "bad pattern #{pattern.inspect}: #{directive.inspect} is not a named key " \
                              "(use %{pid}, %{isotime}, %{unixtime}, %{index}; %% for a literal %)"
       end
@@ -119,7 +133,7 @@ module MemprofilerPprof
       stem = path.delete_suffix(extension)
       candidate = path
       (1..).each do |n|
-        return data.write(candidate, overwrite: false)
+        return data.write(candidate, overwrite: false, mode: @mode)
       rescue Errno::EEXIST
         raise if n > 10_000
 

@@ -1,7 +1,5 @@
 # frozen_string_literal: true
 
-require "fileutils"
-
 module MemprofilerPprof
   # The result of Collector#flush: a gzipped pprof profile plus counts that
   # say how complete it is.
@@ -79,13 +77,14 @@ module MemprofilerPprof
       dropped_samples_nolock + dropped_samples_allocation_bufsize + dropped_samples_heap_bufsize
     end
 
-    # Writes the gzipped profile to `path` atomically: into a temporary file
-    # in the same directory (created if missing), then renamed over `path`,
-    # so a reader never sees half a profile. Binary mode, whatever the
-    # process's default encodings. With `overwrite: false` an existing
-    # `path` is never replaced (Errno::EEXIST is raised instead), even if
-    # another process creates it at the same moment. Returns `path`.
-    def write(path, overwrite: true)
+    # Writes the gzipped profile to `path`, whole or not at all (see
+    # FileOutput.write): owner-only (0600) unless `mode` says otherwise, a
+    # missing directory created 0700, an existing one refused if another
+    # user owns it. Binary, whatever the process's default encodings. With
+    # `overwrite: false` an existing `path` is never replaced
+    # (Errno::EEXIST is raised instead), even if another process creates it
+    # at the same moment. Returns `path`.
+    def write(path, overwrite: true, mode: FileOutput::FILE_MODE)
       path = path.to_path if path.respond_to?(:to_path)
       raise TypeError, "path must be a String or Pathname, got #{path.inspect}" unless path.is_a?(String)
       raise ArgumentError, "path must not be empty" if path.empty?
@@ -93,27 +92,7 @@ module MemprofilerPprof
         raise TypeError, "overwrite must be true or false, got #{overwrite.inspect}"
       end
 
-      directory = File.dirname(path)
-      FileUtils.mkdir_p(directory)
-      temporary = File.join(directory, ".#{File.basename(path)}.#{Process.pid}.#{rand(1 << 32).to_s(16)}.tmp")
-      begin
-        File.open(temporary, File::WRONLY | File::CREAT | File::EXCL, 0o644, binmode: true) do |file|
-          self.class.write_unbuffered(file, pprof_data)
-        end
-        overwrite ? File.rename(temporary, path) : publish_without_overwriting(temporary, path)
-      ensure
-        File.unlink(temporary) if File.exist?(temporary)
-      end
-      path
-    end
-
-    # Writes with write(2) directly, never through Ruby's IO buffer: a fork
-    # (from another thread) while data sat in that buffer would give the
-    # child a copy, which its GC flushes into the shared file description,
-    # appending a second copy of the profile to the file.
-    def self.write_unbuffered(file, data)
-      written = 0
-      written += file.syswrite(data.byteslice(written..)) while written < data.bytesize
+      FileOutput.write(path, pprof_data, mode: FileOutput.validate_mode(mode), overwrite: overwrite)
     end
 
     # Length of the interval the allocation samples cover, in seconds.
@@ -132,17 +111,6 @@ module MemprofilerPprof
     alias inspect to_s
 
     private
-
-    # link(2) fails if `path` exists, atomically; the temporary name is then
-    # removed by the caller.
-    def publish_without_overwriting(temporary, path)
-      File.link(temporary, path)
-    rescue Errno::EPERM, Errno::EOPNOTSUPP, Errno::ENOTSUP
-      # A file system without hard links: check, then rename (not atomic).
-      raise Errno::EEXIST, path if File.exist?(path)
-
-      File.rename(temporary, path)
-    end
 
     def interval_text
       return "no interval" unless started_at && finished_at

@@ -1,0 +1,78 @@
+# frozen_string_literal: true
+
+require "fileutils"
+require "securerandom"
+
+module MemprofilerPprof
+  # How the gem writes files (profiles, flame graphs, merged profiles):
+  # whole or not at all, never through a name another user can prepare,
+  # readable by their owner only unless asked otherwise. Profiles hold code
+  # paths and class names.
+  module FileOutput
+    # Files and directories the gem creates: owner only.
+    FILE_MODE = 0o600
+    DIRECTORY_MODE = 0o700
+
+    module_function
+
+    # Writes `data` to `path`: into a new temporary file in the same
+    # directory (a random name, created exclusively, so a symlink or file
+    # planted there is never written through), then renamed over `path`,
+    # so a reader never sees half a file. With `overwrite: false` an
+    # existing `path` is never replaced (Errno::EEXIST), even if another
+    # process creates it at the same moment. The directory is created
+    # (DIRECTORY_MODE) if missing; an existing one must belong to this
+    # process's user or to root (see `check_directory`). Writes with
+    # write(2) directly, never through Ruby's IO buffer: a fork (from another
+    # thread) while data sat in that buffer would give the child a copy,
+    # which its GC flushes into the shared file description, appending a
+    # second copy to the file. Returns `path`.
+    def write(path, data, mode: FILE_MODE, overwrite: true)
+      directory = File.dirname(path)
+      FileUtils.mkdir_p(directory, mode: DIRECTORY_MODE) unless File.directory?(directory)
+      check_directory(directory)
+      temporary = File.join(directory, ".#{File.basename(path)}.#{SecureRandom.hex(8)}.tmp")
+      begin
+        flags = File::WRONLY | File::CREAT | File::EXCL | File::NOFOLLOW
+        File.open(temporary, flags, mode, binmode: true) do |file|
+          file.chmod(mode) # the umask may have cleared bits that were asked for
+          written = 0
+          written += file.syswrite(data.byteslice(written..)) while written < data.bytesize
+        end
+        overwrite ? File.rename(temporary, path) : publish_without_overwriting(temporary, path)
+      ensure
+        File.unlink(temporary) if File.exist?(temporary)
+      end
+      path
+    end
+
+    # Refuses a directory that another user owns (or a symlink to one):
+    # its owner could replace or remove what is written there. Root's
+    # directories (/tmp) are fine: the temporary file is exclusive.
+    def check_directory(directory)
+      owner = File.stat(directory).uid
+      return if owner == Process.euid || owner.zero?
+
+      raise Errno::EACCES, "#{directory} belongs to another user (uid #{owner}); " \
+                           "refusing to write there (use a directory of your own)"
+    end
+
+    # link(2) fails if `path` exists, atomically; the temporary name is then
+    # removed by the caller.
+    def publish_without_overwriting(temporary, path)
+      File.link(temporary, path)
+    rescue Errno::EPERM, Errno::EOPNOTSUPP, Errno::ENOTSUP
+      # A file system without hard links: check, then rename (not atomic).
+      raise Errno::EEXIST, path if File.exist?(path)
+
+      File.rename(temporary, path)
+    end
+
+    # Checks a mode asked for: an Integer file permission such as 0o640.
+    def validate_mode(mode, name = "mode")
+      return mode if mode.is_a?(Integer) && mode.between?(0, 0o777)
+
+      raise ArgumentError, "#{name} must be a file permission from 0 to 0o777 (e.g. 0o600), got #{mode.inspect}"
+    end
+  end
+end
