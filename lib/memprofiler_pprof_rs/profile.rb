@@ -16,6 +16,10 @@ module MemprofilerPprof
   class Profile
     GROUPINGS = %i[function line class file gem].freeze
     FLAMEGRAPH_FORMATS = %i[html svg].freeze
+    # Files and streams larger than this are refused unread: a profile
+    # decompresses to 1 GB at most, and a gzip of it is hardly bigger
+    # (/dev/zero or an endless pipe must not fill the memory).
+    MAX_READ_BYTES = (1 << 30) + (1 << 20)
 
     private_class_method :_native_parse, :_native_gunzip, :_native_diff, :_native_merge
 
@@ -49,9 +53,21 @@ module MemprofilerPprof
         path = path.to_path if path.respond_to?(:to_path)
         raise TypeError, "path must be a String or Pathname, got #{path.class}" unless path.is_a?(String)
 
-        parse(File.binread(path))
+        File.open(path, "rb") { |file| parse(read_limited(file)) }
       rescue ProfileFormatError => e
         raise ProfileFormatError, "#{path}: #{e.message}"
+      end
+
+      # At most MAX_READ_BYTES of `io` (a file, a pipe, standard input);
+      # ProfileFormatError if there is more.
+      def read_limited(io)
+        data = io.binmode.read(MAX_READ_BYTES + 1) || "".b
+        if data.bytesize > MAX_READ_BYTES
+          limit = MAX_READ_BYTES >= 1 << 20 ? "#{MAX_READ_BYTES >> 20} MB" : "#{MAX_READ_BYTES} bytes"
+          raise ProfileFormatError, "more than #{limit}; no profile is that big, refusing to read it"
+        end
+
+        data
       end
 
       # One profile from many (e.g. every worker of a server): samples with
