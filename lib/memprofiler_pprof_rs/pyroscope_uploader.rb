@@ -50,13 +50,13 @@ module MemprofilerPprof
     def initialize(server_address:, application_name:, labels: {}, api: :push, basic_auth_username: nil,
                    basic_auth_password: nil, tenant_id: nil, headers: {}, open_timeout: 5, read_timeout: 10,
                    retries: 3, retry_base_delay: 0.5, logger: nil, spy_name: "memprofiler_pprof_rs")
-      @base = parse_address(server_address)
       # Credentials in the URL (https://user:token@host) become Basic auth;
       # the address kept and shown never carries them.
-      if @base.userinfo
-        basic_auth_username ||= URI.decode_www_form_component(@base.user.to_s)
-        basic_auth_password ||= URI.decode_www_form_component(@base.password.to_s)
-        @base = URI.parse(@base.to_s.sub(%r{//[^/@]*@}, "//"))
+      address, user, password = self.class.split_credentials(server_address.to_s)
+      @base = parse_address(address)
+      if user
+        basic_auth_username ||= user
+        basic_auth_password ||= password
       end
       @server_address = @base.to_s
       @application_name = check_application_name(application_name)
@@ -139,9 +139,36 @@ module MemprofilerPprof
       raise ArgumentError, "server_address must be an http(s) URL, got #{without_credentials(address)}"
     end
 
-    # For messages: the address with anything between "//" and "@" hidden.
+    # For messages: the address without its credentials.
     def without_credentials(address)
-      address.to_s.sub(%r{//[^/@]*@}, "//[FILTERED]@").inspect
+      stripped, user, = self.class.split_credentials(address.to_s)
+      (user ? stripped.sub("//", "//[FILTERED]@") : stripped).inspect
+    end
+
+    # [address without credentials, user, password] of "scheme://user:password@host...".
+    # Users paste tokens unencoded, and Grafana Cloud's are base64: '/', '+'
+    # and '=' in them are the token's own. So the credentials run from "//"
+    # to the last "@" (a host name holds none), and only %XX escapes are
+    # decoded ('+' stays '+'). user and password are nil without an "@".
+    def self.split_credentials(address)
+      scheme_end = address.index("//")
+      at = address.rindex("@")
+      return [address, nil, nil] unless scheme_end && at && at > scheme_end
+
+      userinfo = address[(scheme_end + 2)...at]
+      user, password = userinfo.split(":", 2)
+      [address[0, scheme_end + 2] + address[(at + 1)..], percent_decode(user), percent_decode(password.to_s)]
+    end
+
+    def self.percent_decode(text)
+      text.b.gsub(/%\h\h/n) { |escape| escape[1, 2].hex.chr }.force_encoding(Encoding::UTF_8)
+    end
+
+    # A server's words for a log line: control characters (a CR, an
+    # ANSI sequence) made visible, invalid UTF-8 replaced, 300 characters.
+    def self.printable(text)
+      text.to_s.dup.force_encoding(Encoding::UTF_8).scrub("?")[0, 300]
+          .gsub(/\p{Cc}/) { |c| format("\\x%02x", c.ord) }
     end
 
     def check_application_name(name)
@@ -261,11 +288,12 @@ module MemprofilerPprof
       end
       status = response.code.to_i
       unless status < 300
-        log("#{request.method} #{request.path.split('?').first} answered #{status}: #{response.body.to_s[0, 300]}")
+        log("#{request.method} #{request.path.split('?').first} answered #{status}: " \
+            "#{self.class.printable(response.body)}")
       end
       [status, nil]
     rescue *RETRYABLE_ERRORS, OpenSSL::SSL::SSLError => e
-      log("#{request.method} #{@base.host}: #{e.class}: #{e.message}")
+      log("#{request.method} #{@base.host}: #{e.class}: #{self.class.printable(e.message)}")
       [nil, e]
     end
 

@@ -29,9 +29,10 @@ class FakePyroscope
 
   def url = "http://127.0.0.1:#{@server.config[:Port]}"
 
-  # The next request gets `status` (after waiting `delay` seconds).
-  def fail_next(status, delay: 0)
-    @faults << [status, delay]
+  # The next request gets `status` (after waiting `delay` seconds), with
+  # `body` as its body if given.
+  def fail_next(status, delay: 0, body: nil)
+    @faults << [status, delay, body]
   end
 
   def all_requests
@@ -63,9 +64,11 @@ class FakePyroscope
 
   def answer(req, res)
     unless @faults.empty?
-      status, delay = @faults.pop
+      status, delay, body = @faults.pop
       sleep(delay) if delay.positive?
-      return reply(res, status, "injected failure", record: Request.new(path: req.path, status: status))
+      reply(res, status, "injected failure", record: Request.new(path: req.path, status: status))
+      res.body = body if body
+      return
     end
     record, status, message = yield
     record.headers = req.header.transform_values { |v| v.join(",") }
