@@ -51,8 +51,10 @@ module MemprofilerPprof
   # for itself only; the index names the pid that answered.
   #
   # Two requests never flush at once: one waits for the other, for at most
-  # `wait_timeout` seconds, then gets 503 with Retry-After. A ?seconds=N
-  # request holds the endpoint for its N seconds. A request never raises
+  # `wait_timeout` seconds (5), then gets 503 with Retry-After. A
+  # ?seconds=N request holds the endpoint (and its server thread) for its N
+  # seconds; requests meanwhile get 503 at once, rather than each holding
+  # a thread of the server too while they wait. A request never raises
   # into the server: a failed profile is a 500 "profile failed: <class>:
   # <message>", logged (to `logger`, or $stderr without one) and counted in
   # `error_count` and `last_error`.
@@ -85,7 +87,7 @@ module MemprofilerPprof
     # such error, and collector flushes made.
     attr_reader :request_count, :error_count, :last_error, :flush_count
 
-    def initialize(collector, token:, allow_remote: false, wait_timeout: 30, logger: nil)
+    def initialize(collector, token:, allow_remote: false, wait_timeout: 5, logger: nil)
       unless collector.is_a?(MemprofilerPprof::Collector)
         raise TypeError, "collector must be a MemprofilerPprof::Collector, got #{collector.inspect}"
       end
@@ -343,6 +345,9 @@ module MemprofilerPprof
         # Taken in the parent by a thread that did not survive a fork.
         @busy = false if @busy && @busy_pid != Process.pid
         while @busy
+          # A ?seconds= window: no use waiting for it on a server thread.
+          return [false, [(@busy_until - now).ceil, 1].max] if @busy_until
+
           remaining = deadline - now
           unless remaining.positive?
             left = @busy_until && (@busy_until - now).ceil
@@ -430,6 +435,11 @@ module MemprofilerPprof
           key = URI.decode_www_form_component(key)
           value = URI.decode_www_form_component(value.to_s)
         rescue ArgumentError
+          malformed = true
+          next
+        end
+        # %FF and the like: not text, so not a name or value this app reads.
+        unless key.valid_encoding? && value.valid_encoding?
           malformed = true
           next
         end
