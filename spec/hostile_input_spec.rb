@@ -1,0 +1,253 @@
+# frozen_string_literal: true
+
+require "rack"
+require "rack/mock"
+require "etc"
+require "stringio"
+
+# What a security review found (issue 17), each as it was reported and what
+# must happen instead. The core's side (memory and time bounds, fuzzing) is
+# in src/core/analysis/hostile_input_tests.rs; these check the entry
+# points: the executable, Profile, ProfileData, the flushers, RackApp and
+# the Pyroscope uploader.
+RSpec.describe "hostile input" do
+  exe = File.expand_path("../exe/memprofiler_pprof_rs", __dir__)
+  types = [%w[inuse_space bytes]]
+
+  around do |example|
+    Dir.mktmpdir("hostile-input") do |dir|
+      @dir = dir
+      example.run
+    end
+  end
+
+  def path(name) = File.join(@dir, name)
+
+  def cli(exe, *args)
+    out, err, status = Open3.capture3(RbConfig.ruby, exe, *args, chdir: @dir)
+    [out, err, status.exitstatus]
+  end
+
+  def one_line_error(err)
+    expect(err.lines.size).to eq(1), err
+    expect(err).not_to include("panicked", "SIGABRT", "memory allocation")
+  end
+
+  # A profile whose one location holds `lines` inlined lines, listed
+  # `repeats` times by each of `samples` samples.
+  def inlined_bomb(lines:, repeats:, samples: 1)
+    w = PprofWriter
+    line = w.message(4, w.field_varint(1, 1) + w.field_varint(2, 7))
+    out = w.message(1, w.field_varint(1, 1) + w.field_varint(2, 2))
+    samples.times { out << w.message(2, w.packed(1, [1] * repeats) + w.packed(2, [100])) }
+    out << w.message(4, w.field_varint(1, 1) + (line * lines))
+    out << w.message(5, w.field_varint(1, 1) + w.field_varint(2, 3) + w.field_varint(4, 4) + w.field_varint(5, 1))
+    ["", "inuse_space", "bytes", "Bomb#inline", "bomb.rb"].each { |s| out << w.message(6, s.b) }
+    w.gzip(out)
+  end
+
+  describe "1. a 1 KB profile expanding to a billion frames" do
+    it "is refused with one line by top, diff and flamegraph, never aborting" do
+      File.binwrite(path("bomb.pprof"), inlined_bomb(lines: 100_000, repeats: 10_000))
+      File.binwrite(path("ten.pprof"), inlined_bomb(lines: 100_000, repeats: 10_000, samples: 10))
+      expect(File.size(path("ten.pprof"))).to be < 2_000
+      [%w[top bomb.pprof], %w[top ten.pprof], %w[diff bomb.pprof ten.pprof],
+       %w[flamegraph bomb.pprof -o f.html]].each do |args|
+        _out, err, status = cli(exe, *args)
+        expect(status).to eq(1), err
+        one_line_error(err)
+        expect(err).to match(/(bomb|ten).pprof: sample 0 has a stack of 1000000000 frames .*refusing to read it/)
+      end
+      expect { MemprofilerPprof::Profile.read(path("bomb.pprof")) }
+        .to raise_error(MemprofilerPprof::ProfileFormatError, /1000000000 frames/)
+    end
+  end
+
+  describe "2. profiles that decode to far more than their size" do
+    it "refuses millions of empty labels before decoding them" do
+      w = PprofWriter
+      label = w.message(3, "".b)
+      sample = w.message(2, w.packed(1, [1]) + w.packed(2, [1]) + (label * 20_000_000))
+      bytes = w.gzip(w.message(1, w.field_varint(1, 1) + w.field_varint(2, 2)) + sample +
+                     ["", "inuse_space", "bytes"].map { |s| w.message(6, s.b) }.join)
+      File.binwrite(path("labels.pprof"), bytes)
+      expect(File.size(path("labels.pprof"))).to be < 300_000
+      _out, err, status = cli(exe, "top", "labels.pprof")
+      expect(status).to eq(1), err
+      one_line_error(err)
+      expect(err).to match(/would take about \d+ MB of memory \(limit 1024 MB\); refusing to read it/)
+    end
+  end
+
+  describe "3. a huge name used by every frame" do
+    it "is read in linear time and shown cut, in top and diff" do
+      name = "Huge#" + ("n" * 20_000_000)
+      samples = (1..200).map { |k| { stack: [[name, "/app/huge.rb", k, 1]], values: [k], class: "String" } }
+      File.binwrite(path("huge.pprof"), PprofWriter.build(sample_types: types, samples: samples))
+      File.binwrite(path("small.pprof"), PprofWriter.build(sample_types: types, samples: samples.first(3)))
+      %w[top diff].each do |command|
+        files = command == "diff" ? %w[small.pprof huge.pprof] : %w[huge.pprof]
+        out, err, status = cli(exe, command, *files, *(command == "top" ? %w[--by line] : []))
+        expect(status).to eq(0), err
+        expect(out.lines.map(&:bytesize).max).to be < 2_000
+        expect(out).to include("#{name[0, 500]}…")
+      end
+    end
+  end
+
+  describe "4. the CLI's -o" do
+    it "writes a new file with a random temporary name, owner-only, never through a planted symlink" do
+      File.binwrite(path("shop.pprof"), PprofWriter.build(sample_types: types,
+                                                          samples: [{ stack: [["A#a", "/a.rb", 1, 1]], values: [5] }]))
+      victim = path("victim")
+      File.write(victim, "precious")
+      File.chmod(0o600, victim)
+      File.symlink(victim, path("out.html"))
+      # The old fixed temporary name, planted too.
+      File.symlink(victim, path(".out.html.#{Process.pid}.tmp"))
+      _out, err, status = cli(exe, "flamegraph", "shop.pprof", "-o", "out.html")
+      expect(status).to eq(0), err
+      expect(File.read(victim)).to eq("precious")
+      expect(File.symlink?(path("out.html"))).to be(false)
+      expect(File.stat(path("out.html")).mode & 0o777).to eq(0o600)
+      expect(File.read(path("out.html"))).to include("<!DOCTYPE html>")
+    end
+  end
+
+  describe "5. Pyroscope credentials" do
+    let(:token) { "glc_eyJvIjoi/SECRET+abc==" }
+
+    it "takes a base64 token with / and + from the URL whole, and never shows it" do
+      logged = []
+      logger = Object.new
+      logger.define_singleton_method(:error) { |text| logged << text }
+      uploader = MemprofilerPprof::PyroscopeUploader.new(
+        server_address: "https://123456:#{token}@profiles.example.com", application_name: "shop", logger: logger
+      )
+      expect(uploader.instance_variable_get(:@basic_auth)).to eq(["123456", token])
+      expect(uploader.inspect).not_to include("SECRET")
+      expect(uploader.server_address).to eq("https://profiles.example.com")
+      config = MemprofilerPprof::EnvConfig.new(
+        "PYROSCOPE_SERVER_ADDRESS" => "ftp://123456:#{token}@host", "PYROSCOPE_APPLICATION_NAME" => "shop"
+      )
+      expect(config.pyroscope_options).to be_nil
+      expect(config.warnings.join).to include("got \"ftp://host\"")
+      expect(config.warnings.join).not_to include("SECRET", "123456")
+      # %XX is decoded, '+' stays '+', and '@' can be written %40.
+      _, user, password = MemprofilerPprof::PyroscopeUploader.split_credentials("https://u%3Ax:p%40ss+w@h")
+      expect([user, password]).to eq(["u:x", "p@ss+w"])
+    end
+
+    it "logs a server's error body with its control characters made visible" do
+      server = FakePyroscope.new
+      logged = []
+      logger = Object.new
+      logger.define_singleton_method(:error) { |text| logged << text }
+      server.fail_next(400, body: "bad\r\nX-Injected: 1\e[31mred\a")
+      data = MemprofilerPprof::Collector.new(sample_rate: 1.0).profile { Array.new(10) { "x" * 10 } }
+      MemprofilerPprof::PyroscopeUploader.new(server_address: server.url, application_name: "shop",
+                                              logger: logger, retries: 0).upload(data)
+      expect(logged.size).to eq(1)
+      expect(logged.first).to include("bad\\x0d\\x0aX-Injected: 1\\x1b[31mred\\x07")
+      expect(logged.first).not_to match(/[\r\n\e\a]/)
+    ensure
+      server&.stop
+    end
+  end
+
+  describe "6. files the gem creates, and other low findings" do
+    let(:data) { MemprofilerPprof::Collector.new(sample_rate: 1.0).profile { Array.new(10) { "x" * 10 } } }
+
+    it "writes profiles 0600 in directories it makes 0700, unless asked otherwise" do
+      written = data.write(path("deep/er/heap.pprof"))
+      expect(File.stat(written).mode & 0o777).to eq(0o600)
+      expect(File.stat(path("deep")).mode & 0o777).to eq(0o700)
+      expect(File.stat(path("deep/er")).mode & 0o777).to eq(0o700)
+      expect(File.stat(data.write(path("shared.pprof"), mode: 0o640)).mode & 0o777).to eq(0o640)
+      expect { data.write(path("x.pprof"), mode: 0o1777) }.to raise_error(ArgumentError, /mode/)
+      collector = MemprofilerPprof::Collector.new(sample_rate: 1.0)
+      flusher = MemprofilerPprof::FileFlusher.new(collector, pattern: path("f/mem-%{index}.pprof"), mode: 0o644)
+      expect(File.stat(flusher.write(data)).mode & 0o777).to eq(0o644)
+      expect(MemprofilerPprof::EnvConfig.new("MEMPROFILER_PPROF_RS_FILE_MODE" => "640").file_flusher_options[:mode])
+        .to eq(0o640)
+    end
+
+    it "refuses a directory another user owns, or a symlink to one" do
+      skip "needs root to give a directory to another user" unless Process.euid.zero?
+
+      other = path("theirs")
+      Dir.mkdir(other)
+      File.chown(Etc.getpwnam("nobody").uid, nil, other)
+      File.symlink(other, path("link"))
+      [other, path("link")].each do |directory|
+        expect { data.write(File.join(directory, "heap.pprof")) }
+          .to raise_error(Errno::EACCES, /belongs to another user/)
+      end
+      expect(Dir.children(other)).to be_empty
+    end
+
+    it "shows terminal escape sequences in names escaped" do
+      evil = "Evil\e]0;owned\a\e[2J\r#name"
+      %w[evil.pprof evil2.pprof].each_with_index do |name, k|
+        File.binwrite(path(name), PprofWriter.build(sample_types: types,
+                                                    samples: [{ stack: [[evil, "/e\e.rb", 1, 1]], values: [5 + k] }]))
+      end
+      %w[top diff].each do |command|
+        out, err, status = cli(exe, command, *(command == "diff" ? %w[evil.pprof evil2.pprof] : %w[evil.pprof]))
+        expect(status).to eq(0), err
+        expect(out).not_to match(/[\e\a\r]/)
+        expect(out).to include("Evil\\u{1b}]0;owned\\u{7}\\u{1b}[2J\\r#name") if command == "top"
+      end
+    end
+
+    it "refuses a file-name pattern whose width would make gigabyte names" do
+      expect { MemprofilerPprof::FileFlusher.validate_pattern("mem-%<index>999999999d.pprof") }
+        .to raise_error(ArgumentError, /width or precision above 64/)
+      expect(MemprofilerPprof::FileFlusher.validate_pattern("mem-%<index>05d.pprof")).to end_with("mem-%<index>05d.pprof")
+    end
+
+    it "reads at most MAX_READ_BYTES from a file or stream" do
+      stub_const("MemprofilerPprof::Profile::MAX_READ_BYTES", 4096)
+      expect { MemprofilerPprof::Profile.read("/dev/zero") }
+        .to raise_error(MemprofilerPprof::ProfileFormatError, %r{/dev/zero: more than 4096 bytes})
+      expect { MemprofilerPprof::Profile.read_limited(StringIO.new("x" * 5000)) }
+        .to raise_error(MemprofilerPprof::ProfileFormatError, /more than 4096 bytes/)
+      expect(MemprofilerPprof::Profile.read_limited(StringIO.new("x" * 4096)).bytesize).to eq(4096)
+    end
+  end
+
+  describe "RackApp" do
+    let(:collector) { MemprofilerPprof::Collector.new(sample_rate: 1.0).tap(&:start!) }
+    let(:token) { "s3cret-token-0123456789" }
+    let(:app) { MemprofilerPprof::RackApp.new(collector, token: token) }
+
+    after { collector.stop! }
+
+    def get(app, query)
+      Rack::MockRequest.new(app).get("/debug/pprof/heap?#{query}", "REMOTE_ADDR" => "127.0.0.1")
+    end
+
+    it "answers 400, not 500, to a query that is not UTF-8" do
+      response = get(app, "token=#{token}&debug=%ff")
+      expect(response.status).to eq(400)
+      expect(response.body).to eq("malformed query string\n")
+      expect(app.error_count).to eq(0)
+    end
+
+    it "does not keep a thread waiting behind an allocs?seconds= window" do
+      window = Thread.new do
+        Rack::MockRequest.new(app).get("/debug/pprof/allocs?seconds=30&token=#{token}", "REMOTE_ADDR" => "127.0.0.1")
+      end
+      sleep 0.01 until app.flush_count == 1
+      began = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+      busy = get(app, "token=#{token}")
+      waited = Process.clock_gettime(Process::CLOCK_MONOTONIC) - began
+      expect(busy.status).to eq(503)
+      expect(busy.headers["Retry-After"].to_i).to be_between(25, 30)
+      expect(waited).to be < app.wait_timeout # answered at once, not after wait_timeout
+    ensure
+      window&.kill
+      window&.join
+    end
+  end
+end
