@@ -459,9 +459,9 @@ module Torture
     end
 
     # Never through Ruby's IO buffer: a child forked meanwhile would flush its
-    # copy of the buffer into the same file (see ProfileData#write).
+    # copy of the buffer into the same file (see FileOutput.write).
     def write_file(path, data)
-      File.open(path, "wb") { |f| MemprofilerPprof::ProfileData.write_unbuffered(f, data) }
+      MemprofilerPprof::FileOutput.write(path, data)
     end
 
     def flusher_loop
