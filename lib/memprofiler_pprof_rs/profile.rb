@@ -146,8 +146,9 @@ module MemprofilerPprof
       nanos.zero? ? nil : nanos / 1e9
     end
 
+    # Each distinct comment once, in order.
     def comments
-      summary[4..]
+      @comments ||= _native_comments.freeze
     end
 
     # {"alloc_objects" => 1234, ...}: each sample type summed over samples.

@@ -23,7 +23,7 @@ use crate::core::analysis::flamegraph::{flame_graph_of, render_html, render_svg}
 use crate::core::analysis::grouping::GroupBy;
 use crate::core::analysis::merge::merge;
 use crate::core::analysis::top::{render_top, TopOptions};
-use crate::core::fast_hash::{FastHashMap, FastHashSet};
+use crate::core::analysis::{InputMap, InputSet};
 
 struct DataType(rb_data_type_t);
 
@@ -224,7 +224,7 @@ unsafe extern "C" fn native_default_sample_type(rb_self: VALUE) -> VALUE {
     })
 }
 
-/// `[sample_count, time_nanos, duration_nanos, period, comments...]`
+/// `[sample_count, time_nanos, duration_nanos, period]`
 unsafe extern "C" fn native_summary(rb_self: VALUE) -> VALUE {
     method_entry(|| {
         let profile = profile_of(rb_self)?;
@@ -234,14 +234,25 @@ unsafe extern "C" fn native_summary(rb_self: VALUE) -> VALUE {
             profile.raw.duration_nanos.max(0) as u64,
             profile.raw.period.max(0) as u64,
         ];
-        let comments = profile.comments();
         // SAFETY: plain allocations under one protect, each pushed into the
         // Array (held by a local) as soon as it is made.
         protect(|| unsafe {
-            let array = rb_ary_new_capa(4 + comments.len() as c_long);
+            let array = rb_ary_new_capa(4);
             for n in numbers {
                 rb_ary_push(array, rb_ull2inum(n));
             }
+            array
+        })
+    })
+}
+
+/// The profile's comments, each distinct string once.
+unsafe extern "C" fn native_comments(rb_self: VALUE) -> VALUE {
+    method_entry(|| {
+        let comments = profile_of(rb_self)?.comments();
+        // SAFETY: as in native_summary.
+        protect(|| unsafe {
+            let array = rb_ary_new_capa(comments.len() as c_long);
             for comment in &comments {
                 rb_ary_push(
                     array,
@@ -279,7 +290,7 @@ unsafe extern "C" fn native_totals(rb_self: VALUE) -> VALUE {
 unsafe extern "C" fn native_frame_strings(rb_self: VALUE) -> VALUE {
     method_entry(|| {
         let profile = profile_of(rb_self)?;
-        let mut position: FastHashMap<u32, u32> = FastHashMap::default();
+        let mut position: InputMap<u32, u32> = InputMap::default();
         let mut used: Vec<u32> = Vec::new();
         let mut slot = |id: u32| {
             *position.entry(id).or_insert_with(|| {
@@ -318,11 +329,11 @@ unsafe extern "C" fn native_frame_strings(rb_self: VALUE) -> VALUE {
     })
 }
 
-fn focus_arg(value: VALUE, frames: usize) -> RbResult<Option<FastHashSet<u32>>> {
+fn focus_arg(value: VALUE, frames: usize) -> RbResult<Option<InputSet<u32>>> {
     if NIL_P(value) {
         return Ok(None);
     }
-    let mut focus = FastHashSet::default();
+    let mut focus = InputSet::default();
     for element in array_elements(value, "focus")? {
         let index = count_arg(element, "a focus frame index")?;
         if index >= frames {
@@ -477,6 +488,7 @@ pub fn methods() -> Vec<MethodDef> {
             MethodKind::Private
         ),
         method_def!(c"_native_summary", native_summary, 0, MethodKind::Private),
+        method_def!(c"_native_comments", native_comments, 0, MethodKind::Private),
         method_def!(c"_native_totals", native_totals, 0, MethodKind::Private),
         method_def!(
             c"_native_frame_strings",

@@ -9,8 +9,8 @@ use std::io::Read;
 use flate2::bufread::GzDecoder;
 use prost::Message;
 
-use super::display::shown;
-use crate::core::fast_hash::FastHashMap;
+use super::display::{shown, shown_at_most};
+use crate::core::analysis::{InputMap, InputSet};
 use crate::core::pprof;
 use crate::core::profile_builder::encode_gzipped;
 
@@ -35,6 +35,15 @@ pub const MAX_STACK_DEPTH: u64 = 1_000_000;
 /// bounds their time: profiles past it are refused. A 10 MB profile of this
 /// gem holds about 3.4 million frames in all.
 pub const MAX_EXPANDED_FRAMES: u64 = 50_000_000;
+
+/// Characters of a binary's name kept in the names of its unsymbolized
+/// locations ("libfoo.so 0x1234"), one name per location.
+const MAX_BINARY_NAME_CHARS: usize = 64;
+
+/// Sample types a profile may declare, and the length of their names: real
+/// profiles have a few ("alloc_space"...), and every view copies them.
+const MAX_SAMPLE_TYPES: usize = 64;
+const MAX_SAMPLE_TYPE_BYTES: usize = 256;
 
 /// Label keys that name the allocated object's class, in the order tried:
 /// this gem's, then Datadog's and other Ruby profilers'.
@@ -116,6 +125,8 @@ pub struct DecodedProfile {
     pub sample_class: Vec<Option<u32>>,
     /// Per sample: its stack's depth, inlined frames counted.
     pub sample_depth: Vec<u32>,
+    /// Per string index: the index of its first occurrence.
+    canonical: Vec<u32>,
     /// Position in `raw.mapping` of each location's mapping, if any.
     pub location_mapping: Vec<Option<u32>>,
 }
@@ -124,7 +135,7 @@ impl DecodedProfile {
     /// Reads a profile from a file's bytes (gzipped or plain protobuf).
     pub fn decode(bytes: &[u8]) -> Result<DecodedProfile, ReadError> {
         let plain = decompress(bytes)?;
-        let needed = decode_memory_estimate(&plain);
+        let needed = decode_memory_estimate(&plain)?;
         if needed > MAX_DECODE_MEMORY {
             return Err(ReadError::NeedsTooMuchMemory(needed));
         }
@@ -152,20 +163,20 @@ impl DecodedProfile {
         // may repeat a string, and a view that compares indexes must see one.
         let canonical = canonical_strings(&raw.string_table);
 
-        let mut mapping_by_id = FastHashMap::default();
+        let mut mapping_by_id = IdIndex::for_count(raw.mapping.len());
         for (position, mapping) in raw.mapping.iter().enumerate() {
             string_index(mapping.filename, &|| format!("mapping {}", mapping.id))?;
             string_index(mapping.build_id, &|| format!("mapping {}", mapping.id))?;
             mapping_by_id.insert(mapping.id, position as u32);
         }
 
-        let mut function_by_id = FastHashMap::default();
+        let mut function_by_id = IdIndex::for_count(raw.function.len());
         for (position, function) in raw.function.iter().enumerate() {
             let what = || format!("function {}", function.id);
             string_index(function.name, &what)?;
             string_index(function.system_name, &what)?;
             string_index(function.filename, &what)?;
-            if function_by_id.insert(function.id, position).is_some() {
+            if !function_by_id.insert(function.id, position as u32) {
                 return Err(ReadError::Malformed(format!(
                     "two functions have id {}",
                     function.id
@@ -174,7 +185,8 @@ impl DecodedProfile {
         }
 
         let mut extra_strings: Vec<String> = Vec::new();
-        let mut frame_ids: FastHashMap<FrameInfo, u32> = FastHashMap::default();
+        let mut binary_names: Vec<Option<String>> = vec![None; raw.mapping.len()];
+        let mut frame_ids: InputMap<FrameInfo, u32> = InputMap::default();
         let mut frames = Vec::new();
         let mut intern_frame = |frame: FrameInfo| -> u32 {
             *frame_ids.entry(frame).or_insert_with(|| {
@@ -183,14 +195,11 @@ impl DecodedProfile {
             })
         };
 
-        let mut location_by_id = FastHashMap::default();
+        let mut location_by_id = IdIndex::for_count(raw.location.len());
         let mut location_frames = Vec::with_capacity(raw.location.len());
         let mut location_mapping = Vec::with_capacity(raw.location.len());
         for (position, location) in raw.location.iter().enumerate() {
-            if location_by_id
-                .insert(location.id, position as u32)
-                .is_some()
-            {
+            if !location_by_id.insert(location.id, position as u32) {
                 return Err(ReadError::Malformed(format!(
                     "two locations have id {}",
                     location.id
@@ -199,7 +208,7 @@ impl DecodedProfile {
             let mapping = if location.mapping_id == 0 {
                 None
             } else {
-                Some(*mapping_by_id.get(&location.mapping_id).ok_or_else(|| {
+                Some(mapping_by_id.get(location.mapping_id).ok_or_else(|| {
                     ReadError::Malformed(format!(
                         "location {} refers to mapping {}, which does not exist",
                         location.id, location.mapping_id
@@ -209,13 +218,13 @@ impl DecodedProfile {
             location_mapping.push(mapping);
             let mut own = Vec::with_capacity(location.line.len().max(1));
             for line in &location.line {
-                let function = function_by_id.get(&line.function_id).ok_or_else(|| {
+                let function = function_by_id.get(line.function_id).ok_or_else(|| {
                     ReadError::Malformed(format!(
                         "location {} refers to function {}, which does not exist",
                         location.id, line.function_id
                     ))
                 })?;
-                let function = &raw.function[*function];
+                let function = &raw.function[function as usize];
                 own.push(intern_frame(FrameInfo {
                     name: canonical[function.name as usize],
                     file: canonical[function.filename as usize],
@@ -225,11 +234,19 @@ impl DecodedProfile {
             }
             if own.is_empty() {
                 // No symbols (a native profile without symbolization): the
-                // address, and the binary it is in, are all there is.
-                let binary = mapping
-                    .map(|m| raw.string_table[raw.mapping[m as usize].filename as usize].as_str())
-                    .unwrap_or("");
-                let binary = binary.rsplit('/').next().unwrap_or(binary);
+                // address, and the binary it is in, are all there is. The
+                // binary's name is cut once per mapping: it is copied into
+                // each of its locations' names.
+                let binary = match mapping {
+                    Some(m) => binary_names[m as usize]
+                        .get_or_insert_with(|| {
+                            let path = &raw.string_table[raw.mapping[m as usize].filename as usize];
+                            let base = path.rsplit('/').next().unwrap_or(path);
+                            shown_at_most(base, MAX_BINARY_NAME_CHARS).into_owned()
+                        })
+                        .as_str(),
+                    None => "",
+                };
                 let name = if binary.is_empty() {
                     format!("0x{:x}", location.address)
                 } else {
@@ -269,7 +286,7 @@ impl DecodedProfile {
             let mut stack = Vec::with_capacity(sample.location_id.len());
             let mut depth = 0u64;
             for id in &sample.location_id {
-                let location = *location_by_id.get(id).ok_or_else(|| {
+                let location = location_by_id.get(*id).ok_or_else(|| {
                     ReadError::Malformed(format!(
                         "sample {position} refers to location {id}, which does not exist"
                     ))
@@ -325,6 +342,7 @@ impl DecodedProfile {
             sample_class,
             sample_depth,
             location_mapping,
+            canonical,
         })
     }
 
@@ -430,11 +448,16 @@ impl DecodedProfile {
         self.raw.sample.len()
     }
 
+    /// The profile's comments, each string once (a comment list can name
+    /// one long string any number of times), in order.
     pub fn comments(&self) -> Vec<&str> {
+        let mut seen = InputSet::default();
         self.raw
             .comment
             .iter()
-            .map(|i| self.string(*i as u32))
+            .map(|i| self.canonical[*i as usize])
+            .filter(|i| seen.insert(*i))
+            .map(|i| self.string(i))
             .collect()
     }
 
@@ -450,9 +473,51 @@ impl DecodedProfile {
     }
 }
 
+/// Positions of a profile's mappings, functions or locations by id.
+/// Profilers number them 1, 2, 3...: such ids are looked up in an array (a
+/// sample's every location is looked up, so this is the parse's inner
+/// loop); ids past twice the count go through a randomly keyed map.
+struct IdIndex {
+    dense: Vec<u32>,
+    sparse: InputMap<u64, u32>,
+}
+
+impl IdIndex {
+    const NONE: u32 = u32::MAX;
+
+    fn for_count(count: usize) -> Self {
+        IdIndex {
+            dense: vec![Self::NONE; 2 * count + 16],
+            sparse: InputMap::default(),
+        }
+    }
+
+    /// False if `id` was already taken.
+    fn insert(&mut self, id: u64, position: u32) -> bool {
+        match usize::try_from(id)
+            .ok()
+            .and_then(|id| self.dense.get_mut(id))
+        {
+            Some(slot) if *slot == Self::NONE => {
+                *slot = position;
+                true
+            }
+            Some(_) => false,
+            None => self.sparse.insert(id, position).is_none(),
+        }
+    }
+
+    fn get(&self, id: u64) -> Option<u32> {
+        match usize::try_from(id).ok().and_then(|id| self.dense.get(id)) {
+            Some(&slot) => (slot != Self::NONE).then_some(slot),
+            None => self.sparse.get(&id).copied(),
+        }
+    }
+}
+
 /// For each string of `table`, the index of its first occurrence.
 fn canonical_strings(table: &[String]) -> Vec<u32> {
-    let mut first: FastHashMap<&str, u32> = FastHashMap::default();
+    let mut first: InputMap<&str, u32> = InputMap::default();
     table
         .iter()
         .enumerate()
@@ -470,6 +535,9 @@ struct Wire<'a> {
 enum WireField<'a> {
     Scalar(u64),
     Bytes(u64, &'a [u8]),
+    /// A group's start or end (wire types 3 and 4): proto2's, never pprof's.
+    /// prost skips groups, so the estimate could not see what follows.
+    Group,
 }
 
 impl<'a> Wire<'a> {
@@ -509,6 +577,7 @@ impl<'a> Wire<'a> {
                 self.at = end;
                 Some(WireField::Bytes(number, bytes))
             }
+            3 | 4 => Some(WireField::Group),
             _ => None,
         }
     }
@@ -532,6 +601,9 @@ mod cost {
     /// A line of a location: its struct, the frame it may add (FrameInfo 32
     /// in a Vec and a map), its slot in the location's frame list.
     pub const LINE: u64 = 2 * 24 + 2 * 32 + 32 + 4;
+    /// The name made for a location without lines ("libfoo.so 0x1234", its
+    /// binary cut at 64 characters of up to 4 bytes) and its frame.
+    pub const UNSYMBOLIZED_NAME: u64 = 64 * 4 + 24 + 16 + 24 + 2 * 32 + 32 + 4;
     pub const FUNCTION: u64 = 2 * 40 + 32;
     pub const MAPPING: u64 = 2 * 56 + 32;
     pub const VALUE_TYPE: u64 = 2 * 16;
@@ -545,17 +617,21 @@ mod cost {
 /// and `from_raw`'s indexes), from one pass over the wire format that looks
 /// inside samples and locations too: an empty label or line is 2 bytes on
 /// the wire and 24-32 in memory, so counting bytes alone would not do.
-fn decode_memory_estimate(plain: &[u8]) -> u64 {
+fn decode_memory_estimate(plain: &[u8]) -> Result<u64, ReadError> {
+    let groups =
+        || ReadError::NotPprof("it holds protobuf groups, which pprof never uses".to_string());
     let mut estimate = 0u64;
     let mut add = |n: u64| estimate = estimate.saturating_add(n);
     let mut profile = Wire::new(plain);
     while let Some(field) = profile.next_field() {
         match field {
+            WireField::Group => return Err(groups()),
             WireField::Bytes(2, sample) => {
                 add(cost::SAMPLE);
                 let mut inner = Wire::new(sample);
                 while let Some(field) = inner.next_field() {
                     match field {
+                        WireField::Group => return Err(groups()),
                         WireField::Bytes(1 | 2, packed) => {
                             add(packed_count(packed).saturating_mul(cost::SAMPLE_NUMBER))
                         }
@@ -567,12 +643,20 @@ fn decode_memory_estimate(plain: &[u8]) -> u64 {
             }
             WireField::Bytes(4, location) => {
                 add(cost::LOCATION);
+                let mut lines = 0u64;
                 let mut inner = Wire::new(location);
                 while let Some(field) = inner.next_field() {
-                    if let WireField::Bytes(4, _) = field {
-                        add(cost::LINE);
+                    match field {
+                        WireField::Group => return Err(groups()),
+                        WireField::Bytes(4, _) => lines += 1,
+                        _ => {}
                     }
                 }
+                add(if lines == 0 {
+                    cost::UNSYMBOLIZED_NAME
+                } else {
+                    lines.saturating_mul(cost::LINE)
+                });
             }
             WireField::Bytes(1 | 11, _) => add(cost::VALUE_TYPE),
             WireField::Bytes(3, _) => add(cost::MAPPING),
@@ -583,7 +667,7 @@ fn decode_memory_estimate(plain: &[u8]) -> u64 {
             _ => {}
         }
     }
-    estimate
+    Ok(estimate)
 }
 
 /// Gunzips if the bytes are gzip (else returns them as they are), with the
@@ -633,12 +717,24 @@ fn check_shape(raw: &pprof::Profile) -> Result<(), ReadError> {
             "it declares no sample types".to_string(),
         ));
     }
+    if raw.sample_type.len() > MAX_SAMPLE_TYPES {
+        return Err(ReadError::Malformed(format!(
+            "it declares {} sample types (at most {MAX_SAMPLE_TYPES})",
+            raw.sample_type.len()
+        )));
+    }
     for (position, value_type) in raw.sample_type.iter().enumerate() {
         for index in [value_type.r#type, value_type.unit] {
             if index < 0 || index as usize >= raw.string_table.len() {
                 return Err(ReadError::Malformed(format!(
                     "sample type {position} refers to string {index}, but the string table has {} entries",
                     raw.string_table.len()
+                )));
+            }
+            let length = raw.string_table[index as usize].len();
+            if length > MAX_SAMPLE_TYPE_BYTES {
+                return Err(ReadError::Malformed(format!(
+                    "sample type {position} has a name or unit of {length} bytes (at most {MAX_SAMPLE_TYPE_BYTES})"
                 )));
             }
         }
@@ -836,11 +932,11 @@ pub(crate) mod tests {
         bomb.string_table
             .extend(std::iter::repeat_n(String::new(), 2_000_000));
         let bytes = bomb.encode_to_vec();
-        let estimate = decode_memory_estimate(&bytes);
+        let estimate = decode_memory_estimate(&bytes).unwrap();
         assert!(estimate >= 2_000_000 * 48, "{estimate}");
         assert!(estimate < MAX_DECODE_MEMORY, "still readable");
         // A real profile's estimate is small.
-        assert!(decode_memory_estimate(&small().encode_to_vec()) < 10_000);
+        assert!(decode_memory_estimate(&small().encode_to_vec()).unwrap() < 10_000);
     }
 
     #[test]

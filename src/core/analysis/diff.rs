@@ -11,6 +11,7 @@ use super::display::{rank, shown};
 use super::grouping::{describe_site, PathShortener};
 use super::top::class_label;
 use super::units::{format_percent, format_signed, format_value};
+use crate::core::analysis::InputMap;
 use crate::core::fast_hash::FastHashMap;
 
 #[derive(Debug, Clone)]
@@ -90,7 +91,8 @@ impl Tally {
     }
 }
 
-/// Rows keyed by something, each with one value slot per profile.
+/// Rows keyed by ids this module gives (nobody else's choice, so FxHash),
+/// each with one value slot per profile.
 struct Accumulator<K> {
     rows: FastHashMap<K, Tally>,
     profiles: usize,
@@ -134,16 +136,14 @@ fn ranked(
     limit: usize,
     describe: &mut dyn FnMut((usize, usize)) -> (String, Vec<String>),
 ) -> Vec<GrowthRow> {
-    let mut contexts: FastHashMap<(usize, usize), Vec<String>> = FastHashMap::default();
+    // Ranked by label, then by context (both describe the row).
     rank(tallies, limit, Tally::growth, |tally| {
-        let (label, context) = describe(tally.seen_at);
-        contexts.insert(tally.seen_at, context);
-        label
+        describe(tally.seen_at)
     })
     .into_iter()
-    .map(|(tally, label)| GrowthRow {
+    .map(|(tally, (label, context))| GrowthRow {
         label,
-        context: contexts.remove(&tally.seen_at).unwrap_or_default(),
+        context,
         values: tally.values,
     })
     .collect()
@@ -188,7 +188,7 @@ fn pick_sample_type(
 /// string table, and the same name must be one key across them. Each
 /// distinct string is hashed once per profile, never copied.
 struct SharedStrings<'p> {
-    ids: FastHashMap<&'p str, u32>,
+    ids: InputMap<&'p str, u32>,
 }
 
 impl<'p> SharedStrings<'p> {
@@ -197,7 +197,7 @@ impl<'p> SharedStrings<'p> {
     fn id(
         &mut self,
         profile: &'p DecodedProfile,
-        memo: &mut FastHashMap<u32, u32>,
+        memo: &mut InputMap<u32, u32>,
         index: u32,
     ) -> u32 {
         *memo.entry(index).or_insert_with(|| {
@@ -226,9 +226,9 @@ pub fn diff(profiles: &[&DecodedProfile], options: &DiffOptions) -> Result<Diff,
     let n = profiles.len();
 
     let mut strings = SharedStrings {
-        ids: FastHashMap::default(),
+        ids: InputMap::default(),
     };
-    let mut frame_ids: FastHashMap<(u32, u32, i64), u32> = FastHashMap::default();
+    let mut frame_ids: InputMap<(u32, u32, i64), u32> = InputMap::default();
     let mut location_ids: FastHashMap<Vec<u32>, u32> = FastHashMap::default();
     let mut stacks: Accumulator<Vec<u32>> = Accumulator::new(n);
     let mut methods: Accumulator<u32> = Accumulator::new(n);
@@ -237,7 +237,7 @@ pub fn diff(profiles: &[&DecodedProfile], options: &DiffOptions) -> Result<Diff,
 
     for (position, profile) in profiles.iter().enumerate() {
         let index = profile.sample_index(Some(&sample_type))?;
-        let mut memo: FastHashMap<u32, u32> = FastHashMap::default();
+        let mut memo: InputMap<u32, u32> = InputMap::default();
         let global: Vec<u32> = profile
             .frames
             .iter()

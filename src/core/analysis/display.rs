@@ -4,6 +4,7 @@
 //! and build labels only for the rows they print (`rank`).
 
 use std::borrow::Cow;
+use std::collections::BinaryHeap;
 
 /// Names longer than this many characters are cut, with "…" (real ones
 /// are well below it; a C++ template name can reach a few hundred).
@@ -14,11 +15,16 @@ pub const MAX_SHOWN_CHARS: usize = 500;
 /// `\u{1b}`, and past `MAX_SHOWN_CHARS` characters it is cut with "…".
 /// Borrows when there is nothing to change (the common case).
 pub fn shown(text: &str) -> Cow<'_, str> {
+    shown_at_most(text, MAX_SHOWN_CHARS)
+}
+
+/// `shown`, cut at `max_chars` characters.
+pub fn shown_at_most(text: &str, max_chars: usize) -> Cow<'_, str> {
     let mut chars = 0usize;
     let mut clean = true;
     for c in text.chars() {
         chars += 1;
-        if c.is_control() || chars > MAX_SHOWN_CHARS {
+        if c.is_control() || chars > max_chars {
             clean = false;
             break;
         }
@@ -26,9 +32,9 @@ pub fn shown(text: &str) -> Cow<'_, str> {
     if clean {
         return Cow::Borrowed(text);
     }
-    let mut out = String::with_capacity(text.len().min(MAX_SHOWN_CHARS * 4 + 8));
+    let mut out = String::with_capacity(text.len().min(max_chars * 4 + 8));
     for (count, c) in text.chars().enumerate() {
-        if count == MAX_SHOWN_CHARS {
+        if count == max_chars {
             out.push('…');
             break;
         }
@@ -42,16 +48,18 @@ pub fn shown(text: &str) -> Cow<'_, str> {
 }
 
 /// The first `keep` rows (all if 0) in a report's order: by `number`,
-/// biggest first, ties by label, A to Z. Labels cost time and memory (a
-/// crafted profile can make millions of rows with long names), so `label`
-/// is asked only for the rows shown and the rows tied with the last of
-/// them. Returns each row with its label.
-pub fn rank<R, N: Ord + Copy>(
+/// biggest first, ties by label, smallest first. Labels cost time and
+/// memory (a crafted profile can make millions of rows with long names,
+/// all tied), so `label` is asked only for the rows above the last one
+/// shown and for the rows tied with it, and of those tied rows only the
+/// ones that make the cut are kept: memory is that of what is shown.
+/// Returns each row with its label.
+pub fn rank<R, N: Ord + Copy, L: Ord>(
     mut rows: Vec<R>,
     keep: usize,
     number: impl Fn(&R) -> N,
-    mut label: impl FnMut(&R) -> String,
-) -> Vec<(R, String)> {
+    mut label: impl FnMut(&R) -> L,
+) -> Vec<(R, L)> {
     rows.sort_unstable_by_key(|row| std::cmp::Reverse(number(row)));
     let keep = if keep == 0 {
         rows.len()
@@ -62,13 +70,18 @@ pub fn rank<R, N: Ord + Copy>(
         return Vec::new();
     }
     let boundary = number(&rows[keep - 1]);
-    let end = keep
+    let above = rows[..keep]
+        .iter()
+        .take_while(|r| number(r) != boundary)
+        .count();
+    let tied_end = keep
         + rows[keep..]
             .iter()
             .take_while(|r| number(r) == boundary)
             .count();
-    rows.truncate(end);
-    let mut labelled: Vec<(R, String)> = rows
+    rows.truncate(tied_end);
+    let tied = rows.split_off(above);
+    let mut labelled: Vec<(R, L)> = rows
         .into_iter()
         .map(|row| {
             let text = label(&row);
@@ -78,8 +91,47 @@ pub fn rank<R, N: Ord + Copy>(
     labelled.sort_by(|(a, a_label), (b, b_label)| {
         number(b).cmp(&number(a)).then_with(|| a_label.cmp(b_label))
     });
-    labelled.truncate(keep);
+    // The tied rows' smallest labels, in a heap of `room` at most (its top
+    // is the largest kept, dropped first).
+    let room = keep - above;
+    let mut smallest: BinaryHeap<ByLabel<R, L>> = BinaryHeap::with_capacity(room + 1);
+    for row in tied {
+        let text = label(&row);
+        if smallest.len() == room {
+            if smallest.peek().is_some_and(|top| text >= top.1) {
+                continue;
+            }
+            smallest.pop();
+        }
+        smallest.push(ByLabel(row, text));
+    }
+    let mut tied: Vec<ByLabel<R, L>> = smallest.into_vec();
+    tied.sort_by(|a, b| a.1.cmp(&b.1));
+    labelled.extend(tied.into_iter().map(|ByLabel(row, text)| (row, text)));
     labelled
+}
+
+/// A row ordered by its label alone (for `rank`'s heap).
+struct ByLabel<R, L>(R, L);
+
+impl<R, L: Ord> PartialEq for ByLabel<R, L> {
+    fn eq(&self, other: &Self) -> bool {
+        self.1 == other.1
+    }
+}
+
+impl<R, L: Ord> Eq for ByLabel<R, L> {}
+
+impl<R, L: Ord> PartialOrd for ByLabel<R, L> {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl<R, L: Ord> Ord for ByLabel<R, L> {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.1.cmp(&other.1)
+    }
 }
 
 #[cfg(test)]
@@ -117,6 +169,11 @@ mod tests {
         // The two 9s, and every 5 (tied with the third row); never the 1.
         asked.sort_unstable();
         assert_eq!(asked, ["a", "a", "b", "c", "e"]);
+        // Of many tied rows, the smallest labels, in order.
+        let tied: Vec<u32> = (0..10_000).rev().collect();
+        let ranked = rank(tied, 3, |_| 1, |n| format!("{n:05}"));
+        let labels: Vec<&str> = ranked.iter().map(|(_, l)| l.as_str()).collect();
+        assert_eq!(labels, ["00000", "00001", "00002"]);
         let all = rank(rows, 0, |r| r.0, |r| r.1.to_string());
         let order: Vec<(i32, &str)> = all.iter().map(|(r, _)| *r).collect();
         assert_eq!(

@@ -28,6 +28,7 @@ use std::fmt::Write as _;
 use super::decoded_profile::DecodedProfile;
 use super::display::shown;
 use super::units::{format_percent, format_time_utc, format_value};
+use crate::core::analysis::InputMap;
 use crate::core::fast_hash::FastHashMap;
 
 const PAGE_CSS: &str = include_str!("flamegraph/page.css");
@@ -644,10 +645,11 @@ impl<'a> Tree<'a> {
             children: Vec<u32>,
         }
         let mut strings: Vec<&'a str> = Vec::new();
-        let mut string_ids: FastHashMap<&'a str, u32> = FastHashMap::default();
+        let mut string_ids: InputMap<&'a str, u32> = InputMap::default();
         // By address first: a profile's frames borrow its string table, so
         // one name is one slice, hashed once however long it is and however
         // many frames use it.
+        // (Addresses and our own ids are nobody's choice: FxHash is safe.)
         let mut slice_ids: FastHashMap<(usize, usize), u32> = FastHashMap::default();
         let mut intern = |s: &'a str| -> u32 {
             *slice_ids
@@ -716,6 +718,7 @@ impl<'a> Tree<'a> {
 
         // Depth-first order, children sorted; an explicit stack, as stacks
         // can be thousands of frames deep.
+        let ranks = string_ranks(&strings);
         let mut ordered: Vec<Node> = Vec::with_capacity(nodes.len());
         let mut todo: Vec<(u32, u32, u32)> = vec![(0, 0, 0)]; // (building id, parent, depth)
         while let Some((id, parent, depth)) = todo.pop() {
@@ -734,7 +737,7 @@ impl<'a> Tree<'a> {
             });
             children.sort_unstable_by(|&a, &b| {
                 let (a, b) = (&nodes[a as usize], &nodes[b as usize]);
-                compare_frames(&strings, (a.name, a.file), (b.name, b.file))
+                compare_frames(&ranks, (a.name, a.file), (b.name, b.file))
             });
             todo.extend(
                 children
@@ -856,6 +859,7 @@ impl<'a> Tree<'a> {
     /// first. A recursive function's cum counts each stack once: only its
     /// outermost frame on a path adds to it.
     fn functions(&self) -> Vec<Function> {
+        let ranks = string_ranks(&self.strings);
         let mut functions: Vec<Function> = Vec::new();
         let mut function_ids: FastHashMap<(u32, u32), u32> = FastHashMap::default();
         let mut on_path: Vec<u32> = Vec::new(); // frames of each function on the path
@@ -892,17 +896,35 @@ impl<'a> Tree<'a> {
             b.flat
                 .cmp(&a.flat)
                 .then(b.cum.cmp(&a.cum))
-                .then_with(|| compare_frames(&self.strings, (a.name, a.file), (b.name, b.file)))
+                .then_with(|| compare_frames(&ranks, (a.name, a.file), (b.name, b.file)))
         });
         functions
     }
 }
 
-fn compare_frames<S: AsRef<str>>(strings: &[S], a: (u32, u32), b: (u32, u32)) -> Ordering {
-    let text = |id: u32| strings[id as usize].as_ref();
-    text(a.0)
-        .cmp(text(b.0))
-        .then_with(|| text(a.1).cmp(text(b.1)))
+/// Frames ordered by name, then file, through `string_ranks`.
+fn compare_frames(ranks: &[u32], a: (u32, u32), b: (u32, u32)) -> Ordering {
+    let rank = |id: u32| ranks[id as usize];
+    rank(a.0)
+        .cmp(&rank(b.0))
+        .then_with(|| rank(a.1).cmp(&rank(b.1)))
+}
+
+/// Each string's place among all of them in text order: strings are
+/// compared once each here, then frames by number (names can be long, and
+/// share long prefixes, and a tree sorts millions of children).
+fn string_ranks<S: AsRef<str>>(strings: &[S]) -> Vec<u32> {
+    let mut order: Vec<u32> = (0..strings.len() as u32).collect();
+    order.sort_unstable_by(|&a, &b| {
+        strings[a as usize]
+            .as_ref()
+            .cmp(strings[b as usize].as_ref())
+    });
+    let mut ranks = vec![0u32; strings.len()];
+    for (rank, &index) in order.iter().enumerate() {
+        ranks[index as usize] = rank as u32;
+    }
+    ranks
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 
 use super::decoded_profile::{DecodedProfile, FrameInfo};
 use super::display::shown;
-use crate::core::fast_hash::FastHashMap;
+use crate::core::analysis::InputMap;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GroupBy {
@@ -183,9 +183,9 @@ impl FrameGroups {
     pub fn new(profile: &DecodedProfile, by: GroupBy, paths: &PathShortener) -> FrameGroups {
         const NO_FILE: u32 = u32::MAX;
         // Per file string: its shortened path's (or gem's) id, computed once.
-        let mut file_key: FastHashMap<u32, u32> = FastHashMap::default();
-        let mut texts: FastHashMap<String, u32> = FastHashMap::default();
-        let mut groups: FastHashMap<(u32, u32, i64), u32> = FastHashMap::default();
+        let mut file_key: InputMap<u32, u32> = InputMap::default();
+        let mut texts: InputMap<String, u32> = InputMap::default();
+        let mut groups: InputMap<(u32, u32, i64), u32> = InputMap::default();
         let mut representative = Vec::new();
         let of_frame = profile
             .frames

@@ -253,6 +253,94 @@ fn terminal_escapes_in_names_are_shown_escaped() {
     );
 }
 
+#[test]
+fn a_group_cannot_hide_what_follows_from_the_estimate() {
+    // proto2 groups, which prost skips, once stopped the estimate: 2 bytes
+    // in front of 20 million empty labels got them decoded.
+    let mut raw = profile(&["A#a"], &[vec![(1, 1)]], &[vec![1]]);
+    raw.sample[0].label = vec![pprof::Label::default(); miri_scaled(1_000)];
+    let mut bytes = vec![(100 << 3) | 3, 6, (100 << 3) | 4, 6];
+    bytes.extend(raw.encode_to_vec());
+    let error = DecodedProfile::decode(&bytes).err().expect("refused");
+    assert!(error.to_string().contains("protobuf groups"), "{error}");
+}
+
+#[test]
+fn a_long_name_named_many_times_is_copied_at_most_once_per_use_shown() {
+    // A 1 MB binary name for 300 unsymbolized locations, 300 comments and
+    // one sample: each location's name once held the whole binary name.
+    let big = "B".repeat(miri_scaled(1 << 20));
+    let mut raw = profile(&["A#a"], &[vec![(1, 1)]], &[]);
+    raw.string_table.push(big.clone());
+    let big_index = raw.string_table.len() as i64 - 1;
+    raw.mapping.push(pprof::Mapping {
+        id: 1,
+        filename: big_index,
+        ..Default::default()
+    });
+    raw.location.extend((0..300).map(|k| pprof::Location {
+        id: 2 + k,
+        mapping_id: 1,
+        address: 0x1000 + k,
+        ..Default::default()
+    }));
+    raw.sample.push(pprof::Sample {
+        location_id: (2..302).collect(),
+        value: vec![1],
+        label: Vec::new(),
+    });
+    raw.comment = vec![big_index; 300];
+    let bytes = gzip(&raw.encode_to_vec());
+    let (texts, peak) = peak_bytes_during(|| read_everything(&bytes).expect("readable"));
+    // The profile (twice: to_pprof and merge re-encode it) and little else.
+    assert!(peak < 6 * big.len() + (16 << 20), "{peak} bytes");
+    let profile = DecodedProfile::decode(&bytes).expect("readable");
+    assert_eq!(profile.comments().len(), 1);
+    let leaf = profile.stack(0).next().expect("a frame");
+    assert!(
+        profile.string(leaf.name).len() < 300,
+        "{}",
+        profile.string(leaf.name).len()
+    );
+    assert!(texts[0].contains("BBBB…"), "{}", texts[0]);
+}
+
+#[test]
+fn many_or_long_sample_types_are_refused() {
+    let mut raw = profile(&["A#a"], &[vec![(1, 1)]], &[vec![1]]);
+    raw.sample_type = vec![pprof::ValueType { r#type: 1, unit: 2 }; 400];
+    raw.sample[0].value = vec![1; 400];
+    let error = DecodedProfile::decode(&raw.encode_to_vec())
+        .err()
+        .expect("refused");
+    assert!(error.to_string().contains("400 sample types"), "{error}");
+    let mut raw = profile(&["A#a"], &[vec![(1, 1)]], &[vec![1]]);
+    raw.string_table[1] = "t".repeat(10_000);
+    let error = DecodedProfile::decode(&raw.encode_to_vec())
+        .err()
+        .expect("refused");
+    assert!(error.to_string().contains("10000 bytes"), "{error}");
+}
+
+#[test]
+fn rows_tied_by_the_thousand_are_labelled_in_bounded_memory() {
+    // One location of 50,000 lines (all tied in value) of a function whose
+    // name is 500 control characters (each shown as a 6-byte escape): only
+    // the rows shown may keep a label.
+    let name = "\u{1}".repeat(500);
+    let lines: Vec<(u64, i64)> = (0..miri_scaled(50_000)).map(|k| (1, k as i64)).collect();
+    let bytes = gzip(&profile(&[&name], &[lines], &[vec![1]]).encode_to_vec());
+    let profile = DecodedProfile::decode(&bytes).expect("readable");
+    let options = TopOptions {
+        by: GroupBy::Line,
+        limit: 5,
+        ..TopOptions::default()
+    };
+    let (text, peak) = peak_bytes_during(|| render_top(&profile, &options).expect("a table"));
+    assert_eq!(text.matches("\\u{1}").count(), 5 * 500);
+    assert!(peak < 16 << 20, "{peak} bytes");
+}
+
 /// The fuzz test's inputs before mutation: the reproducers (scaled down so
 /// a mutation of them decodes now and then) and ordinary profiles.
 fn seed_corpus() -> Vec<Vec<u8>> {
@@ -278,14 +366,14 @@ fn seed_corpus() -> Vec<Vec<u8>> {
 }
 
 /// One random change: flip bytes, duplicate a slice (repeated fields, more
-/// samples), insert a large varint, or cut the end.
+/// samples), insert a large varint or a protobuf group, or cut the end.
 fn mutate(bytes: &mut Vec<u8>, random: &mut StdRng) {
     if bytes.is_empty() {
         bytes.push(random.random());
         return;
     }
     let at = random.random_range(0..bytes.len());
-    match random.random_range(0..5) {
+    match random.random_range(0..6) {
         0 => bytes[at] = random.random(),
         1 => bytes[at] ^= 1 << random.random_range(0..8),
         2 => {
@@ -301,6 +389,10 @@ fn mutate(bytes: &mut Vec<u8>, random: &mut StdRng) {
             let mut varint = Vec::new();
             prost::encoding::encode_varint(value, &mut varint);
             bytes.splice(at..at, varint);
+        }
+        4 => {
+            let field = random.random_range(1..20u8);
+            bytes.splice(at..at, [(field << 3) | 3, (field << 3) | 4]);
         }
         _ => bytes.truncate(at),
     }
@@ -326,6 +418,8 @@ fn random_profile(random: &mut StdRng) -> Vec<u8> {
     let sample_count = pick(60, 1_000);
     let depths: Vec<usize> = (0..sample_count).map(|_| pick(12, 2_000)).collect();
     let type_count = 1 + pick(3, 8);
+    let mapping_count = pick(2, 20);
+    let comment_count = pick(3, 400);
     let alphabet = [
         'a', 'Z', '#', '/', '\u{1b}', '\u{7}', '\r', 'é', '🔥', '<', '&', '"',
     ];
@@ -344,6 +438,15 @@ fn random_profile(random: &mut StdRng) -> Vec<u8> {
         _ => random.random_range(0..1_000_000i64),
     };
     let raw = pprof::Profile {
+        mapping: (0..mapping_count)
+            .map(|k| pprof::Mapping {
+                id: k as u64 + 1,
+                filename: string(random),
+                build_id: string(random),
+                ..Default::default()
+            })
+            .collect(),
+        comment: (0..comment_count).map(|_| string(random)).collect(),
         sample_type: (0..type_count)
             .map(|_| pprof::ValueType {
                 r#type: string(random),
@@ -364,6 +467,12 @@ fn random_profile(random: &mut StdRng) -> Vec<u8> {
             .enumerate()
             .map(|(k, &n)| pprof::Location {
                 id: k as u64 + 1,
+                mapping_id: if mapping_count > 0 && random.random_bool(0.3) {
+                    random.random_range(1..=mapping_count as u64)
+                } else {
+                    0
+                },
+                address: random.random(),
                 line: (0..n)
                     .map(|_| pprof::Line {
                         function_id: random.random_range(1..=function_count as u64),

@@ -2,16 +2,17 @@
 //! functions, mappings and locations are interned again into one set of
 //! tables; samples with the same stack and labels are added up.
 
-use crate::core::fast_hash::{FastHashMap, FastHashSet};
+use crate::core::analysis::{InputMap, InputSet};
 use crate::core::pprof;
 
 use super::decoded_profile::DecodedProfile;
+use super::display::shown;
 
 /// Interns strings into the merged profile's table.
 #[derive(Default)]
 struct Strings {
     table: Vec<String>,
-    index: FastHashMap<String, i64>,
+    index: InputMap<String, i64>,
 }
 
 impl Strings {
@@ -85,13 +86,13 @@ pub fn merge(profiles: &[&DecodedProfile]) -> Result<pprof::Profile, String> {
         ..Default::default()
     };
 
-    let mut functions: FastHashMap<FunctionKey, u64> = FastHashMap::default();
-    let mut mappings: FastHashMap<MappingKey, u64> = FastHashMap::default();
-    let mut locations: FastHashMap<LocationKey, u64> = FastHashMap::default();
-    let mut samples: FastHashMap<SampleKey, Vec<i64>> = FastHashMap::default();
+    let mut functions: InputMap<FunctionKey, u64> = InputMap::default();
+    let mut mappings: InputMap<MappingKey, u64> = InputMap::default();
+    let mut locations: InputMap<LocationKey, u64> = InputMap::default();
+    let mut samples: InputMap<SampleKey, Vec<i64>> = InputMap::default();
     let mut sample_order: Vec<SampleKey> = Vec::new();
     let mut comments: Vec<String> = Vec::new();
-    let mut seen_comments: FastHashSet<String> = FastHashSet::default();
+    let mut seen_comments: InputSet<String> = InputSet::default();
     let (mut start, mut end) = (i64::MAX, i64::MIN);
 
     for (position, profile) in profiles.iter().enumerate() {
@@ -105,7 +106,10 @@ pub fn merge(profiles: &[&DecodedProfile]) -> Result<pprof::Profile, String> {
             .filter(|_| own.len() == types.len())
             .ok_or_else(|| {
                 let describe = |ts: &[(String, String)]| {
-                    ts.iter().map(|(t, u)| format!("{t}/{u}")).collect::<Vec<_>>().join(", ")
+                    ts.iter()
+                        .map(|(t, u)| format!("{}/{}", shown(t), shown(u)))
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 };
                 format!(
                     "profile {} has sample types {} but profile 1 has {}: only profiles of one kind can be merged",
@@ -117,7 +121,7 @@ pub fn merge(profiles: &[&DecodedProfile]) -> Result<pprof::Profile, String> {
         let raw = &profile.raw;
         let mut own_strings = ProfileStrings::new(profile);
 
-        let mut function_ids: FastHashMap<u64, u64> = FastHashMap::default();
+        let mut function_ids: InputMap<u64, u64> = InputMap::default();
         for function in &raw.function {
             let key = (
                 own_strings.id(&mut strings, function.name),
@@ -139,7 +143,7 @@ pub fn merge(profiles: &[&DecodedProfile]) -> Result<pprof::Profile, String> {
             function_ids.insert(function.id, id);
         }
 
-        let mut mapping_ids: FastHashMap<u64, u64> = FastHashMap::default();
+        let mut mapping_ids: InputMap<u64, u64> = InputMap::default();
         for mapping in &raw.mapping {
             let key = (
                 own_strings.id(&mut strings, mapping.filename),
@@ -164,7 +168,7 @@ pub fn merge(profiles: &[&DecodedProfile]) -> Result<pprof::Profile, String> {
             mapping_ids.insert(mapping.id, id);
         }
 
-        let mut location_ids: FastHashMap<u64, u64> = FastHashMap::default();
+        let mut location_ids: InputMap<u64, u64> = InputMap::default();
         for location in &raw.location {
             let lines: Vec<(u64, i64, i64)> = location
                 .line

@@ -7,7 +7,7 @@ use super::decoded_profile::DecodedProfile;
 use super::display::{rank, shown};
 use super::grouping::{frame_label, FrameGroups, GroupBy, PathShortener};
 use super::units::{format_duration, format_percent, format_time_utc, format_value};
-use crate::core::fast_hash::{FastHashMap, FastHashSet};
+use crate::core::analysis::InputSet;
 
 #[derive(Debug, Clone)]
 pub struct TopOptions {
@@ -17,7 +17,7 @@ pub struct TopOptions {
     /// Rows shown; 0 shows all.
     pub limit: usize,
     /// Only samples with a frame in this set (frame indices) count.
-    pub focus: Option<FastHashSet<u32>>,
+    pub focus: Option<InputSet<u32>>,
     /// What the focus was, for the header ("/PageCache/").
     pub focus_description: String,
     pub sort_by_cum: bool,
@@ -70,7 +70,7 @@ pub struct TopTable {
 pub(crate) fn in_focus(
     profile: &DecodedProfile,
     sample: usize,
-    focus: &Option<FastHashSet<u32>>,
+    focus: &Option<InputSet<u32>>,
 ) -> bool {
     let Some(focus) = focus else {
         return true;
@@ -98,19 +98,28 @@ pub fn top_table(profile: &DecodedProfile, options: &TopOptions) -> Result<TopTa
     let mut total = 0i64;
     let mut profile_total = 0i64;
     let mut samples_counted = 0usize;
-    // (group, flat, cum): groups are frame groups, or class string indexes
-    // (u32::MAX: samples without a class label).
-    let mut values: FastHashMap<u32, (i64, i64)> = FastHashMap::default();
-    let mut add = |group: u32, flat: i64, cum: i64| {
-        let slot = values.entry(group).or_default();
-        slot.0 = slot.0.saturating_add(flat);
-        slot.1 = slot.1.saturating_add(cum);
-    };
-
     let groups = options
         .by
         .is_per_frame()
         .then(|| FrameGroups::new(profile, options.by, &paths));
+    // (flat, cum) by group: a frame group, or a class label's string index
+    // (the last slot: samples without one). Both are dense, so a Vec.
+    const NO_CLASS: u32 = u32::MAX;
+    let slots = match &groups {
+        Some(groups) => groups.representative.len(),
+        None => profile.raw.string_table.len() + 1,
+    };
+    let mut values: Vec<(i64, i64)> = vec![(0, 0); slots];
+    let mut add = |group: u32, flat: i64, cum: i64| {
+        let index = if group == NO_CLASS {
+            slots - 1
+        } else {
+            group as usize
+        };
+        let slot = &mut values[index];
+        slot.0 = slot.0.saturating_add(flat);
+        slot.1 = slot.1.saturating_add(cum);
+    };
     let mut on_stack: Vec<u32> = Vec::new();
     let mut on_locations: Vec<u32> = Vec::new();
     for (sample, value) in profile.values(index).enumerate() {
@@ -156,7 +165,16 @@ pub fn top_table(profile: &DecodedProfile, options: &TopOptions) -> Result<TopTa
 
     let rows: Vec<(u32, (i64, i64))> = values
         .into_iter()
+        .enumerate()
         .filter(|(_, (flat, cum))| *flat != 0 || *cum != 0)
+        .map(|(index, sums)| {
+            let group = if groups.is_none() && index == slots - 1 {
+                NO_CLASS
+            } else {
+                index as u32
+            };
+            (group, sums)
+        })
         .collect();
     let row_count = rows.len();
     let label = |(group, _): &(u32, (i64, i64))| match &groups {
@@ -164,7 +182,7 @@ pub fn top_table(profile: &DecodedProfile, options: &TopOptions) -> Result<TopTa
             let frame = groups.representative[*group as usize];
             frame_label(profile, &profile.frames[frame as usize], options.by, &paths)
         }
-        None if *group == u32::MAX => "(no class label)".to_string(),
+        None if *group == NO_CLASS => "(no class label)".to_string(),
         None => shown(profile.string(*group)).into_owned(),
     };
     let ranked = if options.sort_by_cum {
@@ -241,7 +259,7 @@ pub fn render_top(profile: &DecodedProfile, options: &TopOptions) -> Result<Stri
         let _ = writeln!(
             out,
             "No samples with {} {}.",
-            table.sample_type,
+            shown(&table.sample_type),
             if options.focus.is_some() {
                 "match the focus"
             } else {
@@ -407,7 +425,7 @@ mod tests {
     #[test]
     fn focus_keeps_samples_through_a_frame() {
         let profile = leaky();
-        let focus: FastHashSet<u32> = profile
+        let focus: InputSet<u32> = profile
             .frames
             .iter()
             .enumerate()
@@ -452,7 +470,7 @@ Showing 4 of 4 functions: 2.38 MB of 2.38 MB total (100.0%)
     fn empty_and_unknown_sample_type() {
         let profile = leaky();
         let mut options = options(GroupBy::Function, "inuse_space");
-        options.focus = Some(FastHashSet::default());
+        options.focus = Some(InputSet::default());
         options.focus_description = "/nothing/".to_string();
         let text = render_top(&profile, &options).unwrap();
         assert!(
