@@ -134,8 +134,16 @@ RSpec.describe "hostile input" do
       expect(config.warnings.join).to include("got \"ftp://host\"")
       expect(config.warnings.join).not_to include("SECRET", "123456")
       # %XX is decoded, '+' stays '+', and '@' can be written %40.
-      _, user, password = MemprofilerPprof::PyroscopeUploader.split_credentials("https://u%3Ax:p%40ss+w@h")
-      expect([user, password]).to eq(["u:x", "p@ss+w"])
+      split = ->(address) { MemprofilerPprof::PyroscopeUploader.split_credentials(address) }
+      expect(split["https://u%3Ax:p%40ss+w@h"]).to eq(["https://h", "u:x", "p@ss+w"])
+      # An '@' in the path or query never picks the host.
+      expect(split["https://host/t@evil.example"]).to eq(["https://host/t@evil.example", nil, nil])
+      expect(split["https://u:tok@host/p?e=a@evil.example"]).to eq(["https://host/p?e=a@evil.example", "u", "tok"])
+      expect(split["https://u:x/y@host/p?q=a@b"]).to eq(["https://host/p?q=a@b", "u", "x/y"])
+      expect(split["https://u:a+b@[::1]:4040/x"]).to eq(["https://[::1]:4040/x", "u", "a+b"])
+      # Without "//" everything before the last '@' is hidden.
+      expect { MemprofilerPprof::PyroscopeUploader.new(server_address: "admin:s3cr3t@host", application_name: "a") }
+        .to raise_error(ArgumentError) { |e| expect(e.message).not_to include("s3cr3t", "admin") }
     end
 
     it "logs a server's error body with its control characters made visible" do
@@ -184,6 +192,15 @@ RSpec.describe "hostile input" do
           .to raise_error(Errno::EACCES, /belongs to another user/)
       end
       expect(Dir.children(other)).to be_empty
+    end
+
+    it "refuses a directory anybody may write to, unless it is sticky like /tmp" do
+      open_dir = path("open")
+      Dir.mkdir(open_dir)
+      File.chmod(0o777, open_dir)
+      expect { data.write(File.join(open_dir, "heap.pprof")) }.to raise_error(Errno::EACCES, /written by anybody/)
+      File.chmod(0o1777, open_dir)
+      expect(File.file?(data.write(File.join(open_dir, "heap.pprof")))).to be(true)
     end
 
     it "shows terminal escape sequences in names escaped" do

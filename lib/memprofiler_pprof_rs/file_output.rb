@@ -32,29 +32,37 @@ module MemprofilerPprof
       FileUtils.mkdir_p(directory, mode: DIRECTORY_MODE) unless File.directory?(directory)
       check_directory(directory)
       temporary = File.join(directory, ".#{File.basename(path)}.#{SecureRandom.hex(8)}.tmp")
+      created = false
       begin
         flags = File::WRONLY | File::CREAT | File::EXCL | File::NOFOLLOW
         File.open(temporary, flags, mode, binmode: true) do |file|
+          created = true
           file.chmod(mode) # the umask may have cleared bits that were asked for
           written = 0
           written += file.syswrite(data.byteslice(written..)) while written < data.bytesize
         end
         overwrite ? File.rename(temporary, path) : publish_without_overwriting(temporary, path)
       ensure
-        File.unlink(temporary) if File.exist?(temporary)
+        # Only a file this call made: never one that was there first.
+        File.unlink(temporary) if created && File.exist?(temporary)
       end
       path
     end
 
-    # Refuses a directory that another user owns (or a symlink to one):
-    # its owner could replace or remove what is written there. Root's
-    # directories (/tmp) are fine: the temporary file is exclusive.
+    # Refuses a directory that another user owns (or a symlink to one), and
+    # one that anybody may write to without the sticky bit: there others
+    # could replace or remove what is written. Root's directories are fine,
+    # and /tmp (sticky): the temporary file is exclusive.
     def check_directory(directory)
-      owner = File.stat(directory).uid
-      return if owner == Process.euid || owner.zero?
+      stat = File.stat(directory)
+      unless stat.uid == Process.euid || stat.uid.zero?
+        raise Errno::EACCES, "#{directory} belongs to another user (uid #{stat.uid}); " \
+                             "refusing to write there (use a directory of your own)"
+      end
+      return unless stat.world_writable? && !stat.sticky?
 
-      raise Errno::EACCES, "#{directory} belongs to another user (uid #{owner}); " \
-                           "refusing to write there (use a directory of your own)"
+      raise Errno::EACCES, "#{directory} may be written by anybody (mode #{format('%o', stat.mode & 0o7777)}, " \
+                           "no sticky bit); refusing to write there"
     end
 
     # link(2) fails if `path` exists, atomically; the temporary name is then

@@ -142,22 +142,42 @@ module MemprofilerPprof
     # For messages: the address without its credentials.
     def without_credentials(address)
       stripped, user, = self.class.split_credentials(address.to_s)
-      (user ? stripped.sub("//", "//[FILTERED]@") : stripped).inspect
+      return stripped.inspect unless user
+
+      (stripped.include?("//") ? stripped.sub("//", "//[FILTERED]@") : "[FILTERED]@#{stripped}").inspect
     end
 
-    # [address without credentials, user, password] of "scheme://user:password@host...".
-    # Users paste tokens unencoded, and Grafana Cloud's are base64: '/', '+'
-    # and '=' in them are the token's own. So the credentials run from "//"
-    # to the last "@" (a host name holds none), and only %XX escapes are
-    # decoded ('+' stays '+'). user and password are nil without an "@".
+    # [address without credentials, user, password] of
+    # "scheme://user:password@host..."; user and password are nil without
+    # credentials. A proper URL is read as one (%XX decoded, '+' kept).
+    # Users also paste tokens unencoded, and Grafana Cloud's are base64:
+    # '/' in one makes the URL unparsable. Then the credentials run from
+    # "//" to the last '@' before any '?' or '#' (a host holds none, and a
+    # query's '@' must never pick the host). Without "//", everything up to
+    # the last '@' is hidden.
     def self.split_credentials(address)
-      scheme_end = address.index("//")
-      at = address.rindex("@")
-      return [address, nil, nil] unless scheme_end && at && at > scheme_end
+      begin
+        uri = URI.parse(address)
+        if uri.host
+          return [address, nil, nil] unless uri.userinfo
 
-      userinfo = address[(scheme_end + 2)...at]
-      user, password = userinfo.split(":", 2)
-      [address[0, scheme_end + 2] + address[(at + 1)..], percent_decode(user), percent_decode(password.to_s)]
+          # The userinfo as written sits right after "//" (URI#userinfo=
+          # cannot remove it).
+          start = address.index("//") + 2
+          stripped = address[0, start] + address[(start + uri.userinfo.size + 1)..]
+          return [stripped, percent_decode(uri.user.to_s), percent_decode(uri.password.to_s)]
+        end
+      rescue URI::InvalidURIError
+        nil
+      end
+      scheme_end = address.index("//")
+      authority_end = address.index(/[?#]/, scheme_end ? scheme_end + 2 : 0) || address.size
+      at = address.rindex("@", authority_end - 1)
+      return [address, nil, nil] unless at && (scheme_end.nil? || at > scheme_end)
+      return [address[(at + 1)..], "", ""] unless scheme_end
+
+      user, password = address[(scheme_end + 2)...at].split(":", 2)
+      [address[0, scheme_end + 2] + address[(at + 1)..], percent_decode(user.to_s), percent_decode(password.to_s)]
     end
 
     def self.percent_decode(text)
