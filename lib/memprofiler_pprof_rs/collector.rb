@@ -158,7 +158,9 @@ module MemprofilerPprof
       start!
       begin
         yield
-        flush(**flush_options)
+        # flush(**{}) allocates a Hash on Ruby 3.3+, inside the interval
+        # the profile covers.
+        flush_options.empty? ? flush : flush(**flush_options)
       ensure
         stop!
       end
