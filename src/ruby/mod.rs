@@ -16,8 +16,9 @@ mod method_table;
 mod profile_class;
 
 use rb_sys::{
-    rb_cObject, rb_define_alloc_func, rb_define_class_under, rb_define_module,
-    rb_define_module_under, rb_set_end_proc, rb_undef_alloc_func, Qnil, VALUE,
+    rb_cObject, rb_define_alloc_func, rb_define_class_under, rb_define_const, rb_define_module,
+    rb_define_module_under, rb_float_new, rb_hash_aset, rb_hash_new, rb_id2sym, rb_intern,
+    rb_obj_freeze, rb_set_end_proc, rb_undef_alloc_func, Qnil, VALUE,
 };
 
 use errors::{method_entry, protect};
@@ -68,9 +69,43 @@ pub unsafe extern "C" fn Init_memprofiler_pprof_rs() {
                 define_methods(profile, &profile_methods);
                 let empty_hooks = rb_define_module_under(module, c"EmptyHooks".as_ptr());
                 define_methods(empty_hooks, &empty_hooks_methods);
+                define_defaults(module);
                 rb_set_end_proc(Some(active_collectors::disable_all_at_exit), Qnil as VALUE);
                 Qnil as VALUE
             }
         })
     });
+}
+
+/// `MemprofilerPprof::DEFAULTS`: the one home of the collector's default
+/// settings. A Collector starts with them natively (before #initialize),
+/// and the Ruby side (Collector.new, EnvConfig) reads them from here.
+///
+/// # Safety
+/// GVL held, under protect (allocates and may raise NoMemoryError).
+unsafe fn define_defaults(module: VALUE) {
+    use collector::{
+        DEFAULT_MAX_ALLOCATION_SAMPLES, DEFAULT_MAX_HEAP_SAMPLES, DEFAULT_SAMPLE_RATE,
+    };
+    // SAFETY: the caller holds the GVL under protect; the keys are static C
+    // strings; rb_int2inum takes any isize.
+    unsafe {
+        let defaults = rb_hash_new();
+        let entries = [
+            (c"sample_rate", rb_float_new(DEFAULT_SAMPLE_RATE)),
+            (
+                c"max_allocation_samples",
+                rb_sys::rb_int2inum(DEFAULT_MAX_ALLOCATION_SAMPLES as _),
+            ),
+            (
+                c"max_heap_samples",
+                rb_sys::rb_int2inum(DEFAULT_MAX_HEAP_SAMPLES as _),
+            ),
+        ];
+        for (key, value) in entries {
+            rb_hash_aset(defaults, rb_id2sym(rb_intern(key.as_ptr())), value);
+        }
+        rb_obj_freeze(defaults);
+        rb_define_const(module, c"DEFAULTS".as_ptr(), defaults);
+    }
 }
