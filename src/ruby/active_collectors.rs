@@ -11,7 +11,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{LazyLock, Once};
 
 use super::collector::Collector;
-use crate::core::lock::SamplerLock;
+use crate::sampler::lock::SamplerLock;
 
 /// Addresses of `Collector`s (their Box, which does not move). A collector
 /// removes itself before it is dropped, so every address here is valid.

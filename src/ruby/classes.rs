@@ -8,8 +8,8 @@ use rb_sys::{
 
 use super::convert::utf8_string;
 use super::errors::{protect, RbResult};
-use crate::core::fast_hash::FastHashMap;
-use crate::core::sampler_state::{ClassRef, ObjectInfo};
+use crate::fast_hash::FastHashMap;
+use crate::sampler::state::{ClassRef, ObjectInfo};
 
 const T_MASK: VALUE = 0x1f;
 
@@ -88,7 +88,7 @@ pub unsafe fn object_info(object: VALUE) -> ObjectInfo {
 
 /// Class handles that are real class VALUEs (to be marked).
 pub fn is_class_value(class: ClassRef) -> bool {
-    crate::core::named_classes::is_ruby_class(class)
+    crate::sampler::named_classes::is_ruby_class(class)
 }
 
 fn class_name(klass: VALUE) -> RbResult<Option<String>> {

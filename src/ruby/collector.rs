@@ -22,11 +22,11 @@ use super::convert::fixnum;
 use super::errors::{protect, RbError, RbResult};
 use super::frames::{resolve_frames, BacktraceBuffer};
 use super::heap;
-use crate::core::address_filter::AddressFilter;
-use crate::core::lock::{LockError, SamplerLock};
-use crate::core::profile_builder::{build_profile_gzipped, ProfileMeta};
-use crate::core::sample_gate::{entropy_seed, GapSampler, SkipCountdown};
-use crate::core::sampler_state::{DropCounters, SamplerState};
+use crate::pprof::heap_profile::{build_profile_gzipped, ProfileMeta};
+use crate::sampler::address_filter::AddressFilter;
+use crate::sampler::gaps::{entropy_seed, GapSampler, SkipCountdown};
+use crate::sampler::lock::{LockError, SamplerLock};
+use crate::sampler::state::{DropCounters, SamplerState};
 
 pub const DEFAULT_SAMPLE_RATE: f64 = 0.01;
 /// Stacks converted to named frames per step of a flush's last part (about
@@ -601,7 +601,7 @@ impl Collector {
         };
         // 4. The frames and classes just named are held by name from now on,
         //    no longer as Ruby objects kept alive (see StackTable::detach_frames
-        //    and core::named_classes).
+        //    and sampler::named_classes).
         //    In batches, letting other threads run in between (when asked),
         //    so that a flush after a busy interval never holds the GVL long.
         //    If this fails (the thread killed while it let others run), what

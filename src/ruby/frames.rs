@@ -12,9 +12,9 @@ use rb_sys::{
 use super::convert::{fixnum, utf8_string};
 use super::errors::{protect, RbResult};
 use super::method_blocks::MethodBlocksReader;
-use crate::core::fast_hash::FastHashMap;
-use crate::core::profile_builder::FrameInfo;
-use crate::core::stack_table::{is_resolved_frame, Frame, FrameRef, StackId, TRUNCATION_FRAME};
+use crate::fast_hash::FastHashMap;
+use crate::pprof::heap_profile::FrameInfo;
+use crate::sampler::stack_table::{is_resolved_frame, Frame, FrameRef, StackId, TRUNCATION_FRAME};
 
 /// Deepest stack kept; deeper ones end in a "(truncated stack)" frame.
 pub const MAX_FRAMES: usize = 1024;

@@ -1,4 +1,4 @@
-//! Where a method's blocks are (core::block_frames says why frames need
+//! Where a method's blocks are (sampler::block_frames says why frames need
 //! it): read at flush through `MemprofilerPprof::MethodBlocks.describe`
 //! (lib/memprofiler_pprof_rs/method_blocks.rb), which finds the method's
 //! instruction sequences again by its class and name, and cached per
@@ -14,8 +14,8 @@ use rb_sys::{
 
 use super::convert::{array_elements, fixnum, is_array, rust_string};
 use super::errors::{protect, RbError, RbResult};
-use crate::core::block_frames::{BlockCode, BlockKind, MethodBlocks};
-use crate::core::fast_hash::FastHashMap;
+use crate::fast_hash::FastHashMap;
+use crate::sampler::block_frames::{BlockCode, BlockKind, MethodBlocks};
 
 /// A method by its qualified name, file and first line.
 type MethodKey = (String, String, i64);

@@ -1,6 +1,6 @@
 //! The binding layer: the only code that talks to Ruby through rb-sys.
 //! It defines the classes and methods, registers the tracepoints and GC
-//! callbacks, and converts between Ruby values and the core's plain data.
+//! callbacks, and converts between Ruby values and the sampler's plain data.
 
 mod active_collectors;
 mod classes;

@@ -1,5 +1,5 @@
 //! `MemprofilerPprof::Profile`'s native half: a decoded pprof profile
-//! (core::analysis::DecodedProfile) wrapped as TypedData, and the private
+//! (analysis::DecodedProfile) wrapped as TypedData, and the private
 //! `_native_*` methods lib/memprofiler_pprof_rs/profile.rb calls after
 //! validating arguments. The wrapped data holds no Ruby objects, so there is
 //! nothing to mark or move.
@@ -17,13 +17,13 @@ use rb_sys::{
 use super::convert::{array_elements, is_string, rust_string};
 use super::errors::{method_entry, protect, RbError, RbResult};
 use super::method_table::{method_def, MethodDef, MethodKind};
-use crate::core::analysis::decoded_profile::{decompress, DecodedProfile};
-use crate::core::analysis::diff::{render_diff, DiffOptions};
-use crate::core::analysis::flamegraph::{flame_graph_of, render_html, render_svg};
-use crate::core::analysis::grouping::GroupBy;
-use crate::core::analysis::merge::merge;
-use crate::core::analysis::top::{render_top, TopOptions};
-use crate::core::analysis::{InputMap, InputSet};
+use crate::analysis::decoded_profile::{decompress, DecodedProfile};
+use crate::analysis::diff::{render_diff, DiffOptions};
+use crate::analysis::flamegraph::{flame_graph_of, render_html, render_svg};
+use crate::analysis::grouping::GroupBy;
+use crate::analysis::merge::merge;
+use crate::analysis::top::{render_top, TopOptions};
+use crate::analysis::{InputMap, InputSet};
 
 struct DataType(rb_data_type_t);
 

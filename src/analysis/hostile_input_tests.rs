@@ -23,9 +23,9 @@ use super::flamegraph::{flame_graph_of, render_html, render_svg};
 use super::grouping::GroupBy;
 use super::merge::merge;
 use super::top::{render_top, TopOptions};
-use crate::core::miri_scaled;
-use crate::core::pprof;
-use crate::core::test_alloc::peak_bytes_during;
+use crate::pprof;
+use crate::test_support::counting_alloc::peak_bytes_during;
+use crate::test_support::miri_scaled;
 
 /// A profile with one sample type, functions named `names` (function k
 /// is `names[k]`; equal names are one string), locations of the given

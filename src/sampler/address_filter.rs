@@ -15,7 +15,7 @@
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
-use super::sampler_state::ObjectAddress;
+use super::state::ObjectAddress;
 
 /// 2^18 buckets (256 KiB): with 1,000 tracked objects about 0.4% of
 /// untracked frees take the slow path; with the default cap of 50,000
@@ -127,7 +127,7 @@ mod tests {
             filter.insert(a);
         }
         assert!(tracked.iter().all(|&a| filter.may_contain(a)));
-        let checked = crate::core::miri_scaled(100_000);
+        let checked = crate::test_support::miri_scaled(100_000);
         // Spread over the same range however many are checked (fewer under
         // Miri): neighbouring addresses share buckets' neighbourhoods.
         let stride = 40 * (100_000 / checked);

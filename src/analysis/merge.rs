@@ -2,8 +2,8 @@
 //! functions, mappings and locations are interned again into one set of
 //! tables; samples with the same stack and labels are added up.
 
-use crate::core::analysis::{InputMap, InputSet};
-use crate::core::pprof;
+use crate::analysis::{InputMap, InputSet};
+use crate::pprof;
 
 use super::decoded_profile::DecodedProfile;
 use super::display::shown;
@@ -290,7 +290,7 @@ pub fn merge(profiles: &[&DecodedProfile]) -> Result<pprof::Profile, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::analysis::decoded_profile::tests::profile_from;
+    use crate::analysis::decoded_profile::tests::profile_from;
 
     const TYPES: &[(&str, &str)] = &[("alloc_space", "bytes"), ("inuse_space", "bytes")];
 

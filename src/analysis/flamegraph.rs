@@ -28,8 +28,8 @@ use std::fmt::Write as _;
 use super::decoded_profile::DecodedProfile;
 use super::display::shown;
 use super::units::{format_percent, format_time_utc, format_value};
-use crate::core::analysis::InputMap;
-use crate::core::fast_hash::FastHashMap;
+use crate::analysis::InputMap;
+use crate::fast_hash::FastHashMap;
 
 const PAGE_CSS: &str = include_str!("flamegraph/page.css");
 const PAGE_JS: &str = include_str!("flamegraph/page.js");
@@ -1330,7 +1330,7 @@ mod tests {
     fn big_profiles_render_in_linear_time() {
         // 200k stacks, 1M frames, ~200k distinct leaves: a quadratic step
         // here would take minutes.
-        let n = crate::core::miri_scaled(200_000);
+        let n = crate::test_support::miri_scaled(200_000);
         let big = input(big_stacks(n));
         assert!(big.tree.nodes.len() > n);
         let html = render_html(&big);

@@ -31,7 +31,7 @@
 //! calls `b` calls `a` (the inner `a` taken for a block), and a one-line
 //! proc called by its own method (taken for direct recursion).
 
-use super::fast_hash::FastHashMap;
+use crate::fast_hash::FastHashMap;
 
 /// What kind of code a `BlockCode` is: which frames can run it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -3,7 +3,7 @@
 
 use super::decoded_profile::{DecodedProfile, FrameInfo};
 use super::display::shown;
-use crate::core::analysis::InputMap;
+use crate::analysis::InputMap;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GroupBy {

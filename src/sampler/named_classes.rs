@@ -6,7 +6,7 @@
 //! the class, for as long as the profiler runs: classes made at run time
 //! would leak with everything they hold.
 
-use super::fast_hash::FastHashMap;
+use crate::fast_hash::FastHashMap;
 
 /// A sample's class: a Ruby class (an even address, marked by the binding
 /// layer), a tagged internal type (see the binding layer's classes module),

@@ -10,11 +10,11 @@ use flate2::write::GzEncoder;
 use flate2::Compression;
 use prost::Message;
 
-use super::block_frames::{BlockAttribution, FrameCode};
-use super::fast_hash::FastHashMap;
-use super::pprof;
-use super::sampler_state::{ClassRef, FlushSnapshot};
-use super::stack_table::{Frame, FrameRef, StackId, TRUNCATION_FRAME};
+use crate::fast_hash::FastHashMap;
+use crate::pprof;
+use crate::sampler::block_frames::{BlockAttribution, FrameCode};
+use crate::sampler::stack_table::{Frame, FrameRef, StackId, TRUNCATION_FRAME};
+use crate::sampler::state::{ClassRef, FlushSnapshot};
 
 /// What samples are merged by: stack, class, GC age (live samples only).
 type SampleKey = (StackId, ClassRef, Option<u32>);
@@ -22,7 +22,7 @@ type SampleKey = (StackId, ClassRef, Option<u32>);
 type MergedSample = (SampleKey, [f64; 4]);
 use super::string_table::StringTable;
 
-pub use super::stack_table::FrameInfo;
+pub use crate::sampler::stack_table::FrameInfo;
 
 /// Profile-wide facts that are not in the snapshot.
 #[derive(Debug, Clone, Default)]
@@ -65,7 +65,7 @@ struct ProfileBuilder<'a> {
     profile: pprof::Profile,
     /// Samples folded into "(other)" by `fold_to_fit`.
     folded: usize,
-    /// Names the blocks of methods that have some (see core::block_frames).
+    /// Names the blocks of methods that have some (see sampler::block_frames).
     blocks: BlockAttribution,
     /// One key per distinct method with blocks (equal frames of one method
     /// can have different handles: a method entry per including class).
@@ -192,7 +192,7 @@ impl<'a> ProfileBuilder<'a> {
     }
 
     /// For each frame of a stack, the block of its method that ran there
-    /// (see core::block_frames); empty if no frame's method has blocks.
+    /// (see sampler::block_frames); empty if no frame's method has blocks.
     fn blocks_ran(
         &mut self,
         frames: &[Frame],
@@ -574,8 +574,8 @@ fn encode_streamed(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::sample_gate::GapSampler;
-    use crate::core::sampler_state::{ObjectInfo, SamplerState};
+    use crate::sampler::gaps::GapSampler;
+    use crate::sampler::state::{ObjectInfo, SamplerState};
     use flate2::read::GzDecoder;
     use std::io::Read;
 
@@ -709,7 +709,7 @@ mod tests {
 
     #[test]
     fn frames_running_a_block_are_named_as_the_block() {
-        use crate::core::block_frames::{BlockCode, BlockKind, MethodBlocks};
+        use crate::sampler::block_frames::{BlockCode, BlockKind, MethodBlocks};
         use std::sync::Arc;
         let mut state = SamplerState::new(GapSampler::new(1.0, 1), 100, 100);
         // Foo#bar (lines 10-20) has a one-line block on line 12

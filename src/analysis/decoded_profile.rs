@@ -10,9 +10,9 @@ use flate2::bufread::GzDecoder;
 use prost::Message;
 
 use super::display::{shown, shown_at_most};
-use crate::core::analysis::{InputMap, InputSet};
-use crate::core::pprof;
-use crate::core::profile_builder::encode_gzipped;
+use crate::analysis::{InputMap, InputSet};
+use crate::pprof;
+use crate::pprof::encode_gzipped;
 
 /// Decompressed profiles larger than this are refused: a gzip bomb must not
 /// take the machine's memory (the biggest real heap profiles are ~100 MB).

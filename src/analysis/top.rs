@@ -7,7 +7,7 @@ use super::decoded_profile::DecodedProfile;
 use super::display::{rank, shown};
 use super::grouping::{frame_label, FrameGroups, GroupBy, PathShortener};
 use super::units::{format_duration, format_percent, format_time_utc, format_value};
-use crate::core::analysis::InputSet;
+use crate::analysis::InputSet;
 
 #[derive(Debug, Clone)]
 pub struct TopOptions {
@@ -326,7 +326,7 @@ pub fn render_top(profile: &DecodedProfile, options: &TopOptions) -> Result<Stri
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::analysis::decoded_profile::tests::profile_from;
+    use crate::analysis::decoded_profile::tests::profile_from;
 
     fn leaky() -> DecodedProfile {
         let raw = profile_from(

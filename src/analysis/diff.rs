@@ -11,8 +11,8 @@ use super::display::{rank, shown};
 use super::grouping::{describe_site, PathShortener};
 use super::top::class_label;
 use super::units::{format_percent, format_signed, format_value};
-use crate::core::analysis::InputMap;
-use crate::core::fast_hash::FastHashMap;
+use crate::analysis::InputMap;
+use crate::fast_hash::FastHashMap;
 
 #[derive(Debug, Clone)]
 pub struct DiffOptions {
@@ -571,7 +571,7 @@ pub fn render_diff(profiles: &[&DecodedProfile], options: &DiffOptions) -> Resul
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::analysis::decoded_profile::tests::profile_from;
+    use crate::analysis::decoded_profile::tests::profile_from;
 
     const TYPES: &[(&str, &str)] = &[("alloc_space", "bytes"), ("inuse_space", "bytes")];
 

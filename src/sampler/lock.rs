@@ -188,7 +188,7 @@ mod tests {
             .map(|_| {
                 let lock = Arc::clone(&lock);
                 std::thread::spawn(move || {
-                    for _ in 0..crate::core::miri_scaled(10_000) {
+                    for _ in 0..crate::test_support::miri_scaled(10_000) {
                         *lock.lock().expect("lock") += 1;
                     }
                 })
@@ -199,7 +199,7 @@ mod tests {
         }
         assert_eq!(
             *lock.lock().expect("lock"),
-            4 * crate::core::miri_scaled(10_000) as u64
+            4 * crate::test_support::miri_scaled(10_000) as u64
         );
     }
 

@@ -17,7 +17,7 @@ use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use super::block_frames::MethodBlocks;
-use super::fast_hash::{FastHashMap, FastHasher};
+use crate::fast_hash::{FastHashMap, FastHasher};
 
 /// An opaque handle to a frame (in the binding layer: the VALUE that
 /// `rb_profile_frames` returned). The core never looks inside it.

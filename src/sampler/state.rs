@@ -13,10 +13,10 @@ use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 
 use super::address_filter::{AddressFilter, DEFAULT_BUCKETS_LOG2};
-use super::fast_hash::FastHashMap;
+use super::gaps::{mix_seed, GapSampler};
 use super::named_classes::{is_named_class, is_ruby_class, NamedClasses};
-use super::sample_gate::{mix_seed, GapSampler};
 use super::stack_table::{Frame, FrameInfo, FrameRef, StackId, StackTable};
+use crate::fast_hash::FastHashMap;
 
 /// Address of a sampled Ruby object (its VALUE). Never dereferenced here.
 pub type ObjectAddress = usize;
@@ -1533,7 +1533,7 @@ mod tests {
         let mut st = SamplerState::new(GapSampler::new(1.0, 3), 50, 300);
         let mut rng = SmallRng::seed_from_u64(5);
         let filter = st.free_filter();
-        for round in 0..crate::core::miri_scaled(20_000) as u64 {
+        for round in 0..crate::test_support::miri_scaled(20_000) as u64 {
             let object = 0x10_0000 + (rng.random::<u64>() % 2_000) as usize * 40;
             match rng.random::<u32>() % 10 {
                 0..=4 => {
@@ -2045,6 +2045,6 @@ mod tests {
         }
     }
     fn is_resolved_frame_(f: u64) -> bool {
-        crate::core::stack_table::is_resolved_frame(f)
+        crate::sampler::stack_table::is_resolved_frame(f)
     }
 }

@@ -1,7 +1,7 @@
 //! Interning of strings into a pprof string table: each distinct string is
 //! stored once and referred to by its index; index 0 is always "".
 
-use super::fast_hash::FastHashMap;
+use crate::fast_hash::FastHashMap;
 
 #[derive(Debug)]
 pub struct StringTable {

@@ -1,0 +1,10 @@
+//! The pprof format: the protobuf messages (`proto`, generated from
+//! proto/profile.proto), the string table, gzip, and the heap profile a
+//! flush becomes (`heap_profile`).
+
+pub mod heap_profile;
+mod proto;
+pub mod string_table;
+
+pub use heap_profile::encode_gzipped;
+pub use proto::*;
