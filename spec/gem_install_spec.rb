@@ -42,12 +42,15 @@ RSpec.describe "gem build and gem install --local" do
       data = MemprofilerPprof::Collector.new(sample_rate: 1.0).profile { Array.new(100) { "x" * 10 } }
       puts $LOADED_FEATURES.grep(/memprofiler_pprof_rs\\.so/).first
       puts data.allocation_samples_count >= 100
+      puts defined?(MemprofilerPprof::EmptyHooks).inspect
     RUBY
     out, err, status = Open3.capture3(@env.merge("RUBYLIB" => nil), RbConfig.ruby, "-e", code, chdir: @dir)
     expect(status).to be_success, err
-    so_path, profiled = out.lines.map(&:chomp)
+    so_path, profiled, empty_hooks = out.lines.map(&:chomp)
     expect(so_path).to start_with(@gem_home)
     expect(profiled).to eq("true")
+    # bench/'s empty hooks are a development build's only.
+    expect(empty_hooks).to eq("nil")
   end
 
   it "installs the wrapper executable, which profiles a program with the installed gem" do

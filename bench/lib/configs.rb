@@ -8,6 +8,10 @@ module BenchConfigs
   MECHANISMS = { tracepoint: 0, event_hook: 1 }.freeze
 
   def self.empty_hooks(mechanism, events)
+    unless defined?(MemprofilerPprof::EmptyHooks)
+      abort "bench: this build has no empty hooks; build with `rake compile` " \
+            "(or MEMPROFILER_PPROF_RS_BENCH_HOOKS=1 when installing the gem)"
+    end
     MemprofilerPprof::EmptyHooks._native_enable(MECHANISMS.fetch(mechanism), events)
     -> { MemprofilerPprof::EmptyHooks._native_disable && {} }
   end

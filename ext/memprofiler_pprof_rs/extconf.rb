@@ -61,6 +61,10 @@ if builder != "cargo"
   end
 end
 
+# MemprofilerPprof::EmptyHooks (bench/'s hook floor) only when asked for:
+# `rake compile` asks, `gem install` does not.
+features = ENV["MEMPROFILER_PPROF_RS_BENCH_HOOKS"] == "1" ? ["bench-hooks"] : []
+
 keep_target_dir = ENV.key?("MEMPROFILER_PPROF_RS_TARGET_DIR")
 target_dir = File.expand_path(ENV["MEMPROFILER_PPROF_RS_TARGET_DIR"] || Dir.mktmpdir("memprofiler_pprof_rs-cargo-"))
 
@@ -72,6 +76,7 @@ if use_rb_sys
     config.clean_after_install = !keep_target_dir
     config.auto_install_rust_toolchain = false
     config.env = { "RUBY" => RbConfig.ruby, "CARGO" => cargo }
+    config.features = features
   end
   exit
 end
@@ -103,7 +108,7 @@ File.write("Makefile", <<~MAKEFILE)
   all: $(DLLIB)
 
   $(DLLIB): FORCE
-  \tRUBY=$(RUBY) $(CARGO) build --release --lib --locked --manifest-path $(CRATE_DIR)/Cargo.toml --target-dir $(TARGET_DIR)
+  \tRUBY=$(RUBY) $(CARGO) build --release --lib --locked --manifest-path $(CRATE_DIR)/Cargo.toml --target-dir $(TARGET_DIR)#{features.map { |f| " --features #{f}" }.join}
   \tcp $(TARGET_DIR)/release/#{cargo_output} $(DLLIB)
 
   install: all

@@ -13,8 +13,9 @@ use prost::Message;
 use crate::fast_hash::FastHashMap;
 use crate::pprof;
 use crate::sampler::block_frames::{BlockAttribution, FrameCode};
-use crate::sampler::stack_table::{Frame, FrameRef, StackId, TRUNCATION_FRAME};
-use crate::sampler::state::{ClassRef, FlushSnapshot};
+use crate::sampler::stack_table::{Frame, StackId};
+use crate::sampler::state::FlushSnapshot;
+use crate::sampler::types::{ClassRef, FrameRef, TRUNCATION_FRAME};
 
 /// What samples are merged by: stack, class, GC age (live samples only).
 type SampleKey = (StackId, ClassRef, Option<u32>);

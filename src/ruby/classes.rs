@@ -6,17 +6,11 @@ use rb_sys::{
     VALUE,
 };
 
-use super::convert::utf8_string;
+use super::convert::{builtin_type, utf8_string};
 use super::errors::{protect, RbResult};
 use crate::fast_hash::FastHashMap;
-use crate::sampler::state::{ClassRef, ObjectInfo};
-
-const T_MASK: VALUE = 0x1f;
-
-// Class handles are class VALUEs (heap addresses, so even) or, for objects
-// without a usable class, an odd number encoding the VM type.
-const INTERNAL_TAG: u64 = 0b001;
-const HIDDEN_TAG: u64 = 0b101;
+use crate::sampler::state::ObjectInfo;
+use crate::sampler::types::{internal_type_class, internal_type_of, is_ruby_class, ClassRef};
 
 fn type_name(kind: u64) -> &'static str {
     use ruby_value_type::*;
@@ -71,11 +65,11 @@ pub unsafe fn object_info(object: VALUE) -> ObjectInfo {
         (basic.flags, basic.klass)
     };
     #[allow(clippy::unnecessary_cast)] // VALUE is 32 bits on 32-bit targets
-    let kind = (flags & T_MASK) as u64;
+    let kind = builtin_type(flags) as u64;
     let class = if !has_class(kind) {
-        (kind << 3) | INTERNAL_TAG
+        internal_type_class(kind, false)
     } else if klass == 0 {
-        (kind << 3) | HIDDEN_TAG
+        internal_type_class(kind, true)
     } else {
         klass as ClassRef
     };
@@ -88,7 +82,7 @@ pub unsafe fn object_info(object: VALUE) -> ObjectInfo {
 
 /// Class handles that are real class VALUEs (to be marked).
 pub fn is_class_value(class: ClassRef) -> bool {
-    crate::sampler::named_classes::is_ruby_class(class)
+    is_ruby_class(class)
 }
 
 fn class_name(klass: VALUE) -> RbResult<Option<String>> {
@@ -138,10 +132,12 @@ pub fn resolve_classes(classes: &[ClassRef]) -> RbResult<FastHashMap<ClassRef, S
             } else {
                 class_label(real)?
             }
-        } else if class & 0b111 == HIDDEN_TAG {
-            format!("(hidden {})", type_name(class >> 3))
         } else {
-            format!("({})", type_name(class >> 3))
+            match internal_type_of(class) {
+                Some((kind, true)) => format!("(hidden {})", type_name(kind)),
+                Some((kind, false)) => format!("({})", type_name(kind)),
+                None => "(unknown class)".to_string(),
+            }
         };
         names.insert(class, name);
     }

@@ -3,25 +3,26 @@
 //! with them.
 
 use std::cell::Cell;
-use std::ffi::{c_int, c_void};
+use std::ffi::c_int;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use rb_sys::{
-    rb_event_flag_t, rb_event_hook_flag_t, rb_event_hook_func_t, rb_gc_count, rb_gc_location,
-    rb_gc_mark, rb_remove_event_hook_with_data, rb_thread_call_without_gvl, rb_thread_schedule,
-    rb_trace_arg_t, rb_tracearg_lineno, rb_tracearg_object, Qnil, ID, RUBY_EVENT_C_RETURN,
-    RUBY_INTERNAL_EVENT_FREEOBJ, RUBY_INTERNAL_EVENT_NEWOBJ, VALUE,
+    rb_gc_count, rb_gc_location, rb_gc_mark, rb_trace_arg_t, rb_tracearg_lineno,
+    rb_tracearg_object, RUBY_EVENT_C_RETURN, RUBY_INTERNAL_EVENT_FREEOBJ,
+    RUBY_INTERNAL_EVENT_NEWOBJ, VALUE,
 };
 
-use super::active_collectors;
 use super::classes::{is_class_value, object_info, resolve_classes};
 use super::convert::fixnum;
-use super::errors::{protect, RbError, RbResult};
+use super::errors::{RbError, RbResult};
 use super::frames::{resolve_frames, BacktraceBuffer};
+use super::gvl::{current_thread, without_gvl, yield_to_other_threads};
 use super::heap;
+use super::hooks::Hook;
+use super::registry::{self, Registered};
 use crate::pprof::heap_profile::{build_profile_gzipped, ProfileMeta};
 use crate::sampler::address_filter::AddressFilter;
 use crate::sampler::gaps::{entropy_seed, GapSampler, SkipCountdown};
@@ -86,81 +87,6 @@ pub struct FlushOptions {
     /// Fold the smallest samples into "(other)" to stay under this many
     /// uncompressed bytes.
     pub max_profile_bytes: Option<usize>,
-}
-
-/// One raw event hook (rb_add_event_hook2 with RAW_ARG). Cheaper than a
-/// TracePoint, which adds a function call and two typed-data checks to
-/// every event (measured in bench/: see the README). The hook's data is
-/// the collector's address tagged as a Fixnum: Ruby marks hook data, and
-/// marking skips Fixnums (an untagged pointer would be taken for an object).
-struct Hook {
-    event: u32,
-    func: RawHook,
-    enabled: AtomicBool,
-}
-
-/// What Ruby calls for a RAW_ARG hook: (data, trace arg).
-pub type RawHook = unsafe extern "C" fn(VALUE, *mut rb_trace_arg_t);
-
-/// RUBY_EVENT_HOOK_FLAG_SAFE | RUBY_EVENT_HOOK_FLAG_RAW_ARG, as Ruby's own
-/// TracePoints use. A combination no variant of rb-sys's enum holds, hence
-/// the declaration below with a plain integer (the C type is an int enum).
-pub const HOOK_FLAGS: u32 = rb_event_hook_flag_t::RUBY_EVENT_HOOK_FLAG_SAFE as u32
-    | rb_event_hook_flag_t::RUBY_EVENT_HOOK_FLAG_RAW_ARG as u32;
-
-extern "C" {
-    #[link_name = "rb_add_event_hook2"]
-    pub fn add_event_hook2(
-        func: rb_event_hook_func_t,
-        events: rb_event_flag_t,
-        data: VALUE,
-        hook_flag: u32,
-    );
-}
-
-impl Hook {
-    fn new(event: u32, func: RawHook) -> Self {
-        Hook {
-            event,
-            func,
-            enabled: AtomicBool::new(false),
-        }
-    }
-
-    fn ruby_func(&self) -> rb_event_hook_func_t {
-        // SAFETY: with RUBY_EVENT_HOOK_FLAG_RAW_ARG Ruby calls the function
-        // as (VALUE data, rb_trace_arg_t *arg), its real signature; the
-        // declared type is only how the API passes it along.
-        Some(unsafe {
-            std::mem::transmute::<
-                RawHook,
-                unsafe extern "C" fn(rb_event_flag_t, VALUE, VALUE, ID, VALUE),
-            >(self.func)
-        })
-    }
-
-    fn set(&self, on: bool, data: VALUE) -> RbResult<()> {
-        if self.enabled.load(Ordering::Relaxed) == on {
-            return Ok(());
-        }
-        let func = self.ruby_func();
-        let event = self.event;
-        protect(|| {
-            // SAFETY: GVL held; `data` is a Fixnum-tagged collector address
-            // (never dereferenced by Ruby); the collector removes its hooks
-            // before it is freed (see `Drop for Collector`).
-            unsafe {
-                if on {
-                    add_event_hook2(func, event, data, HOOK_FLAGS);
-                } else {
-                    rb_remove_event_hook_with_data(func, data);
-                }
-            }
-            Qnil as VALUE
-        })?;
-        self.enabled.store(on, Ordering::Relaxed);
-        Ok(())
-    }
 }
 
 pub struct Collector {
@@ -319,7 +245,7 @@ impl Collector {
         drop(sampler);
         self.has_pending.store(true, Ordering::Relaxed);
         if measure_now && self.size_measurement.get() == SizeMeasurement::PostponedJob {
-            active_collectors::request_measurement();
+            registry::request_measurement();
         }
     }
 
@@ -422,9 +348,9 @@ impl Collector {
             self.newobj.set(true, data)?;
         }
         if tracking {
-            active_collectors::add(self);
+            registry::add(self);
         } else {
-            active_collectors::remove(self);
+            registry::remove(self);
         }
         Ok(())
     }
@@ -461,7 +387,7 @@ impl Collector {
         for hook in [&self.newobj, &self.creturn, &self.freeobj] {
             let _ = hook.set(false, data);
         }
-        active_collectors::remove(self);
+        registry::remove(self);
     }
 
     // ----- flush -------------------------------------------------------------
@@ -679,11 +605,41 @@ impl Collector {
     }
 }
 
+impl Registered for Collector {
+    fn measure_pending(&self) {
+        Collector::measure_pending(self);
+    }
+
+    fn disable_hooks_at_exit(&self) {
+        Collector::disable_hooks_at_exit(self);
+    }
+
+    fn pause_for_ractors(&self) {
+        Collector::pause_for_ractors(self);
+    }
+
+    fn lock_for_fork(&self) {
+        self.sampler.lock_for_fork();
+    }
+
+    fn unlock_after_fork(&self) {
+        self.sampler.unlock_after_fork();
+    }
+
+    fn reinit_lock_in_child(&self) {
+        self.sampler.reinit_in_child();
+    }
+
+    fn reset_after_fork_in_child(&self) {
+        Collector::reset_after_fork_in_child(self);
+    }
+}
+
 impl Drop for Collector {
     fn drop(&mut self) {
         // Hooks off before the memory they point at goes away. Runs from the
         // deferred free (GVL held, outside GC), so Ruby calls are allowed.
-        active_collectors::remove(self);
+        registry::remove(self);
         let data = self.hook_data();
         for hook in [&self.newobj, &self.creturn, &self.freeobj] {
             let _ = hook.set(false, data);
@@ -696,61 +652,6 @@ struct FlushEnd<'a>(&'a Collector);
 impl Drop for FlushEnd<'_> {
     fn drop(&mut self) {
         self.0.end_flush();
-    }
-}
-
-fn current_thread() -> usize {
-    // SAFETY: pthread_self has no preconditions.
-    unsafe { libc::pthread_self() as usize }
-}
-
-/// Lets other Ruby threads run. Interrupts (Thread#raise, signal traps) can
-/// raise here, hence protect.
-pub fn yield_to_other_threads() -> RbResult<()> {
-    protect(|| {
-        // SAFETY: called with the GVL held, outside any lock of ours.
-        unsafe { rb_thread_schedule() };
-        Qnil as VALUE
-    })?;
-    Ok(())
-}
-
-/// Runs `work` with the GVL released. `work` must not touch Ruby.
-fn without_gvl<T, F: FnOnce() -> T>(work: F) -> RbResult<T> {
-    struct Job<T, F> {
-        work: Option<F>,
-        result: Option<std::thread::Result<T>>,
-    }
-
-    unsafe extern "C" fn run<T, F: FnOnce() -> T>(data: *mut c_void) -> *mut c_void {
-        // SAFETY: `data` is the Job below, alive for the whole call.
-        let job = unsafe { &mut *(data as *mut Job<T, F>) };
-        if let Some(work) = job.work.take() {
-            job.result = Some(catch_unwind(AssertUnwindSafe(work)));
-        }
-        std::ptr::null_mut()
-    }
-
-    let mut job = Job {
-        work: Some(work),
-        result: None,
-    };
-    let job_ptr = &mut job as *mut Job<T, F> as *mut c_void;
-    // Re-taking the GVL checks interrupts, which may raise: protect.
-    protect(|| {
-        // SAFETY: `run` never calls into Ruby and catches panics; no unblock
-        // function is needed because the work is short and CPU-bound.
-        unsafe {
-            rb_thread_call_without_gvl(Some(run::<T, F>), job_ptr, None, std::ptr::null_mut())
-        };
-        Qnil as VALUE
-    })?;
-    match job.result {
-        Some(Ok(value)) => Ok(value),
-        Some(Err(_)) => Err(RbError::runtime(
-            "memprofiler_pprof_rs internal error while building the profile",
-        )),
-        None => Err(RbError::runtime("profile was not built")),
     }
 }
 

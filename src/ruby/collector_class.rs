@@ -13,10 +13,10 @@ use rb_sys::{
     RTYPEDDATA_TYPE, TEST, VALUE,
 };
 
-use super::active_collectors;
 use super::collector::{Collector, FlushOptions, FlushResult, SizeMeasurement};
 use super::errors::{method_entry, protect, RbError, RbResult};
 use super::method_table::{method_def, MethodDef, MethodKind};
+use super::registry;
 
 struct DataType(rb_data_type_t);
 
@@ -279,7 +279,7 @@ unsafe extern "C" fn sampling_paused_for_ractors_p(rb_self: VALUE) -> VALUE {
 /// Collector._native_pause_all_for_ractors: called just before a Ractor is created.
 pub unsafe extern "C" fn native_pause_all_for_ractors(_klass: VALUE) -> VALUE {
     method_entry(|| {
-        active_collectors::pause_all_for_ractors();
+        registry::pause_all_for_ractors();
         Ok(Qnil as VALUE)
     })
 }

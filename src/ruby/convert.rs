@@ -11,6 +11,15 @@ use rb_sys::{
 
 use super::errors::{protect, RbError, RbResult};
 
+/// The bits of an object's flags word that give its type (`RUBY_T_MASK`),
+/// read straight from the header in the hooks, where no Ruby call is allowed.
+const T_MASK: VALUE = 0x1f;
+
+/// The type bits of an object's flags word (`flags & RUBY_T_MASK`).
+pub fn builtin_type(flags: VALUE) -> VALUE {
+    flags & T_MASK
+}
+
 pub fn is_string(value: VALUE) -> bool {
     // SAFETY: reads the object's flags only.
     !NIL_P(value) && unsafe { RB_TYPE_P(value, ruby_value_type::RUBY_T_STRING) }

@@ -1,5 +1,7 @@
 //! Hooks that do nothing, for `bench/`: the cost of the hook mechanism
-//! alone, the floor that no profiler using it can go below.
+//! alone, the floor that no profiler using it can go below. Built only with
+//! the `bench-hooks` feature (`rake compile` turns it on; an installed gem
+//! has it off).
 //!
 //! `MemprofilerPprof::EmptyHooks._native_enable(mechanism, events)` with
 //! mechanism 0 = TracePoint (rb_tracepoint_new), 1 = raw event hook
@@ -15,8 +17,8 @@ use rb_sys::{
     RUBY_EVENT_C_RETURN, RUBY_INTERNAL_EVENT_FREEOBJ, RUBY_INTERNAL_EVENT_NEWOBJ, VALUE,
 };
 
-use super::collector::{add_event_hook2, HOOK_FLAGS};
 use super::errors::{method_entry, protect, RbError};
+use super::hooks::{add_event_hook2, HOOK_FLAGS};
 
 const EVENTS: [u32; 3] = [
     RUBY_INTERNAL_EVENT_NEWOBJ,

@@ -14,7 +14,8 @@ use super::errors::{protect, RbResult};
 use super::method_blocks::MethodBlocksReader;
 use crate::fast_hash::FastHashMap;
 use crate::pprof::heap_profile::FrameInfo;
-use crate::sampler::stack_table::{is_resolved_frame, Frame, FrameRef, StackId, TRUNCATION_FRAME};
+use crate::sampler::stack_table::{Frame, StackId};
+use crate::sampler::types::{is_resolved_frame, FrameRef, TRUNCATION_FRAME};
 
 /// Deepest stack kept; deeper ones end in a "(truncated stack)" frame.
 pub const MAX_FRAMES: usize = 1024;
@@ -112,7 +113,7 @@ pub fn resolve_frames(
             }
             if let Some(every) = yield_every {
                 if !resolved.is_empty() && resolved.len() % every == 0 {
-                    super::collector::yield_to_other_threads()?;
+                    super::gvl::yield_to_other_threads()?;
                 }
             }
             let info = frame_info(frame.frame as VALUE, &mut blocks)?;

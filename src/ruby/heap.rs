@@ -15,6 +15,8 @@ use std::sync::OnceLock;
 
 use rb_sys::{ruby_value_type, VALUE};
 
+use super::convert::builtin_type;
+
 type MemsizeOf = unsafe extern "C" fn(VALUE) -> usize;
 type ObjectPredicate = unsafe extern "C" fn(VALUE) -> c_int;
 
@@ -67,8 +69,6 @@ pub fn can_measure_sizes() -> bool {
     api().memsize_of.is_some()
 }
 
-const T_MASK: VALUE = 0x1f;
-
 /// True if `object` is a live, fully formed heap object. Must be called with
 /// the GVL held and not during GC.
 ///
@@ -97,7 +97,7 @@ pub fn is_live_object(object: VALUE) -> bool {
     // check is available; otherwise it is an address we saw allocated and
     // not freed); its first word is the flags word.
     let flags = unsafe { *(object as *const VALUE) };
-    let kind = flags & T_MASK;
+    let kind = builtin_type(flags);
     kind != ruby_value_type::RUBY_T_NONE as VALUE
         && kind != ruby_value_type::RUBY_T_ZOMBIE as VALUE
         && kind != ruby_value_type::RUBY_T_MOVED as VALUE
@@ -143,7 +143,7 @@ pub fn measurable_at_free(object: VALUE) -> bool {
     // SAFETY: `object` is an object handed to a NEWOBJ hook (its RBasic
     // header is written); the first word is the flags.
     let flags = unsafe { *(object as *const VALUE) };
-    measurable_at_free_kind(flags & T_MASK)
+    measurable_at_free_kind(builtin_type(flags))
 }
 
 /// From the FREEOBJ hook, before the GC frees `object`: its size, for the

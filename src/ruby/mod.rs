@@ -2,23 +2,26 @@
 //! It defines the classes and methods, registers the tracepoints and GC
 //! callbacks, and converts between Ruby values and the sampler's plain data.
 
-mod active_collectors;
 mod classes;
 mod collector;
 mod collector_class;
 mod convert;
+#[cfg(feature = "bench-hooks")]
 mod empty_hooks;
 mod errors;
 mod frames;
+mod gvl;
 mod heap;
+mod hooks;
 mod method_blocks;
 mod method_table;
 mod profile_class;
+mod registry;
 
 use rb_sys::{
     rb_cObject, rb_define_alloc_func, rb_define_class_under, rb_define_const, rb_define_module,
-    rb_define_module_under, rb_float_new, rb_hash_aset, rb_hash_new, rb_id2sym, rb_intern,
-    rb_obj_freeze, rb_set_end_proc, rb_undef_alloc_func, Qnil, VALUE,
+    rb_float_new, rb_hash_aset, rb_hash_new, rb_id2sym, rb_intern, rb_obj_freeze, rb_set_end_proc,
+    rb_undef_alloc_func, Qnil, VALUE,
 };
 
 use errors::{method_entry, protect};
@@ -30,7 +33,8 @@ pub unsafe extern "C" fn Init_memprofiler_pprof_rs() {
     method_entry(|| {
         errors::install_quiet_panic_hook();
         heap::init();
-        active_collectors::init();
+        registry::init();
+        #[cfg(feature = "bench-hooks")]
         empty_hooks::init();
         let mut collector_methods = collector_class::methods();
         collector_methods.push(method_def!(
@@ -40,6 +44,7 @@ pub unsafe extern "C" fn Init_memprofiler_pprof_rs() {
             MethodKind::Singleton
         ));
         let profile_methods = profile_class::methods();
+        #[cfg(feature = "bench-hooks")]
         let empty_hooks_methods = [
             method_def!(
                 c"_native_enable",
@@ -67,10 +72,13 @@ pub unsafe extern "C" fn Init_memprofiler_pprof_rs() {
                 let profile = rb_define_class_under(module, c"Profile".as_ptr(), rb_cObject);
                 rb_undef_alloc_func(profile);
                 define_methods(profile, &profile_methods);
-                let empty_hooks = rb_define_module_under(module, c"EmptyHooks".as_ptr());
-                define_methods(empty_hooks, &empty_hooks_methods);
+                #[cfg(feature = "bench-hooks")]
+                define_methods(
+                    rb_sys::rb_define_module_under(module, c"EmptyHooks".as_ptr()),
+                    &empty_hooks_methods,
+                );
                 define_defaults(module);
-                rb_set_end_proc(Some(active_collectors::disable_all_at_exit), Qnil as VALUE);
+                rb_set_end_proc(Some(registry::disable_all_at_exit), Qnil as VALUE);
                 Qnil as VALUE
             }
         })

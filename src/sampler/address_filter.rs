@@ -15,7 +15,7 @@
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
-use super::state::ObjectAddress;
+use super::types::ObjectAddress;
 
 /// 2^18 buckets (256 KiB): with 1,000 tracked objects about 0.4% of
 /// untracked frees take the slow path; with the default cap of 50,000

@@ -11,3 +11,4 @@ pub mod lock;
 pub mod named_classes;
 pub mod stack_table;
 pub mod state;
+pub mod types;

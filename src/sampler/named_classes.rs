@@ -6,25 +6,8 @@
 //! the class, for as long as the profiler runs: classes made at run time
 //! would leak with everything they hold.
 
+use super::types::{is_named_class, named_class, named_class_index, ClassRef};
 use crate::fast_hash::FastHashMap;
-
-/// A sample's class: a Ruby class (an even address, marked by the binding
-/// layer), a tagged internal type (see the binding layer's classes module),
-/// or a named class (`NAMED_TAG`).
-pub type ClassRef = u64;
-
-const TAG_MASK: u64 = 0b111;
-const NAMED_TAG: u64 = 0b011;
-
-/// True for a handle of a Ruby class object (what must be kept alive).
-pub fn is_ruby_class(class: ClassRef) -> bool {
-    class != 0 && class & 1 == 0
-}
-
-/// True for a class held by name.
-pub fn is_named_class(class: ClassRef) -> bool {
-    class & TAG_MASK == NAMED_TAG
-}
 
 #[derive(Debug)]
 struct NamedClass {
@@ -66,7 +49,7 @@ impl NamedClasses {
                 index
             }
         };
-        let class = (u64::from(index) << 3) | NAMED_TAG;
+        let class = named_class(index);
         self.by_name.insert(name.to_string(), class);
         class
     }
@@ -93,7 +76,7 @@ impl NamedClasses {
         };
         entry.holders -= 1;
         if entry.holders == 0 {
-            let index = (class >> 3) as usize;
+            let index = named_class_index(class);
             if let Some(entry) = self.entries[index].take() {
                 self.by_name.remove(&entry.name);
             }
@@ -106,7 +89,7 @@ impl NamedClasses {
             return None;
         }
         self.entries
-            .get((class >> 3) as usize)?
+            .get(named_class_index(class))?
             .as_ref()
             .map(|e| e.name.as_str())
     }
@@ -133,13 +116,14 @@ impl NamedClasses {
     }
 
     fn entry_mut(&mut self, class: ClassRef) -> Option<&mut NamedClass> {
-        self.entries.get_mut((class >> 3) as usize)?.as_mut()
+        self.entries.get_mut(named_class_index(class))?.as_mut()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sampler::types::{internal_type_class, is_ruby_class};
 
     #[test]
     fn one_handle_per_name_released_with_its_last_holder() {
@@ -158,7 +142,7 @@ mod tests {
         assert_eq!(classes.len(), 1);
         // Ruby classes and internal-type tags are not named handles.
         classes.release(0x1000);
-        classes.release(0b001 | (5 << 3));
+        classes.release(internal_type_class(5, false));
         assert_eq!(classes.len(), 1);
         assert!(is_ruby_class(0x1000) && !is_named_class(0x1000));
     }

@@ -17,30 +17,10 @@ use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use super::block_frames::MethodBlocks;
+use super::types::{
+    is_resolved_frame, resolved_frame, resolved_frame_index, FrameRef, TRUNCATION_FRAME,
+};
 use crate::fast_hash::{FastHashMap, FastHasher};
-
-/// An opaque handle to a frame (in the binding layer: the VALUE that
-/// `rb_profile_frames` returned). The core never looks inside it.
-pub type FrameRef = u64;
-
-/// Stands for the frames cut off when a stack is deeper than the capture
-/// limit. 0 is never a frame handle (it is Ruby's `false`).
-pub const TRUNCATION_FRAME: FrameRef = 0;
-
-/// Ruby frame handles are heap addresses (even); resolved frames (held by
-/// name, see `detach_frames`) get odd handles from 3 up (so that 1, which
-/// an older profile builder used as a placeholder, never is one).
-pub fn is_resolved_frame(frame: FrameRef) -> bool {
-    frame & 1 == 1 && frame > 1
-}
-
-fn resolved_handle(index: u32) -> FrameRef {
-    ((u64::from(index) + 1) << 1) | 1
-}
-
-fn resolved_index(frame: FrameRef) -> usize {
-    ((frame >> 1) - 1) as usize
-}
 
 /// What the binding layer found out about a frame at flush time.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -257,13 +237,13 @@ impl StackTable {
                 index
             }
         };
-        let frame = resolved_handle(index);
+        let frame = resolved_frame(index);
         self.resolved_by_info.insert(info.clone(), frame);
         frame
     }
 
     fn forget_resolved(&mut self, frame: FrameRef) {
-        let index = resolved_index(frame);
+        let index = resolved_frame_index(frame);
         if let Some(info) = self.resolved.get_mut(index).and_then(Option::take) {
             self.resolved_by_info.remove(&info);
             self.free_resolved.push(index as u32);
@@ -276,7 +256,7 @@ impl StackTable {
         self.resolved
             .iter()
             .enumerate()
-            .filter_map(|(index, info)| Some((resolved_handle(index as u32), info.as_ref()?)))
+            .filter_map(|(index, info)| Some((resolved_frame(index as u32), info.as_ref()?)))
     }
 
     /// The name of a resolved frame.
@@ -284,7 +264,7 @@ impl StackTable {
         if !is_resolved_frame(frame) {
             return None;
         }
-        self.resolved.get(resolved_index(frame))?.as_ref()
+        self.resolved.get(resolved_frame_index(frame))?.as_ref()
     }
 
     /// Replaces the Ruby frames that `names` names (a flush's resolution) by

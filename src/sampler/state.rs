@@ -14,16 +14,10 @@ use rand::{RngExt, SeedableRng};
 
 use super::address_filter::{AddressFilter, DEFAULT_BUCKETS_LOG2};
 use super::gaps::{mix_seed, GapSampler};
-use super::named_classes::{is_named_class, is_ruby_class, NamedClasses};
-use super::stack_table::{Frame, FrameInfo, FrameRef, StackId, StackTable};
+use super::named_classes::NamedClasses;
+use super::stack_table::{Frame, FrameInfo, StackId, StackTable};
+use super::types::{is_named_class, is_ruby_class, ClassRef, FrameRef, ObjectAddress};
 use crate::fast_hash::FastHashMap;
-
-/// Address of a sampled Ruby object (its VALUE). Never dereferenced here.
-pub type ObjectAddress = usize;
-
-/// An opaque handle to a sampled object's class (in the binding layer: the
-/// class VALUE, or an odd number standing for an internal object type).
-pub use super::named_classes::ClassRef;
 
 /// What the binding layer knows about an object when it is sampled.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -2045,6 +2039,6 @@ mod tests {
         }
     }
     fn is_resolved_frame_(f: u64) -> bool {
-        crate::sampler::stack_table::is_resolved_frame(f)
+        crate::sampler::types::is_resolved_frame(f)
     }
 }

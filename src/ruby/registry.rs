@@ -5,20 +5,57 @@
 //! - take every sampler lock around fork(), so a child never inherits a lock
 //!   held by a thread it does not have;
 //! - pause allocation sampling while non-main Ractors exist.
+//!
+//! It knows a collector only through `Registered`, so it depends on nothing
+//! else in the binding layer (the collector registers itself here).
 
 use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{LazyLock, Once};
 
-use super::collector::Collector;
 use crate::sampler::lock::SamplerLock;
 
-/// Addresses of `Collector`s (their Box, which does not move). A collector
-/// removes itself before it is dropped, so every address here is valid.
-/// A SamplerLock (not std's Mutex) so the fork handlers can hold it.
-static ACTIVE: LazyLock<SamplerLock<Vec<usize>>> = LazyLock::new(|| SamplerLock::new(Vec::new()));
+/// What the registry asks of a collector. Every method runs with the GVL
+/// held except the fork ones, which run inside fork() and only take,
+/// release or re-initialise locks.
+pub trait Registered {
+    /// Measures the samples taken since the last call (postponed job).
+    fn measure_pending(&self);
+    /// Switches every hook off before Ruby's final sweep (at exit).
+    fn disable_hooks_at_exit(&self);
+    /// Pauses sampling while non-main Ractors exist.
+    fn pause_for_ractors(&self);
+    /// Takes the sampler lock before fork().
+    fn lock_for_fork(&self);
+    /// Releases it in the parent after fork().
+    fn unlock_after_fork(&self);
+    /// Re-initialises it in the child (its holder thread is gone).
+    fn reinit_lock_in_child(&self);
+    /// Starts the child's own interval (after every lock is usable again).
+    fn reset_after_fork_in_child(&self);
+}
 
-fn with_active<R>(f: impl FnOnce(&mut Vec<usize>) -> R) -> R {
+/// A registered collector. Its Box does not move, and it removes itself
+/// before it is dropped, so every pointer in the registry is valid.
+#[derive(Clone, Copy)]
+struct Entry(*const dyn Registered);
+
+// SAFETY: an entry is only dereferenced with the GVL held, or inside fork()
+// on the forking thread while every other thread waits for the GVL, so no
+// two threads use a collector at once (Collector is not Sync: a Cell).
+unsafe impl Send for Entry {}
+
+impl Entry {
+    fn is(&self, collector: &dyn Registered) -> bool {
+        std::ptr::addr_eq(self.0, collector as *const dyn Registered)
+    }
+}
+
+/// The registered collectors. A SamplerLock (not std's Mutex) so the fork
+/// handlers can hold it.
+static ACTIVE: LazyLock<SamplerLock<Vec<Entry>>> = LazyLock::new(|| SamplerLock::new(Vec::new()));
+
+fn with_active<R>(f: impl FnOnce(&mut Vec<Entry>) -> R) -> R {
     match ACTIVE.lock() {
         Ok(mut guard) => f(&mut guard),
         // Only this module takes the lock, never while holding it.
@@ -26,26 +63,25 @@ fn with_active<R>(f: impl FnOnce(&mut Vec<usize>) -> R) -> R {
     }
 }
 
-pub fn add(collector: &Collector) {
-    let address = collector as *const Collector as usize;
+/// Registers `collector` (once). It must call `remove` before it is dropped.
+pub fn add(collector: &(dyn Registered + 'static)) {
     with_active(|active| {
-        if !active.contains(&address) {
-            active.push(address);
+        if !active.iter().any(|e| e.is(collector)) {
+            active.push(Entry(collector));
         }
     });
 }
 
-pub fn remove(collector: &Collector) {
-    let address = collector as *const Collector as usize;
-    with_active(|active| active.retain(|&a| a != address));
+pub fn remove(collector: &(dyn Registered + 'static)) {
+    with_active(|active| active.retain(|e| !e.is(collector)));
 }
 
-fn for_each(mut f: impl FnMut(&Collector)) {
+fn for_each(mut f: impl FnMut(&dyn Registered)) {
     let collectors = with_active(|active| active.clone());
-    for address in collectors {
+    for entry in collectors {
         // SAFETY: collectors unregister before being dropped, and this runs
         // with the GVL held, so none can be dropped while we use it.
-        f(unsafe { &*(address as *const Collector) });
+        f(unsafe { &*entry.0 });
     }
 }
 
@@ -135,13 +171,13 @@ static FORK_HANDLERS: Once = Once::new();
 ///
 /// # Safety
 /// The calling thread must hold the registry lock (taken by `before_fork`).
-unsafe fn collectors_while_forking() -> impl DoubleEndedIterator<Item = &'static Collector> {
+unsafe fn collectors_while_forking() -> impl DoubleEndedIterator<Item = &'static dyn Registered> {
     // SAFETY: the registry lock is held by this thread, so the list cannot
-    // change; every address is a live collector (see ACTIVE).
-    let collectors: &'static Vec<usize> = unsafe { &*ACTIVE.data_ptr() };
-    collectors.iter().map(|&address| {
+    // change; every entry is a live collector (see `Entry`).
+    let collectors: &'static Vec<Entry> = unsafe { &*ACTIVE.data_ptr() };
+    collectors.iter().map(|entry| {
         // SAFETY: as above.
-        unsafe { &*(address as *const Collector) }
+        unsafe { &*entry.0 }
     })
 }
 
@@ -149,14 +185,14 @@ unsafe extern "C" fn before_fork() {
     // Registry first, then each collector's lock; released in reverse.
     ACTIVE.lock_for_fork();
     // SAFETY: the registry lock was just taken by this thread.
-    unsafe { collectors_while_forking() }.for_each(|c| c.sampler.lock_for_fork());
+    unsafe { collectors_while_forking() }.for_each(|c| c.lock_for_fork());
 }
 
 unsafe extern "C" fn after_fork_in_parent() {
     // SAFETY: `before_fork` ran on this thread and still holds the registry.
     unsafe { collectors_while_forking() }
         .rev()
-        .for_each(|c| c.sampler.unlock_after_fork());
+        .for_each(|c| c.unlock_after_fork());
     ACTIVE.unlock_after_fork();
 }
 
@@ -166,7 +202,7 @@ unsafe extern "C" fn after_fork_in_child() {
     // forking thread (see SamplerLock::reinit_in_child): locks are freed.
     unsafe { collectors_while_forking() }
         .rev()
-        .for_each(|c| c.sampler.reinit_in_child());
+        .for_each(|c| c.reinit_lock_in_child());
     // A flush another thread was running will never finish in the child.
     unsafe { collectors_while_forking() }.for_each(|c| c.reset_after_fork_in_child());
     ACTIVE.reinit_in_child();
