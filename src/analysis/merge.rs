@@ -4,34 +4,14 @@
 
 use crate::analysis::{InputMap, InputSet};
 use crate::pprof;
+use crate::pprof::string_table::StringTable;
 
 use super::decoded_profile::DecodedProfile;
 use super::display::shown;
 
-/// Interns strings into the merged profile's table.
-#[derive(Default)]
-struct Strings {
-    table: Vec<String>,
-    index: InputMap<String, i64>,
-}
-
-impl Strings {
-    fn new() -> Self {
-        let mut strings = Strings::default();
-        strings.intern("");
-        strings
-    }
-
-    fn intern(&mut self, s: &str) -> i64 {
-        if let Some(index) = self.index.get(s) {
-            return *index;
-        }
-        let index = self.table.len() as i64;
-        self.table.push(s.to_string());
-        self.index.insert(s.to_string(), index);
-        index
-    }
-}
+/// The merged profile's string table, keyed by SipHash: its strings come
+/// from files anybody may have crafted.
+type Strings = StringTable<std::collections::hash_map::RandomState>;
 
 /// One profile's string indexes interned into the merged table, each
 /// string once: a name can be long and used by every function or label,
@@ -283,7 +263,7 @@ pub fn merge(profiles: &[&DecodedProfile]) -> Result<pprof::Profile, String> {
         format!("memprofiler_pprof_rs merge: {} profiles", profiles.len()),
     );
     out.comment = comments.iter().map(|c| strings.intern(c)).collect();
-    out.string_table = strings.table;
+    out.string_table = strings.into_strings();
     Ok(out)
 }
 

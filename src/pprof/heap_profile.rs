@@ -4,12 +4,6 @@
 //! line), so each appears once however many samples use it; samples with the
 //! same stack are merged into one pprof sample whose values are the sums.
 
-use std::io::Write;
-
-use flate2::write::GzEncoder;
-use flate2::Compression;
-use prost::Message;
-
 use crate::fast_hash::FastHashMap;
 use crate::pprof;
 use crate::sampler::block_frames::{BlockAttribution, FrameCode};
@@ -21,6 +15,7 @@ use crate::sampler::types::{ClassRef, FrameRef, TRUNCATION_FRAME};
 type SampleKey = (StackId, ClassRef, Option<u32>);
 /// A merged sample: its key and the sums of its four values.
 type MergedSample = (SampleKey, [f64; 4]);
+use super::gzip::GzipStream;
 use super::string_table::StringTable;
 
 pub use crate::sampler::stack_table::FrameInfo;
@@ -482,18 +477,6 @@ pub fn build_profile(
     profile
 }
 
-/// Serialises and gzips a profile, the form pprof tools read (the tests'
-/// reference for `build_profile_gzipped`, which the collector uses; and
-/// how profiles read back are written again, see `analysis`).
-pub fn encode_gzipped(profile: &pprof::Profile) -> Vec<u8> {
-    let raw = profile.encode_to_vec();
-    let mut encoder = GzEncoder::new(Vec::with_capacity(raw.len() / 4 + 64), Compression::new(6));
-    encoder
-        .write_all(&raw)
-        .expect("writing to a Vec cannot fail");
-    encoder.finish().expect("writing to a Vec cannot fail")
-}
-
 /// Field number of `Profile.sample` in profile.proto.
 const PROFILE_SAMPLE_FIELD: u32 = 2;
 
@@ -527,24 +510,6 @@ pub fn build_profile_gzipped(
     }
 }
 
-/// Counts what goes through it (the uncompressed size).
-struct CountingWriter<W> {
-    inner: W,
-    written: usize,
-}
-
-impl<W: Write> Write for CountingWriter<W> {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        let n = self.inner.write(bytes)?;
-        self.written += n;
-        Ok(n)
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.inner.flush()
-    }
-}
-
 /// One streamed build: gzipped bytes, samples folded, uncompressed size.
 fn encode_streamed(
     snapshot: &FlushSnapshot,
@@ -553,31 +518,24 @@ fn encode_streamed(
     meta: &ProfileMeta,
     fold_target: Option<usize>,
 ) -> (Vec<u8>, usize, usize) {
-    let mut out = CountingWriter {
-        inner: GzEncoder::new(Vec::new(), Compression::new(6)),
-        written: 0,
-    };
-    let mut buffer = Vec::new();
+    let mut out = GzipStream::new();
     let (profile, folded) =
         ProfileBuilder::new(frames, classes).build(snapshot, meta, fold_target, |sample| {
-            buffer.clear();
-            prost::encoding::message::encode(PROFILE_SAMPLE_FIELD, &sample, &mut buffer);
-            out.write_all(&buffer)
-                .expect("writing to a Vec cannot fail");
+            out.write_field(PROFILE_SAMPLE_FIELD, &sample)
         });
-    out.write_all(&profile.encode_to_vec())
-        .expect("writing to a Vec cannot fail");
-    let raw_len = out.written;
-    let gz = out.inner.finish().expect("writing to a Vec cannot fail");
+    out.write_message(&profile);
+    let (gz, raw_len) = out.finish();
     (gz, folded, raw_len)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pprof::encode_gzipped;
     use crate::sampler::gaps::GapSampler;
     use crate::sampler::state::{ObjectInfo, SamplerState};
     use flate2::read::GzDecoder;
+    use prost::Message;
     use std::io::Read;
 
     fn info(name: &str, file: Option<&str>, start_line: i64) -> FrameInfo {

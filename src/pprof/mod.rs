@@ -2,9 +2,10 @@
 //! proto/profile.proto), the string table, gzip, and the heap profile a
 //! flush becomes (`heap_profile`).
 
+pub mod gzip;
 pub mod heap_profile;
 mod proto;
 pub mod string_table;
 
-pub use heap_profile::encode_gzipped;
+pub use gzip::encode_gzipped;
 pub use proto::*;

@@ -1,25 +1,32 @@
 //! Interning of strings into a pprof string table: each distinct string is
 //! stored once and referred to by its index; index 0 is always "".
 
-use crate::fast_hash::FastHashMap;
+use std::collections::HashMap;
+use std::hash::{BuildHasher, BuildHasherDefault};
 
+use crate::fast_hash::FastHasher;
+
+/// The table. Its index hashes with FxHash by default (the strings of our
+/// own profiles); a reader of files others made uses std's randomly keyed
+/// SipHash (`StringTable<RandomState>`, see `analysis::InputMap`), so that
+/// crafted strings cannot all collide.
 #[derive(Debug)]
-pub struct StringTable {
+pub struct StringTable<S = BuildHasherDefault<FastHasher>> {
     strings: Vec<String>,
-    index: FastHashMap<String, i64>,
+    index: HashMap<String, i64, S>,
 }
 
-impl Default for StringTable {
+impl<S: BuildHasher + Default> Default for StringTable<S> {
     fn default() -> Self {
         Self::new()
     }
 }
 
-impl StringTable {
+impl<S: BuildHasher + Default> StringTable<S> {
     pub fn new() -> Self {
         let mut table = StringTable {
             strings: Vec::new(),
-            index: FastHashMap::default(),
+            index: HashMap::default(),
         };
         table.intern("");
         table
@@ -63,7 +70,7 @@ mod tests {
 
     #[test]
     fn empty_string_is_index_zero() {
-        let mut table = StringTable::new();
+        let mut table: StringTable = StringTable::new();
         assert_eq!(table.get(0), Some(""));
         assert_eq!(table.intern(""), 0);
         assert_eq!(table.len(), 1);
@@ -71,7 +78,7 @@ mod tests {
 
     #[test]
     fn same_string_interns_once() {
-        let mut table = StringTable::new();
+        let mut table: StringTable = StringTable::new();
         let a = table.intern("Foo#bar");
         let b = table.intern("app.rb");
         assert_eq!(table.intern("Foo#bar"), a);
@@ -82,7 +89,7 @@ mod tests {
 
     #[test]
     fn out_of_range_lookup_is_none() {
-        let table = StringTable::new();
+        let table: StringTable = StringTable::new();
         assert_eq!(table.get(1), None);
         assert_eq!(table.get(-1), None);
     }

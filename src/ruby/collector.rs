@@ -424,7 +424,9 @@ impl Collector {
     fn end_flush(&self) {
         self.suppressed_thread.store(0, Ordering::Relaxed);
         if let Ok(mut sampler) = self.sampler.lock() {
-            sampler.state.finish_flush();
+            // A no-op after flush_inner's finish_flush; otherwise ends the
+            // flush where it stopped.
+            sampler.state.end_flush();
         }
         self.flushing.store(false, Ordering::Release);
     }
@@ -460,17 +462,19 @@ impl Collector {
         let mut measure = |object: usize| heap::object_size(object as VALUE);
         // SAFETY: reads a counter; no allocation, no raise.
         let gc_count = unsafe { rb_gc_count() } as u32;
-        let (sample_rate, started_at) = self.with_sampler(|s| {
+        // The steps and their order: sampler/state/flush.rs. On an error (the
+        // thread killed while it let others run), the FlushEnd guard's
+        // end_flush releases what the flush holds.
+        let (measuring, sample_rate, started_at) = self.with_sampler(|s| {
             s.state.measure_pending(measure);
             let started_at = std::mem::replace(&mut s.interval_started_at, finished_at);
-            s.state.begin_flush();
-            (s.state.gaps.rate(), started_at)
+            (s.state.begin_flush(), s.state.gaps.rate(), started_at)
         })?;
-        // On an error (the thread killed while it let others run), the
-        // FlushEnd guard's finish_flush releases what the flush holds.
         loop {
-            let done =
-                self.with_sampler(|s| s.state.measure_live(gc_count, LIVE_CHUNK, &mut measure))?;
+            let done = self.with_sampler(|s| {
+                s.state
+                    .measure_live(&measuring, gc_count, LIVE_CHUNK, &mut measure)
+            })?;
             if done {
                 break;
             }
@@ -478,9 +482,9 @@ impl Collector {
                 yield_to_other_threads()?;
             }
         }
-        let (mut snapshot, classes) = self.with_sampler(|s| {
-            let snapshot = s.state.end_snapshot(&mut measure);
-            (snapshot, s.state.flush_classes().to_vec())
+        let (mut snapshot, naming, classes) = self.with_sampler(|s| {
+            let (snapshot, naming) = s.state.end_snapshot(measuring, &mut measure);
+            (snapshot, naming, s.state.flush_classes().to_vec())
         })?;
         snapshot.drops.nolock += self.nolock_drops.swap(0, Ordering::Relaxed);
         if options.proactively_yield_gvl {
@@ -532,14 +536,11 @@ impl Collector {
         //    so that a flush after a busy interval never holds the GVL long.
         //    If this fails (the thread killed while it let others run), what
         //    is left stays Ruby frames until the next flush.
-        self.with_sampler(|s| {
-            s.state.detach_resolved_classes(&ruby_classes);
-            s.state.begin_detach();
-        })?;
+        let detaching = self.with_sampler(|s| s.state.begin_detach(naming, &ruby_classes))?;
         loop {
             let done = self.with_sampler(|s| {
                 s.state
-                    .detach_resolved_frames_batch(&ruby_frames, DETACH_BATCH)
+                    .detach_frames_batch(&detaching, &ruby_frames, DETACH_BATCH)
             })?;
             if done {
                 break;
@@ -548,6 +549,7 @@ impl Collector {
                 yield_to_other_threads()?;
             }
         }
+        self.with_sampler(|s| s.state.finish_flush(detaching))?;
         Ok(FlushResult {
             pprof,
             folded_samples,

@@ -1,0 +1,82 @@
+//! Gzip, the form pprof tools read: a whole profile at once, or a stream
+//! of protobuf fields (a message's fields may come in any order, so a
+//! profile can be written sample by sample, its tables after them).
+
+use std::io::Write;
+
+use flate2::write::GzEncoder;
+use flate2::Compression;
+use prost::Message;
+
+use super::Profile;
+
+/// zlib's default level (the `gzip` command's).
+const LEVEL: u32 = 6;
+
+/// Serialises and gzips a profile, the form pprof tools read (the tests'
+/// reference for `heap_profile::build_profile_gzipped`, which the collector uses; and
+/// how profiles read back are written again, see `analysis`).
+pub fn encode_gzipped(profile: &Profile) -> Vec<u8> {
+    let raw = profile.encode_to_vec();
+    let mut encoder = GzEncoder::new(
+        Vec::with_capacity(raw.len() / 4 + 64),
+        Compression::new(LEVEL),
+    );
+    encoder
+        .write_all(&raw)
+        .expect("writing to a Vec cannot fail");
+    encoder.finish().expect("writing to a Vec cannot fail")
+}
+
+/// Protobuf fields gzipped as they are written, counting the uncompressed
+/// bytes.
+pub struct GzipStream {
+    encoder: GzEncoder<Vec<u8>>,
+    raw_len: usize,
+    buffer: Vec<u8>,
+}
+
+impl Default for GzipStream {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl GzipStream {
+    pub fn new() -> Self {
+        GzipStream {
+            encoder: GzEncoder::new(Vec::new(), Compression::new(LEVEL)),
+            raw_len: 0,
+            buffer: Vec::new(),
+        }
+    }
+
+    /// Writes `message` as field `field` of the enclosing message.
+    pub fn write_field(&mut self, field: u32, message: &impl Message) {
+        self.buffer.clear();
+        prost::encoding::message::encode(field, message, &mut self.buffer);
+        self.write_raw_buffer();
+    }
+
+    /// Writes every field of `message` (as if it were the enclosing one).
+    pub fn write_message(&mut self, message: &impl Message) {
+        self.buffer.clear();
+        message
+            .encode(&mut self.buffer)
+            .expect("a Vec grows as needed");
+        self.write_raw_buffer();
+    }
+
+    fn write_raw_buffer(&mut self) {
+        self.encoder
+            .write_all(&self.buffer)
+            .expect("writing to a Vec cannot fail");
+        self.raw_len += self.buffer.len();
+    }
+
+    /// The gzipped bytes and the uncompressed size.
+    pub fn finish(self) -> (Vec<u8>, usize) {
+        let gz = self.encoder.finish().expect("writing to a Vec cannot fail");
+        (gz, self.raw_len)
+    }
+}

@@ -1,0 +1,340 @@
+//! A flush reads the state out in steps. The binding layer releases the
+//! lock between them, so that other threads run during a long flush and
+//! the naming step can call Ruby. The call order, one phase per line:
+//!
+//! ```text
+//! begin_flush() -> Measuring          detach the allocation list, list live objects
+//!   measure_live(&Measuring, ..)      size live objects in chunks; true when done
+//! end_snapshot(Measuring, ..) -> (FlushSnapshot, Naming)
+//!   flush_classes()                   Ruby classes to name (held until the end)
+//!   .. the binding layer names frames and classes and builds the profile ..
+//! begin_detach(Naming, &classes) -> Detaching          (detach.rs)
+//!   detach_frames_batch(&Detaching, &frames, max)      in batches; true when done
+//! finish_flush(Detaching)             forget stacks no sample uses any more
+//! ```
+//!
+//! Each step takes the token of the step before (by value when it ends a
+//! phase), and only this module makes tokens, so steps cannot be called out
+//! of order. `end_flush` ends a flush in any phase: an error or a killed
+//! thread in the middle, or a forked child of a process that was flushing.
+//! The phase is kept in the state too (`FlushPhase`): GC compaction must
+//! re-address the objects still to be measured, and `clear` must not prune
+//! stacks whose frames a flush is still naming.
+
+use std::sync::Arc;
+
+use super::{DropCounters, Liveness, SampleId, SamplerState, TOMBSTONE};
+use crate::fast_hash::FastHashMap;
+use crate::sampler::stack_table::{Frame, FrameInfo, StackId};
+use crate::sampler::types::{is_named_class, ClassRef, FrameRef, ObjectAddress};
+
+/// Proof that a flush is measuring live objects (from `begin_flush`).
+#[must_use = "a flush goes on with end_snapshot, or ends with end_flush"]
+#[derive(Debug)]
+pub struct Measuring(());
+
+/// Proof that a flush has its snapshot and is naming frames and classes.
+#[must_use = "a flush goes on with begin_detach, or ends with end_flush"]
+#[derive(Debug)]
+pub struct Naming(());
+
+/// Proof that a flush is detaching named frames (from `begin_detach`).
+#[must_use = "a flush ends with finish_flush, or end_flush"]
+#[derive(Debug)]
+pub struct Detaching(());
+
+impl Naming {
+    fn new() -> Self {
+        Naming(())
+    }
+}
+
+impl Detaching {
+    pub(super) fn new() -> Self {
+        Detaching(())
+    }
+}
+
+/// Where the flush is, if one is running.
+#[derive(Debug, Default)]
+pub(super) enum FlushPhase {
+    #[default]
+    Idle,
+    /// `begin_flush` .. `end_snapshot`.
+    Measuring(FlushInProgress),
+    /// `end_snapshot` .. `begin_detach`: the flush's classes are held
+    /// (`flush_classes`) and no stack may be pruned.
+    Naming,
+    /// `begin_detach` .. `finish_flush`.
+    Detaching,
+}
+
+/// One sample's contribution to a flushed profile, already weighted:
+/// [alloc_objects, alloc_space, inuse_objects, inuse_space].
+#[derive(Debug, Clone, PartialEq)]
+pub struct FlushedSample {
+    pub stack: StackId,
+    pub class: ClassRef,
+    /// For live objects: how many GCs they have survived.
+    pub gc_age: Option<u32>,
+    pub values: [f64; 4],
+}
+
+/// A flush between `begin_flush` and `end_snapshot`. Kept inside the state
+/// so that GC compaction can re-address it and a forked child (or any other
+/// end of the flush) can release what it holds.
+#[derive(Debug)]
+pub(super) struct FlushInProgress {
+    /// Live objects when the flush began, measured `next_live..` onwards.
+    pub(super) live: Vec<(ObjectAddress, SampleId)>,
+    next_live: usize,
+    /// The detached allocation list (its entries still hold their records).
+    allocations: Vec<SampleId>,
+    allocations_seen: u64,
+    samples: Vec<FlushedSample>,
+    drops: DropCounters,
+}
+
+/// What one flush reads out of the state, detached from it so the profile
+/// can be built without holding the lock.
+#[derive(Debug, Default)]
+pub struct FlushSnapshot {
+    pub samples: Vec<FlushedSample>,
+    pub stacks: FastHashMap<StackId, Arc<[Frame]>>,
+    /// Names of the resolved frames (held by name since an earlier flush)
+    /// that `stacks` contains; the binding layer names the others.
+    pub resolved_frames: FastHashMap<FrameRef, FrameInfo>,
+    /// Names of the classes held by name that `samples` refer to.
+    pub resolved_classes: FastHashMap<ClassRef, String>,
+    pub allocation_samples: usize,
+    pub heap_samples: usize,
+    pub drops: DropCounters,
+}
+
+impl SamplerState {
+    /// First step of a flush: detaches the allocation list (allocations from
+    /// now on belong to the next flush) and lists the live objects to
+    /// measure. Cheap, so the caller can then measure them in chunks with
+    /// `measure_live`, letting other threads run in between. A flush left
+    /// unfinished is ended first.
+    pub fn begin_flush(&mut self) -> Measuring {
+        if self.flush_in_progress() {
+            self.end_flush();
+        }
+        self.pending_sizes.clear();
+        self.forget_watched();
+        self.flush_classes.clear();
+        self.phase = FlushPhase::Measuring(FlushInProgress {
+            live: self
+                .live
+                .iter()
+                .map(|(&object, &id)| (object, id))
+                .collect(),
+            next_live: 0,
+            allocations: std::mem::take(&mut self.allocations),
+            allocations_seen: std::mem::take(&mut self.allocations_seen),
+            samples: Vec::new(),
+            drops: std::mem::take(&mut self.drops),
+        });
+        Measuring(())
+    }
+
+    /// Measures up to `max` of the flush's live objects (those freed since
+    /// `begin_flush` are skipped; those `measure` finds invalid are counted
+    /// as freed). Returns true when all are done (or no flush is begun).
+    pub fn measure_live(
+        &mut self,
+        _measuring: &Measuring,
+        gc_count: u32,
+        max: usize,
+        measure: &mut impl FnMut(ObjectAddress) -> Option<u64>,
+    ) -> bool {
+        let mut flush = match std::mem::replace(&mut self.phase, FlushPhase::Idle) {
+            FlushPhase::Measuring(flush) => flush,
+            other => {
+                debug_assert!(false, "measure_live outside the measuring phase");
+                self.phase = other;
+                return true;
+            }
+        };
+        let end = flush.live.len().min(flush.next_live.saturating_add(max));
+        for index in flush.next_live..end {
+            let (object, id) = flush.live[index];
+            let Some(record) = self.records.get(id.0 as usize) else {
+                continue;
+            };
+            // Freed (and the slot perhaps reused) since begin_flush.
+            if record.refs == 0 || record.object != object || record.liveness != Liveness::Live {
+                continue;
+            }
+            let Some(size) = measure(object) else {
+                self.record_free(object);
+                continue;
+            };
+            let record = &mut self.records[id.0 as usize];
+            if record.size == 0 {
+                record.size = size;
+            }
+            let class = record.info.class;
+            flush.samples.push(FlushedSample {
+                stack: record.stack,
+                class,
+                gc_age: Some(gc_count.wrapping_sub(record.info.gc_count)),
+                values: [
+                    0.0,
+                    0.0,
+                    f64::from(record.weight),
+                    f64::from(record.weight) * size as f64,
+                ],
+            });
+            // Held for the flush: the sample's object may die (and its
+            // record go) before the flush names the class.
+            self.hold_class_for_flush(class);
+        }
+        flush.next_live = end;
+        let done = end == flush.live.len();
+        self.phase = FlushPhase::Measuring(flush);
+        done
+    }
+
+    /// Second step: the allocation samples of the detached list, and the
+    /// stacks and classes every sample of the flush refers to.
+    pub fn end_snapshot(
+        &mut self,
+        _measuring: Measuring,
+        measure: &mut impl FnMut(ObjectAddress) -> Option<u64>,
+    ) -> (FlushSnapshot, Naming) {
+        let flush = match std::mem::replace(&mut self.phase, FlushPhase::Naming) {
+            FlushPhase::Measuring(flush) => flush,
+            other => {
+                debug_assert!(false, "end_snapshot outside the measuring phase");
+                self.phase = other;
+                return (FlushSnapshot::default(), Naming::new());
+            }
+        };
+        let FlushInProgress {
+            allocations,
+            allocations_seen: seen,
+            samples,
+            drops,
+            ..
+        } = flush;
+        let heap_samples = samples.len();
+        let mut snapshot = FlushSnapshot {
+            samples,
+            drops,
+            heap_samples,
+            ..FlushSnapshot::default()
+        };
+        // Reservoir scaling: each entry stands for seen / kept samples.
+        let scale = if !allocations.is_empty() && seen > allocations.len() as u64 {
+            seen as f64 / allocations.len() as f64
+        } else {
+            1.0
+        };
+        for &id in allocations.iter().filter(|&&id| id != TOMBSTONE) {
+            let record = &mut self.records[id.0 as usize];
+            // Not measured yet (taken just now): measure while it is alive.
+            if record.size == 0 && record.liveness == Liveness::Live {
+                if let Some(size) = measure(record.object) {
+                    record.size = size;
+                }
+            }
+            let weight = f64::from(record.alloc_weight) * scale;
+            let class = record.info.class;
+            // Its record may be the class name's last holder.
+            self.hold_class_for_flush(class);
+            let record = &self.records[id.0 as usize];
+            snapshot.samples.push(FlushedSample {
+                stack: record.stack,
+                class: record.info.class,
+                gc_age: None,
+                values: [weight, weight * record.size as f64, 0.0, 0.0],
+            });
+            snapshot.allocation_samples += 1;
+            self.release(id);
+        }
+
+        for sample in &snapshot.samples {
+            snapshot
+                .stacks
+                .entry(sample.stack)
+                .or_insert_with(|| self.stacks.frames(sample.stack));
+        }
+        // All of them (per distinct frame, not per stack position; the
+        // builder picks what it needs).
+        snapshot.resolved_frames = self
+            .stacks
+            .resolved_infos()
+            .map(|(frame, info)| (frame, info.clone()))
+            .collect();
+        let mut classes: Vec<ClassRef> = snapshot.samples.iter().map(|s| s.class).collect();
+        classes.sort_unstable();
+        classes.dedup();
+        for &class in classes.iter().filter(|&&c| is_named_class(c)) {
+            if let Some(name) = self.named_classes.name(class) {
+                snapshot.resolved_classes.insert(class, name.to_string());
+            }
+        }
+        classes.retain(|&c| !is_named_class(c));
+        self.flush_classes = classes;
+        (snapshot, Naming::new())
+    }
+
+    /// Distinct classes of the flush in progress, to be named.
+    pub fn flush_classes(&self) -> &[ClassRef] {
+        &self.flush_classes
+    }
+
+    /// Last step: forgets stacks no sample uses any more.
+    pub fn finish_flush(&mut self, _detaching: Detaching) {
+        self.end_flush();
+    }
+
+    /// Ends a flush in whatever phase it is (see the top of this file): the
+    /// allocation samples of a flush still measuring are dropped, what the
+    /// flush held is released, and stacks no sample uses are forgotten.
+    pub fn end_flush(&mut self) {
+        self.stacks.end_detach();
+        if let FlushPhase::Measuring(flush) = std::mem::take(&mut self.phase) {
+            for id in flush.allocations {
+                if id != TOMBSTONE {
+                    self.release(id);
+                }
+            }
+        }
+        self.flush_classes.clear();
+        for class in std::mem::take(&mut self.flush_named_holds) {
+            self.named_classes.release(class);
+        }
+        self.stacks.prune();
+    }
+
+    pub fn flush_in_progress(&self) -> bool {
+        !matches!(self.phase, FlushPhase::Idle)
+    }
+
+    /// Keeps a sample's class until the flush ends: a Ruby class in
+    /// `flush_classes` (marked), a named one by a hold on its name.
+    fn hold_class_for_flush(&mut self, class: ClassRef) {
+        if is_named_class(class) {
+            self.named_classes.hold(class);
+            self.flush_named_holds.push(class);
+        } else {
+            self.flush_classes.push(class);
+        }
+    }
+
+    /// `begin_flush`, `measure_live` over every live object and
+    /// `end_snapshot` at once, for tests: the flush is left naming.
+    #[cfg(test)]
+    pub fn take_snapshot(
+        &mut self,
+        gc_count: u32,
+        mut measure: impl FnMut(ObjectAddress) -> Option<u64>,
+    ) -> FlushSnapshot {
+        let measuring = self.begin_flush();
+        while !self.measure_live(&measuring, gc_count, usize::MAX, &mut measure) {}
+        self.end_snapshot(measuring, &mut measure).0
+    }
+}

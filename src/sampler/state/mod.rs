@@ -1,0 +1,316 @@
+//! Everything the collector remembers between flushes: the sampled
+//! allocations of the current interval (the allocation list), the sampled
+//! objects still alive (the live-object map) and their deduplicated stacks.
+//!
+//! One `SampleRecord` is shared by the allocation list and the live map and
+//! refcounted by them, so an object allocated in this interval and still alive
+//! costs one record. Nothing here calls into Ruby; the binding layer passes
+//! object addresses in and measures sizes through callbacks.
+
+//!
+//! The state's methods are grouped by what they serve:
+//! - `admission`: where a new sample goes under the caps, and recording
+//!   allocations and frees (called from the NEWOBJ and FREEOBJ hooks);
+//! - `measure`: sizing new samples once their objects are filled in, and
+//!   following objects that GC compaction moved;
+//! - `flush`: reading a profile out in steps (its call order is at the top
+//!   of flush.rs, enforced by the step tokens);
+//! - `detach`: after a flush, holding the frames and classes it named by
+//!   name instead of as Ruby objects.
+
+use std::sync::Arc;
+
+use rand::rngs::SmallRng;
+use rand::SeedableRng;
+
+use super::address_filter::{AddressFilter, DEFAULT_BUCKETS_LOG2};
+use super::gaps::{mix_seed, GapSampler};
+use super::named_classes::NamedClasses;
+use super::stack_table::{StackId, StackTable};
+use super::types::{ClassRef, ObjectAddress};
+use crate::fast_hash::FastHashMap;
+
+mod admission;
+mod detach;
+mod flush;
+mod measure;
+#[cfg(test)]
+mod tests;
+
+pub use admission::{Admission, AllocationSlot};
+pub use flush::{Detaching, FlushSnapshot, FlushedSample, Measuring, Naming};
+
+use flush::FlushPhase;
+
+/// What the binding layer knows about an object when it is sampled.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ObjectInfo {
+    pub class: ClassRef,
+    /// Number of GCs so far (`GC.count`), to tell the object's age later.
+    pub gc_count: u32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SampleId(u32);
+
+#[derive(Debug, Clone)]
+struct SampleRecord {
+    stack: StackId,
+    info: ObjectInfo,
+    /// How many live objects this sample stands for (1 / rate when taken).
+    /// f32 (7 significant digits) keeps the record at 48 bytes.
+    weight: f32,
+    /// How many allocations it stands for in the allocation profile: weight
+    /// divided by allocation_retain_rate once it survives that thinning.
+    alloc_weight: f32,
+    /// Left the allocation list early (allocation_retain_rate thinning).
+    alloc_dropped: bool,
+    /// Bytes, as last measured; 0 until the first measurement.
+    size: u64,
+    /// The sampled object's address (stale once the object is freed).
+    object: ObjectAddress,
+    liveness: Liveness,
+    /// Held by the allocation list and/or the live or watched map (which
+    /// stops a watched address from pointing at a reused record); 0 = the
+    /// slot is free.
+    refs: u8,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Liveness {
+    /// In the live map: not seen freed yet.
+    Live,
+    /// Was in the live map; its object has been freed.
+    Freed,
+    /// Not in the live map, but its free is watched until it is measured
+    /// (so the measurement never touches a freed object).
+    Watched,
+    /// Not tracked: whether it lives is unknown.
+    Untracked,
+}
+
+/// Samples not taken, by reason, since the last flush.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct DropCounters {
+    /// The sampler lock was busy (or re-entered) when the allocation happened.
+    pub nolock: u64,
+    /// The allocation list was full (`max_allocation_samples`).
+    pub allocation_bufsize: u64,
+    /// The live map was full (`max_heap_samples`); the allocation was still
+    /// recorded in the allocation list.
+    pub heap_bufsize: u64,
+}
+
+/// An allocation-list entry whose sample was thinned out by
+/// allocation_retain_rate: it keeps its reservoir slot (so the reservoir's
+/// odds stay right) but contributes nothing.
+const TOMBSTONE: SampleId = SampleId(u32::MAX);
+
+#[derive(Debug)]
+pub struct SamplerState {
+    stacks: StackTable,
+    records: Vec<SampleRecord>,
+    free_records: Vec<u32>,
+    live: FastHashMap<ObjectAddress, SampleId>,
+    /// The allocation list: a reservoir of at most max_allocation_samples
+    /// of this interval's samples, uniformly chosen among all of them.
+    allocations: Vec<SampleId>,
+    /// Samples offered to the allocation list this interval.
+    allocations_seen: u64,
+    /// Probability that a new sample is tracked in the live map: halved
+    /// each time the map fills (existing samples are thinned to match),
+    /// raised again once it has room. Kept samples count 1 / keep_rate.
+    live_keep_rate: f64,
+    /// Samples taken but not yet measured (sizes are known only once the
+    /// allocating method has filled the object in).
+    pending_sizes: Vec<(SampleId, ObjectAddress)>,
+    /// Objects of pending samples that are not in the live map, watched for
+    /// their free until measured.
+    watched: FastHashMap<ObjectAddress, SampleId>,
+    pub gaps: GapSampler,
+    pub max_allocation_samples: usize,
+    pub max_heap_samples: usize,
+    /// Fraction of measured samples kept in the allocation profile.
+    allocation_retain_rate: f64,
+    /// Draws for allocation_retain_rate.
+    retain_rng: SmallRng,
+    /// Classes of the flush in progress: held until `finish_flush`, since
+    /// the samples that referred to them may already be released.
+    flush_classes: Vec<ClassRef>,
+    /// Classes of samples held by name (after a flush named them).
+    named_classes: NamedClasses,
+    /// Holds the flush in progress took on named classes.
+    flush_named_holds: Vec<ClassRef>,
+    drops: DropCounters,
+    /// Counts of the addresses in `live` and `watched` (disjoint): shared
+    /// with the FREEOBJ hook, which reads it without the lock.
+    free_filter: Arc<AddressFilter>,
+    /// Where the flush being read out in steps is (flush.rs).
+    phase: FlushPhase,
+}
+
+impl SamplerState {
+    pub fn new(gaps: GapSampler, max_allocation_samples: usize, max_heap_samples: usize) -> Self {
+        let retain_seed = gaps.seed().wrapping_add(1);
+        SamplerState {
+            stacks: StackTable::new(),
+            named_classes: NamedClasses::default(),
+            flush_named_holds: Vec::new(),
+            records: Vec::new(),
+            free_records: Vec::new(),
+            live: FastHashMap::default(),
+            allocations: Vec::new(),
+            allocations_seen: 0,
+            live_keep_rate: 1.0,
+            pending_sizes: Vec::new(),
+            watched: FastHashMap::default(),
+            gaps,
+            max_allocation_samples,
+            max_heap_samples,
+            allocation_retain_rate: 1.0,
+            retain_rng: SmallRng::seed_from_u64(retain_seed),
+            flush_classes: Vec::new(),
+            drops: DropCounters::default(),
+            free_filter: Arc::new(AddressFilter::new(DEFAULT_BUCKETS_LOG2)),
+            phase: FlushPhase::Idle,
+        }
+    }
+
+    /// The filter of tracked addresses, for a lock-free check before
+    /// `record_free` (a false answer means `record_free` would do nothing).
+    pub fn free_filter(&self) -> Arc<AddressFilter> {
+        Arc::clone(&self.free_filter)
+    }
+
+    fn rebuild_free_filter(&mut self) {
+        self.free_filter
+            .rebuild(self.live.keys().chain(self.watched.keys()).copied());
+    }
+
+    /// Restarts every random draw from `seed`, for reproducible runs.
+    pub fn reseed(&mut self, seed: u64) {
+        self.gaps = GapSampler::new(self.gaps.rate(), seed);
+        self.retain_rng = SmallRng::seed_from_u64(seed.wrapping_add(1));
+    }
+
+    /// Sets the fraction (0..=1) of samples kept in the allocation profile
+    /// once measured; the rest only count while alive (inuse_*). Kept
+    /// samples are re-weighted by 1 / rate so totals stay unbiased.
+    pub fn set_allocation_retain_rate(&mut self, rate: f64) {
+        assert!(
+            (0.0..=1.0).contains(&rate),
+            "allocation_retain_rate {rate} outside 0..=1"
+        );
+        self.allocation_retain_rate = rate;
+    }
+
+    pub fn allocation_retain_rate(&self) -> f64 {
+        self.allocation_retain_rate
+    }
+
+    /// Forgets every sample and counter (what `start!` does).
+    pub fn clear(&mut self) {
+        let live: Vec<ObjectAddress> = self.live.keys().copied().collect();
+        for object in live {
+            self.record_free(object);
+        }
+        for id in std::mem::take(&mut self.allocations) {
+            if id != TOMBSTONE {
+                self.release(id);
+            }
+        }
+        self.allocations_seen = 0;
+        self.live_keep_rate = 1.0;
+        self.pending_sizes.clear();
+        self.forget_watched();
+        self.drops = DropCounters::default();
+        self.rebuild_free_filter();
+        // A flush still resolving frames prunes when it finishes.
+        if !self.flush_in_progress() {
+            self.stacks.prune();
+        }
+    }
+
+    /// In a forked child. Allocations sampled before the fork belong to the
+    /// parent's next profile, so the child's first flush must not repeat
+    /// them; live samples stay (the child's heap really holds those objects).
+    /// The random draws are reseeded with `child_pid` so that parent and
+    /// child do not sample in lockstep (still reproducible with a fixed seed).
+    pub fn start_child_interval(&mut self, child_pid: u64) {
+        self.forget_watched();
+        for id in std::mem::take(&mut self.allocations) {
+            if id != TOMBSTONE {
+                self.release(id);
+            }
+        }
+        self.allocations_seen = 0;
+        self.drops = DropCounters::default();
+        self.reseed(mix_seed(self.gaps.seed(), child_pid));
+    }
+
+    pub fn live_count(&self) -> usize {
+        self.live.len()
+    }
+
+    /// Samples in the allocation list (not counting thinned-out ones).
+    pub fn allocation_count(&self) -> usize {
+        self.allocations
+            .iter()
+            .filter(|&&id| id != TOMBSTONE)
+            .count()
+    }
+
+    pub fn drops(&self) -> DropCounters {
+        self.drops
+    }
+
+    /// Classes of every sample held, and of the flush in progress: the
+    /// binding layer keeps them alive. May repeat a class.
+    pub fn held_classes(&self) -> impl Iterator<Item = ClassRef> + '_ {
+        self.records
+            .iter()
+            .filter(|r| r.refs > 0)
+            .map(|r| r.info.class)
+            .chain(self.flush_classes.iter().copied())
+    }
+
+    /// Every tracked (live) object's address, e.g. to check after a GC.
+    pub fn live_objects(&self) -> impl Iterator<Item = ObjectAddress> + '_ {
+        self.live.keys().copied()
+    }
+
+    #[cfg(test)]
+    pub fn has_pending_sizes(&self) -> bool {
+        !self.pending_sizes.is_empty()
+    }
+
+    pub fn stacks(&self) -> &StackTable {
+        &self.stacks
+    }
+
+    /// Approximate heap bytes used, for `ObjectSpace.memsize_of`.
+    pub fn memory_bytes(&self) -> usize {
+        use std::mem::size_of;
+        self.stacks.memory_bytes()
+            + self.records.capacity() * size_of::<SampleRecord>()
+            + self.free_records.capacity() * size_of::<u32>()
+            + self.live.capacity() * (size_of::<ObjectAddress>() + size_of::<SampleId>() + 8)
+            + self.allocations.capacity() * size_of::<SampleId>()
+            + self.pending_sizes.capacity() * size_of::<(SampleId, ObjectAddress)>()
+            + self.watched.capacity() * (size_of::<ObjectAddress>() + size_of::<SampleId>() + 8)
+            + self.free_filter.memory_bytes()
+            + self.named_classes.memory_bytes()
+    }
+
+    fn release(&mut self, id: SampleId) {
+        let record = &mut self.records[id.0 as usize];
+        debug_assert!(record.refs > 0, "sample released more often than held");
+        record.refs -= 1;
+        if record.refs == 0 {
+            let (stack, class) = (record.stack, record.info.class);
+            self.stacks.release(stack);
+            self.named_classes.release(class);
+            self.free_records.push(id.0);
+        }
+    }
+}

@@ -1,0 +1,1028 @@
+//! The state's unit tests (no Ruby VM).
+
+use super::*;
+use crate::sampler::stack_table::{Frame, FrameInfo};
+use crate::sampler::types::{is_named_class, is_ruby_class, FrameRef};
+use rand::RngExt;
+
+fn frames(ids: &[u64]) -> Vec<Frame> {
+    ids.iter().map(|&frame| Frame { frame, line: 1 }).collect()
+}
+
+fn state(max_alloc: usize, max_heap: usize) -> SamplerState {
+    SamplerState::new(GapSampler::new(1.0, 1), max_alloc, max_heap)
+}
+
+fn record(state: &mut SamplerState, object: ObjectAddress, stack: &[u64]) -> Option<SampleId> {
+    let admission = state.admission();
+    state.record_allocation(
+        object,
+        ObjectInfo::default(),
+        &frames(stack),
+        1.0,
+        admission,
+    )
+}
+
+/// Uniform draws alternating above and below 0.5: at retain rate 0.5,
+/// exactly every other sample is kept.
+fn alternating_draws() -> impl FnMut() -> f64 {
+    let mut n = 0u32;
+    move || {
+        n += 1;
+        if n % 2 == 0 {
+            0.25
+        } else {
+            0.75
+        }
+    }
+}
+
+fn totals(snapshot: &FlushSnapshot) -> [f64; 4] {
+    let mut sum = [0.0; 4];
+    for sample in &snapshot.samples {
+        for (s, v) in sum.iter_mut().zip(sample.values) {
+            *s += v;
+        }
+    }
+    sum
+}
+
+#[test]
+fn live_objects_stay_until_freed_and_allocations_reset_each_flush() {
+    let mut st = state(100, 100);
+    record(&mut st, 0x1000, &[8, 16]);
+    record(&mut st, 0x2000, &[8, 16]);
+    st.measure_pending(|_| Some(40));
+
+    let first = st.take_snapshot(0, |_| Some(40));
+    st.end_flush();
+    assert_eq!(totals(&first), [2.0, 80.0, 2.0, 80.0]);
+    assert_eq!(first.allocation_samples, 2);
+    assert_eq!(first.stacks.len(), 1);
+
+    assert!(st.record_free(0x1000));
+    let second = st.take_snapshot(0, |_| Some(100));
+    st.end_flush();
+    assert_eq!(totals(&second), [0.0, 0.0, 1.0, 100.0]);
+
+    assert!(st.record_free(0x2000));
+    let third = st.take_snapshot(0, |_| Some(100));
+    st.end_flush();
+    assert!(third.samples.is_empty());
+    assert!(st.stacks().is_empty(), "unused stacks are pruned");
+}
+
+fn names(entries: &[(u64, &str)]) -> FastHashMap<FrameRef, FrameInfo> {
+    entries
+        .iter()
+        .map(|&(frame, name)| {
+            let info = FrameInfo {
+                name: name.to_string(),
+                filename: None,
+                start_line: 0,
+                blocks: None,
+            };
+            (frame, info)
+        })
+        .collect()
+}
+
+#[test]
+fn named_frames_let_go_of_ruby_objects_and_samples_follow_merged_stacks() {
+    let mut st = state(100, 100);
+    record(&mut st, 0x1000, &[8, 16]);
+    st.measure_pending(|_| Some(40));
+    let first = st.take_snapshot(0, |_| Some(40));
+    st.detach_resolved_frames(&names(&[(8, "A#a"), (16, "<main>")]));
+    st.end_flush();
+    assert_eq!(st.stacks().frame_count(), 0);
+    // The next interval: the same path, its method entry elsewhere.
+    record(&mut st, 0x2000, &[24, 16]);
+    st.measure_pending(|_| Some(40));
+    let second = st.take_snapshot(0, |_| Some(40));
+    // Both samples are in the profile; the new one's names come from
+    // the flush, the old one's from the table.
+    assert_eq!(totals(&second), [1.0, 40.0, 2.0, 80.0]);
+    assert_eq!(second.resolved_frames.len(), 2);
+    st.detach_resolved_frames(&names(&[(24, "A#a"), (16, "<main>")]));
+    st.end_flush();
+    assert_eq!(st.stacks().len(), 1, "the two stacks merged");
+    assert_eq!(st.stacks().frame_count(), 0);
+    // Frees release the merged stack through both samples.
+    assert!(st.record_free(0x1000));
+    assert!(st.record_free(0x2000));
+    let third = st.take_snapshot(0, |_| Some(40));
+    st.end_flush();
+    assert!(third.samples.is_empty());
+    assert!(st.stacks().is_empty());
+    assert_eq!(st.stacks().resolved_frame_count(), 0);
+    assert_eq!(first.stacks.len(), 1);
+}
+
+#[test]
+fn named_classes_replace_ruby_classes_and_go_with_their_samples() {
+    let mut st = state(100, 100);
+    let info = ObjectInfo {
+        class: 0x7000,
+        ..ObjectInfo::default()
+    };
+    for object in [0x1000, 0x2000] {
+        let admission = st.admission();
+        st.record_allocation(object, info, &frames(&[8]), 1.0, admission);
+    }
+    st.measure_pending(|_| Some(40));
+    let _ = st.take_snapshot(0, |_| Some(40));
+    assert_eq!(st.flush_classes(), [0x7000]);
+    let names: FastHashMap<ClassRef, String> = [(0x7000, "Foo".to_string())].into_iter().collect();
+    st.detach_resolved_classes(&names);
+    st.end_flush();
+    assert!(!st.held_classes().any(is_ruby_class), "no class kept alive");
+    assert_eq!(st.named_class_count(), 1);
+
+    // The next flush names them from the table.
+    let second = st.take_snapshot(0, |_| Some(40));
+    assert!(st.flush_classes().is_empty());
+    assert_eq!(
+        second.resolved_classes.values().collect::<Vec<_>>(),
+        ["Foo"]
+    );
+    st.end_flush();
+
+    assert!(st.record_free(0x1000));
+    let _ = st.take_snapshot(0, |_| Some(40));
+    st.end_flush();
+    assert_eq!(st.named_class_count(), 1);
+    assert!(st.record_free(0x2000));
+    let _ = st.take_snapshot(0, |_| Some(40));
+    st.end_flush();
+    assert_eq!(
+        st.named_class_count(),
+        0,
+        "the name goes with its last sample"
+    );
+}
+
+#[test]
+fn allocation_of_a_freed_object_still_counts_with_its_pending_size() {
+    let mut st = state(100, 100);
+    record(&mut st, 0x1000, &[8]);
+    st.measure_pending(|_| Some(5_000));
+    st.record_free(0x1000);
+    let snap = st.take_snapshot(0, |_| panic!("no live object to measure"));
+    assert_eq!(totals(&snap), [1.0, 5_000.0, 0.0, 0.0]);
+}
+
+#[test]
+fn caps_are_respected_and_drops_counted() {
+    let mut st = state(3, 2);
+    for i in 0..5 {
+        record(&mut st, 0x1000 + i * 40, &[8]);
+    }
+    assert_eq!(st.allocation_count(), 3);
+    assert!(st.live_count() <= 2);
+    let drops = st.drops();
+    // 2 samples beyond the allocation cap (rejected or evicting another).
+    assert_eq!(drops.allocation_bufsize, 2);
+    // Every sample not tracked live, or thinned out of the live map.
+    assert!(drops.heap_bufsize >= 3);
+
+    let snap = st.take_snapshot(0, |_| Some(40));
+    assert_eq!(snap.drops, drops);
+    assert_eq!(st.drops(), DropCounters::default(), "flush resets drops");
+    assert_eq!(snap.allocation_samples, 3);
+    assert!(snap.heap_samples <= 2);
+    // The 3 kept allocation samples stand for all 5.
+    assert!((totals(&snap)[0] - 5.0).abs() < 1e-9);
+}
+
+#[test]
+#[cfg_attr(miri, ignore = "statistical, no unsafe code; too slow under Miri")]
+fn a_full_live_map_thins_but_still_estimates_the_whole_live_heap() {
+    let mut errors = Vec::new();
+    for seed in 0..20 {
+        let mut st = SamplerState::new(GapSampler::new(1.0, seed), 1_000_000, 500);
+        for i in 0..20_000usize {
+            let admission = st.admission();
+            st.record_allocation(
+                0x1000 + i * 40,
+                ObjectInfo::default(),
+                &frames(&[8]),
+                1.0,
+                admission,
+            );
+            assert!(st.live_count() <= 500);
+        }
+        let snap = st.take_snapshot(0, |_| Some(40));
+        let inuse = totals(&snap)[2];
+        errors.push((inuse - 20_000.0) / 20_000.0);
+    }
+    let mean = errors.iter().sum::<f64>() / errors.len() as f64;
+    let worst = errors.iter().fold(0.0f64, |m, e| m.max(e.abs()));
+    assert!(mean.abs() < 0.03, "mean error {mean}");
+    assert!(worst < 0.25, "worst error {worst}");
+}
+
+#[test]
+fn the_live_map_recovers_its_rate_once_objects_die() {
+    let mut st = SamplerState::new(GapSampler::new(1.0, 1), 1_000_000, 100);
+    for i in 0..1_000usize {
+        let admission = st.admission();
+        st.record_allocation(
+            0x1000 + i * 40,
+            ObjectInfo::default(),
+            &frames(&[8]),
+            1.0,
+            admission,
+        );
+    }
+    let objects: Vec<_> = st.live_objects().collect();
+    for object in objects {
+        st.record_free(object);
+    }
+    // Room again: the rate climbs back to 1 over the next samples.
+    for i in 0..50usize {
+        let admission = st.admission();
+        st.record_allocation(
+            0x9_0000 + i * 40,
+            ObjectInfo::default(),
+            &frames(&[8]),
+            1.0,
+            admission,
+        );
+    }
+    assert!(st.live_count() >= 40, "tracked {}", st.live_count());
+}
+
+#[test]
+#[cfg_attr(miri, ignore = "statistical, no unsafe code; too slow under Miri")]
+fn a_full_allocation_list_keeps_a_uniform_sample_of_the_whole_interval() {
+    // 1,000 early allocations from one stack, then 1,000 late ones from
+    // another, through a list of 100: the late ones must not be lost.
+    let mut late_share = Vec::new();
+    for seed in 0..20 {
+        let mut st = SamplerState::new(GapSampler::new(1.0, seed), 100, 0);
+        for i in 0..2_000usize {
+            let stack = if i < 1_000 { [8] } else { [16] };
+            let admission = st.admission();
+            st.record_allocation(
+                0x1000 + i * 40,
+                ObjectInfo::default(),
+                &frames(&stack),
+                1.0,
+                admission,
+            );
+        }
+        let snap = st.take_snapshot(0, |_| None);
+        let late: f64 = snap
+            .samples
+            .iter()
+            .filter(|s| snap.stacks[&s.stack][0].frame == 16)
+            .map(|s| s.values[0])
+            .sum();
+        let total: f64 = snap.samples.iter().map(|s| s.values[0]).sum();
+        assert!(
+            (total - 2_000.0).abs() < 1e-6,
+            "estimate of the total is exact"
+        );
+        late_share.push(late / total);
+    }
+    let mean = late_share.iter().sum::<f64>() / late_share.len() as f64;
+    assert!((mean - 0.5).abs() < 0.05, "late allocations' share {mean}");
+}
+
+#[test]
+fn thinned_samples_keep_their_reservoir_slot() {
+    let mut st = state(10, 100);
+    st.set_allocation_retain_rate(0.5);
+    for i in 0..10 {
+        record(&mut st, 0x1000 + i * 40, &[8]);
+    }
+    st.measure_pending_with(&mut |_| Some(40), &mut alternating_draws());
+    assert_eq!(st.allocation_count(), 5);
+    // The list is still full: the next sample goes through the reservoir.
+    let admission = st.admission();
+    assert_ne!(admission.allocation, AllocationSlot::Append);
+}
+
+#[test]
+fn reused_address_without_free_replaces_the_old_sample() {
+    let mut st = state(100, 100);
+    record(&mut st, 0x1000, &[8]);
+    record(&mut st, 0x1000, &[16]);
+    assert_eq!(st.live_count(), 1);
+    let snap = st.take_snapshot(0, |_| Some(40));
+    let live: Vec<_> = snap.samples.iter().filter(|s| s.values[2] > 0.0).collect();
+    assert_eq!(live.len(), 1);
+    assert_eq!(&*snap.stacks[&live[0].stack], &frames(&[16])[..]);
+}
+
+#[test]
+fn objects_found_invalid_at_flush_count_as_freed() {
+    let mut st = state(100, 100);
+    record(&mut st, 0x1000, &[8]);
+    record(&mut st, 0x2000, &[8]);
+    let snap = st.take_snapshot(0, |addr| (addr == 0x2000).then_some(40));
+    assert_eq!(snap.heap_samples, 1);
+    assert_eq!(st.live_count(), 1);
+}
+
+#[test]
+fn pending_sizes_skip_freed_records() {
+    let mut st = state(100, 100);
+    record(&mut st, 0x1000, &[8]);
+    st.record_free(0x1000);
+    let mut measured = 0;
+    st.measure_pending(|_| {
+        measured += 1;
+        Some(1)
+    });
+    assert_eq!(measured, 0);
+    assert!(!st.has_pending_sizes());
+}
+
+#[test]
+fn samples_outside_the_live_map_are_measured_while_their_free_is_watched() {
+    let mut st = state(100, 0);
+    record(&mut st, 0x1000, &[8]);
+    record(&mut st, 0x2000, &[8]);
+    st.record_free(0x2000); // freed before it was measured: never touched
+    let mut measured = Vec::new();
+    st.measure_pending(|address| {
+        measured.push(address);
+        Some(500)
+    });
+    assert_eq!(measured, vec![0x1000]);
+    // Once measured they are no longer watched (nor touched again).
+    let snap = st.take_snapshot(0, |_| panic!("no live object to measure"));
+    assert_eq!(totals(&snap), [2.0, 500.0, 0.0, 0.0]);
+}
+
+#[test]
+fn thinned_out_samples_are_still_measured() {
+    let mut st = SamplerState::new(GapSampler::new(1.0, 9), 1_000, 10);
+    for i in 0..100 {
+        record(&mut st, 0x1000 + i * 40, &[8]);
+    }
+    let mut measured = 0;
+    st.measure_pending(|_| {
+        measured += 1;
+        Some(40)
+    });
+    assert_eq!(measured, 100, "every sample is sized, tracked or not");
+    let snap = st.take_snapshot(0, |_| Some(40));
+    assert!((totals(&snap)[1] - 4_000.0).abs() < 1e-6);
+}
+
+#[test]
+fn stop_tracking_live_forgets_addresses_but_keeps_allocations() {
+    let mut st = state(100, 100);
+    record(&mut st, 0x1000, &[8]);
+    record(&mut st, 0x2000, &[8]);
+    st.measure_pending(|_| Some(40));
+    st.stop_tracking_live();
+    assert_eq!(st.live_count(), 0);
+    assert!(!st.record_free(0x1000));
+    let snap = st.take_snapshot(0, |_| panic!("nothing is tracked"));
+    assert_eq!(totals(&snap), [2.0, 80.0, 0.0, 0.0]);
+}
+
+#[test]
+fn relocation_moves_live_keys_and_pending_measurements() {
+    let mut st = state(100, 100);
+    record(&mut st, 0x1000, &[8]);
+    record(&mut st, 0x2000, &[16]);
+    // 0x1000 moves to 0x2000's old place and 0x2000 moves elsewhere.
+    st.relocate_objects(|a| match a {
+        0x1000 => 0x2000,
+        0x2000 => 0x3000,
+        other => other,
+    });
+    let mut keys: Vec<_> = st.live_objects().collect();
+    keys.sort();
+    assert_eq!(keys, vec![0x2000, 0x3000]);
+    let mut measured = Vec::new();
+    st.measure_pending(|a| {
+        measured.push(a);
+        Some(40)
+    });
+    measured.sort();
+    assert_eq!(measured, vec![0x2000, 0x3000]);
+    assert!(st.record_free(0x3000));
+    let snap = st.take_snapshot(0, |_| Some(40));
+    let live: Vec<_> = snap.samples.iter().filter(|s| s.values[2] > 0.0).collect();
+    assert_eq!(live.len(), 1);
+    assert_eq!(&snap.stacks[&live[0].stack][..], &frames(&[8])[..]);
+}
+
+#[test]
+fn allocation_retain_rate_thins_the_allocation_list_and_reweights() {
+    let mut st = state(1_000, 1_000);
+    st.set_allocation_retain_rate(0.5);
+    for i in 0..1_000 {
+        record(&mut st, 0x1000 + i * 40, &[8]);
+    }
+    // Alternating draws: exactly half are kept.
+    st.measure_pending_with(&mut |_| Some(40), &mut alternating_draws());
+    assert_eq!(st.allocation_count(), 500);
+    assert_eq!(st.live_count(), 1_000, "live tracking is not thinned");
+    let snap = st.take_snapshot(0, |_| Some(40));
+    st.end_flush();
+    let t = totals(&snap);
+    assert_eq!(t[0], 1_000.0, "kept samples count double");
+    assert_eq!(t[2], 1_000.0);
+}
+
+#[test]
+fn stacks_are_not_pruned_while_a_flush_resolves_them() {
+    let mut st = state(100, 100);
+    record(&mut st, 0x1000, &[8]);
+    let snap = st.take_snapshot(0, |_| Some(40));
+    assert!(st.flush_in_progress());
+    st.clear(); // e.g. start! from another thread mid-flush
+    assert_eq!(st.stacks().live_frames().collect::<Vec<_>>(), vec![8]);
+    assert_eq!(snap.stacks.len(), 1);
+    st.end_flush();
+    assert!(st.stacks().is_empty());
+}
+
+#[test]
+fn classes_of_a_flush_stay_held_until_it_finishes() {
+    let mut st = state(100, 100);
+    let info = ObjectInfo {
+        class: 0x5000,
+        gc_count: 3,
+    };
+    let admission = st.admission();
+    st.record_allocation(0x1000, info, &frames(&[8]), 1.0, admission);
+    st.record_free(0x1000);
+    let snap = st.take_snapshot(7, |_| Some(40));
+    assert_eq!(snap.samples[0].class, 0x5000);
+    assert!(
+        st.held_classes().any(|c| c == 0x5000),
+        "held while flushing"
+    );
+    assert_eq!(st.flush_classes(), &[0x5000]);
+    st.end_flush();
+    assert!(!st.held_classes().any(|c| c == 0x5000));
+}
+
+#[test]
+fn live_samples_carry_their_gc_age() {
+    let mut st = state(100, 100);
+    let admission = st.admission();
+    let info = ObjectInfo {
+        class: 0x5000,
+        gc_count: 3,
+    };
+    st.record_allocation(0x1000, info, &frames(&[8]), 1.0, admission);
+    let snap = st.take_snapshot(10, |_| Some(40));
+    let ages: Vec<_> = snap.samples.iter().map(|s| s.gc_age).collect();
+    assert_eq!(ages, vec![Some(7), None]);
+}
+
+#[test]
+fn weights_scale_values() {
+    let mut st = SamplerState::new(GapSampler::new(0.5, 1), 10, 10);
+    let admission = st.admission();
+    st.record_allocation(
+        0x1000,
+        ObjectInfo::default(),
+        &frames(&[8]),
+        100.0,
+        admission,
+    );
+    let snap = st.take_snapshot(0, |_| Some(40));
+    assert_eq!(totals(&snap), [100.0, 4_000.0, 100.0, 4_000.0]);
+}
+
+#[test]
+fn clear_forgets_everything() {
+    let mut st = state(1, 100);
+    record(&mut st, 0x1000, &[8]);
+    record(&mut st, 0x2000, &[8]);
+    st.clear();
+    assert_eq!(st.live_count(), 0);
+    assert_eq!(st.allocation_count(), 0);
+    assert_eq!(st.drops(), DropCounters::default());
+    assert!(st.stacks().is_empty());
+    assert!(st.memory_bytes() > 0);
+}
+
+#[test]
+fn the_free_filter_never_hides_a_tracked_address() {
+    let mut st = SamplerState::new(GapSampler::new(1.0, 3), 50, 300);
+    let mut rng = SmallRng::seed_from_u64(5);
+    let filter = st.free_filter();
+    for round in 0..crate::test_support::miri_scaled(20_000) as u64 {
+        let object = 0x10_0000 + (rng.random::<u64>() % 2_000) as usize * 40;
+        match rng.random::<u32>() % 10 {
+            0..=4 => {
+                record(&mut st, object, &[round % 7]);
+            }
+            5..=7 => {
+                st.record_free(object);
+            }
+            8 => st.measure_pending(|_| Some(40)),
+            _ => {
+                if round % 1_000 == 9 {
+                    st.relocate_objects(|a| if a % 80 == 0 { a + 8 } else { a });
+                } else if round % 5_000 == 19 {
+                    st.clear();
+                } else {
+                    let snapshot = st.take_snapshot(0, |_| Some(40));
+                    drop(snapshot);
+                    st.end_flush();
+                }
+            }
+        }
+        let tracked: Vec<ObjectAddress> =
+            st.live.keys().chain(st.watched.keys()).copied().collect();
+        assert!(
+            tracked.iter().all(|&a| filter.may_contain(a)),
+            "round {round}: a tracked address is missing from the filter"
+        );
+    }
+    // Stale bits do not pile up: rebuilds keep the filter close to the
+    // tracked set.
+    let set_bits = (0..4_000usize)
+        .map(|i| 0x10_0000 + i * 40)
+        .filter(|&a| filter.may_contain(a))
+        .count();
+    assert!(
+        set_bits <= 2 * (st.live.len() + st.watched.len()) + 1_200,
+        "{set_bits}"
+    );
+}
+
+#[test]
+fn a_sample_freed_before_its_measurement_is_sized_at_free() {
+    let mut st = state(10, 10);
+    record(&mut st, 0x1000, &[1]);
+    record(&mut st, 0x2000, &[1]);
+    assert_eq!(st.pending_count(), 2);
+    assert!(st.record_free_measuring(0x1000, |_| Some(123)));
+    // Without a size at free (a type not measurable there): stays 0.
+    assert!(st.record_free_measuring(0x2000, |_| None));
+    st.measure_pending(|_| panic!("both were freed"));
+    let snapshot = st.take_snapshot(0, |_| None);
+    let mut spaces: Vec<f64> = snapshot.samples.iter().map(|s| s.values[1]).collect();
+    spaces.sort_by(f64::total_cmp);
+    assert_eq!(spaces, vec![0.0, 123.0]);
+}
+
+#[test]
+fn classes_of_live_samples_stay_held_while_a_flush_walks() {
+    let mut st = state(0, 10);
+    let admission = st.admission();
+    let info = ObjectInfo {
+        class: 0x5550,
+        gc_count: 0,
+    };
+    st.record_allocation(0x1000, info, &frames(&[1]), 1.0, admission);
+    st.measure_pending(|_| Some(40));
+    let measuring = st.begin_flush();
+    assert!(st.measure_live(&measuring, 0, 10, &mut |_| Some(40)));
+    // The object dies before the flush names its class.
+    st.record_free(0x1000);
+    assert!(st.held_classes().any(|c| c == 0x5550));
+    let (snapshot, _naming) = st.end_snapshot(measuring, &mut |_| Some(40));
+    assert_eq!(snapshot.heap_samples, 1);
+    st.end_flush();
+    assert!(!st.held_classes().any(|c| c == 0x5550));
+}
+
+#[test]
+fn a_watched_address_never_points_at_a_reused_record() {
+    // Nothing enters the allocation list; the live map holds 4, so
+    // thinning moves unmeasured samples to the watched map.
+    let mut st = state(0, 4);
+    for i in 0..5 {
+        record(&mut st, 0x1000 + i * 0x100, &[i as u64]);
+    }
+    let watched: Vec<ObjectAddress> = st.watched.keys().copied().collect();
+    for &object in &watched {
+        st.record_free(object);
+    }
+    let live = st.live_count();
+    let snapshot = st.take_snapshot(0, |_| Some(40));
+    assert_eq!(snapshot.heap_samples, live);
+}
+
+#[test]
+fn a_sample_record_fits_in_48_bytes() {
+    // Most of the collector's memory per live sample (see memory_bytes).
+    assert!(std::mem::size_of::<SampleRecord>() <= 48);
+}
+
+#[test]
+fn a_flush_measured_in_chunks_sees_what_was_live_when_it_began() {
+    let mut st = state(100, 100);
+    for i in 0..10 {
+        record(&mut st, 0x1000 + i * 0x100, &[i as u64]);
+    }
+    st.measure_pending(|_| Some(40));
+    let measuring = st.begin_flush();
+    let mut measure = |_| Some(40);
+    assert!(!st.measure_live(&measuring, 0, 4, &mut measure));
+    // Between chunks: one object freed, one new allocation, and a
+    // compaction that moves every object.
+    st.record_free(0x1000 + 9 * 0x100);
+    record(&mut st, 0x9000, &[99]);
+    st.relocate_objects(|a| a + 8);
+    while !st.measure_live(&measuring, 0, 4, &mut measure) {}
+    let (snapshot, _naming) = st.end_snapshot(measuring, &mut measure);
+    st.end_flush();
+    // 10 allocations of the interval; 9 or 10 live (the freed one may
+    // have been measured before it died); the new one is not in it.
+    assert_eq!(snapshot.allocation_samples, 10);
+    assert!((9..=10).contains(&snapshot.heap_samples));
+    assert_eq!(st.allocation_count(), 1);
+    let next = st.take_snapshot(0, |_| Some(40));
+    assert_eq!(next.allocation_samples, 1);
+    assert_eq!(next.heap_samples, 10);
+}
+
+#[test]
+fn an_abandoned_flush_releases_its_allocation_samples() {
+    let mut st = state(100, 100);
+    record(&mut st, 0x1000, &[1]);
+    st.record_free(0x1000);
+    let _measuring = st.begin_flush();
+    // E.g. in a forked child: the flush's thread is gone; finishing
+    // releases what it held.
+    st.end_flush();
+    // Nothing holds the record or its stack any more.
+    assert!(st.stacks().is_empty());
+    assert_eq!(st.live_count(), 0);
+}
+
+#[test]
+fn a_forked_child_keeps_live_samples_but_not_the_parents_allocations() {
+    let mut st = SamplerState::new(GapSampler::new(0.5, 9), 1, 100);
+    record(&mut st, 0x1000, &[8]);
+    record(&mut st, 0x2000, &[9]); // the list is full: counted as seen
+    let seed_before = st.gaps.seed();
+    st.start_child_interval(4242);
+    assert_ne!(st.gaps.seed(), seed_before);
+    assert_eq!(st.allocation_count(), 0);
+    let snapshot = st.take_snapshot(0, |_| Some(40));
+    assert_eq!(snapshot.allocation_samples, 0);
+    assert_eq!(snapshot.heap_samples, 2);
+    assert!(snapshot.samples.iter().all(|s| s.values[0] == 0.0));
+    st.end_flush();
+    // Both stacks are still held by the live samples.
+    assert!(!st.stacks().is_empty());
+    assert!(st.record_free(0x1000));
+}
+
+#[test]
+fn the_child_seed_depends_only_on_the_parent_seed_and_the_pid() {
+    let child = |pid| {
+        let mut st = SamplerState::new(GapSampler::new(0.5, 9), 10, 10);
+        st.start_child_interval(pid);
+        st.gaps.seed()
+    };
+    assert_eq!(child(7), child(7));
+    assert_ne!(child(7), child(8));
+}
+
+fn rec_class(st: &mut SamplerState, object: ObjectAddress, class: ClassRef, stack: &[u64]) {
+    let admission = st.admission();
+    let info = ObjectInfo {
+        class,
+        ..ObjectInfo::default()
+    };
+    st.record_allocation(object, info, &frames(stack), 1.0, admission);
+}
+
+/// An allocation sample taken during flush K (after end_snapshot, before
+/// step 4) gets the named handle at step 4; when its object dies and the
+/// allocation list holds the last holder, end_snapshot of flush K+1
+/// releases the record before looking the name up: the name is lost.
+#[test]
+fn named_class_of_an_allocation_sample_outlives_its_last_record() {
+    let mut st = state(100, 100);
+    rec_class(&mut st, 0x1000, 0x7000, &[8]);
+    st.measure_pending(|_| Some(40));
+    let _ = st.take_snapshot(0, |_| Some(40));
+    // Another thread samples an object of the same class mid-flush.
+    rec_class(&mut st, 0x2000, 0x7000, &[8]);
+    let names: FastHashMap<ClassRef, String> = [(0x7000, "Foo".to_string())].into_iter().collect();
+    st.detach_resolved_classes(&names);
+    st.end_flush();
+    st.measure_pending(|_| Some(40));
+    assert!(st.record_free(0x1000));
+    assert!(st.record_free(0x2000));
+    let snap = st.take_snapshot(0, |_| Some(40));
+    st.end_flush();
+    assert_eq!(snap.allocation_samples, 1);
+    let class = snap.samples[0].class;
+    assert!(is_named_class(class));
+    assert_eq!(
+        snap.resolved_classes.get(&class).map(String::as_str),
+        Some("Foo"),
+        "class name of the allocation sample lost"
+    );
+}
+
+/// Live path: measured in a chunk, then the object dies (another thread
+/// ran between chunks) before end_snapshot.
+#[test]
+fn named_class_of_a_live_sample_freed_mid_flush_keeps_its_name() {
+    let mut st = state(100, 100);
+    rec_class(&mut st, 0x1000, 0x7000, &[8]);
+    st.measure_pending(|_| Some(40));
+    let _ = st.take_snapshot(0, |_| Some(40));
+    let names: FastHashMap<ClassRef, String> = [(0x7000, "Foo".to_string())].into_iter().collect();
+    st.detach_resolved_classes(&names);
+    st.end_flush();
+    let measuring = st.begin_flush();
+    let mut m = |_: ObjectAddress| Some(40u64);
+    while !st.measure_live(&measuring, 0, 1, &mut m) {}
+    assert!(st.record_free(0x1000)); // freed while the flush yielded
+    let (snap, _naming) = st.end_snapshot(measuring, &mut m);
+    st.end_flush();
+    assert_eq!(snap.heap_samples, 1);
+    let class = snap.samples[0].class;
+    assert_eq!(
+        snap.resolved_classes.get(&class).map(String::as_str),
+        Some("Foo"),
+        "class name of the live sample lost"
+    );
+}
+
+/// Timing, not a check: `cargo test --release --lib detach_cost -- --ignored --nocapture`.
+#[test]
+#[ignore = "a timing to read, not a check"]
+fn detach_cost_on_a_large_heap() {
+    use rand::RngExt;
+    let mut rng = SmallRng::seed_from_u64(7);
+    let paths: Vec<Vec<Frame>> = (0..4000)
+        .map(|_| {
+            let depth = rng.random_range(1..=100usize);
+            (0..depth)
+                .map(|_| {
+                    // A method appears at one of its few call sites.
+                    let method = rng.random_range(0..3000u64);
+                    Frame {
+                        frame: 0x10000 + method * 0x40,
+                        line: (method % 400) as i32 + rng.random_range(0..3),
+                    }
+                })
+                .collect()
+        })
+        .collect();
+    let mut st = state(1_000_000, 1_000_000);
+    for i in 0..50_000usize {
+        let p = &paths[rng.random_range(0..paths.len())];
+        let admission = st.admission();
+        let info = ObjectInfo {
+            class: 0x100000 + (i as u64 % 2000) * 0x28,
+            ..ObjectInfo::default()
+        };
+        st.record_allocation(0x1000_0000 + i * 40, info, p, 1.0, admission);
+    }
+    st.measure_pending(|_| Some(40));
+    let t = std::time::Instant::now();
+    let snap = st.take_snapshot(0, |_| Some(40));
+    eprintln!(
+        "take_snapshot (first) {:?}, stacks {}",
+        t.elapsed(),
+        snap.stacks.len()
+    );
+    let names: FastHashMap<FrameRef, FrameInfo> = (0..3000u64)
+        .map(|m| {
+            (
+                0x10000 + m * 0x40,
+                FrameInfo {
+                    name: format!("BenchWorkloads::Scenario::Calls.method_{m}"),
+                    filename: Some("/work/main/bench/lib/workloads.rb".to_string()),
+                    start_line: m as i64,
+                    blocks: None,
+                },
+            )
+        })
+        .collect();
+    let classes: FastHashMap<ClassRef, String> = (0..2000u64)
+        .map(|c| {
+            (
+                0x100000 + c * 0x28,
+                format!("BenchWorkloads::Scenario::Class{c}"),
+            )
+        })
+        .collect();
+    let t = std::time::Instant::now();
+    st.detach_resolved_frames(&names);
+    eprintln!("detach_resolved_frames {:?}", t.elapsed());
+    let t = std::time::Instant::now();
+    st.detach_resolved_classes(&classes);
+    eprintln!("detach_resolved_classes {:?}", t.elapsed());
+    let t = std::time::Instant::now();
+    st.end_flush();
+    eprintln!("finish_flush {:?}", t.elapsed());
+    let t = std::time::Instant::now();
+    let snap = st.take_snapshot(0, |_| Some(40));
+    eprintln!(
+        "take_snapshot (second) {:?} resolved {}",
+        t.elapsed(),
+        snap.resolved_frames.len()
+    );
+    st.detach_resolved_frames(&FastHashMap::default());
+    st.end_flush();
+    // Steady state: one interval's 10,000 new samples over the same paths.
+    for i in 0..10_000usize {
+        let p = &paths[rng.random_range(0..paths.len())];
+        let admission = st.admission();
+        let info = ObjectInfo {
+            class: 0x100000 + (i as u64 % 2000) * 0x28,
+            ..ObjectInfo::default()
+        };
+        st.record_allocation(0x2000_0000 + i * 40, info, p, 1.0, admission);
+    }
+    st.measure_pending(|_| Some(40));
+    let measuring = st.begin_flush();
+    let mut m = |_: ObjectAddress| Some(40u64);
+    while !st.measure_live(&measuring, 0, usize::MAX, &mut m) {}
+    let t = std::time::Instant::now();
+    let (snap, _naming) = st.end_snapshot(measuring, &mut m);
+    eprintln!(
+        "end_snapshot (steady) {:?} stacks {} resolved {}",
+        t.elapsed(),
+        snap.stacks.len(),
+        snap.resolved_frames.len()
+    );
+    let t = std::time::Instant::now();
+    st.detach_resolved_frames(&names);
+    eprintln!(
+        "detach_resolved_frames (steady, 10k new samples) {:?}, stacks now {}",
+        t.elapsed(),
+        st.stacks().len()
+    );
+    st.end_flush();
+}
+
+/// Random interleavings of samples, frees, flushes (with frames sampled
+/// "during" the flush left unnamed), detaches and prunes: every live
+/// sample keeps its original names, refcounts stay consistent.
+/// For the fuzz test: samples a new object with `stack`; if it is
+/// tracked live, remembers the frame names its profile must show.
+fn sample_expecting(
+    st: &mut SamplerState,
+    next_obj: &mut ObjectAddress,
+    expected: &mut FastHashMap<ObjectAddress, Vec<(String, i32)>>,
+    stack: &[Frame],
+    name: impl Fn(u64) -> String,
+) {
+    let admission = st.admission();
+    let obj = *next_obj;
+    *next_obj += 40;
+    if st
+        .record_allocation(obj, ObjectInfo::default(), stack, 1.0, admission)
+        .is_some()
+        && admission.live
+    {
+        expected.insert(obj, stack.iter().map(|f| (name(f.frame), f.line)).collect());
+    }
+}
+
+#[test]
+#[cfg_attr(miri, ignore = "200 random runs; too slow under Miri")]
+fn random_flushes_and_detaches_keep_names_and_refcounts() {
+    use rand::RngExt;
+    for seed in 0..200u64 {
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let mut st = state(1_000, 1_000);
+        // Ruby frame value -> name; values get "reused" for other names
+        // only once no stack holds them (like a freed iseq).
+        let name_of = |v: u64, gen: &FastHashMap<u64, u32>| {
+            format!("m{}g{}", v, gen.get(&v).copied().unwrap_or(0))
+        };
+        let mut gen: FastHashMap<u64, u32> = FastHashMap::default();
+        let mut expected: FastHashMap<ObjectAddress, Vec<(String, i32)>> = FastHashMap::default();
+        let mut next_obj = 0x1000usize;
+        for _round in 0..30 {
+            for _ in 0..rng.random_range(0..20) {
+                let depth = rng.random_range(0..5usize);
+                let stack: Vec<Frame> = (0..depth)
+                    .map(|_| Frame {
+                        frame: 8 * rng.random_range(1..6u64),
+                        line: rng.random_range(1..3),
+                    })
+                    .collect();
+                sample_expecting(&mut st, &mut next_obj, &mut expected, &stack, |f| {
+                    name_of(f, &gen)
+                });
+            }
+            st.measure_pending(|_| Some(8));
+            let objs: Vec<_> = expected.keys().copied().collect();
+            for o in objs {
+                if rng.random_bool(0.3) {
+                    st.record_free(o);
+                    expected.remove(&o);
+                }
+            }
+            let measuring = st.begin_flush();
+            while !st.measure_live(&measuring, 0, usize::MAX, &mut |_| Some(8)) {}
+            let (snap, naming) = st.end_snapshot(measuring, &mut |_| Some(8));
+            // Check every live sample's names.
+            let mut got: Vec<Vec<(String, i32)>> = snap
+                .samples
+                .iter()
+                .filter(|s| s.gc_age.is_some())
+                .map(|s| {
+                    snap.stacks[&s.stack]
+                        .iter()
+                        .map(|f| {
+                            let n = match snap.resolved_frames.get(&f.frame) {
+                                Some(info) => info.name.clone(),
+                                None => {
+                                    assert!(!is_resolved_frame_(f.frame));
+                                    name_of(f.frame, &gen)
+                                }
+                            };
+                            (n, f.line)
+                        })
+                        .collect()
+                })
+                .collect();
+            let mut want: Vec<Vec<(String, i32)>> = expected.values().cloned().collect();
+            got.sort();
+            want.sort();
+            assert_eq!(got, want, "seed {seed}");
+            // Names of the snapshot's Ruby frames, as resolve_frames would.
+            let mut names: FastHashMap<FrameRef, FrameInfo> = FastHashMap::default();
+            for frames in snap.stacks.values() {
+                for f in frames.iter() {
+                    if !is_resolved_frame_(f.frame) {
+                        names.insert(
+                            f.frame,
+                            FrameInfo {
+                                name: name_of(f.frame, &gen),
+                                filename: None,
+                                start_line: 0,
+                                blocks: None,
+                            },
+                        );
+                    }
+                }
+            }
+            // Samples taken while the flush ran (not named).
+            for _ in 0..rng.random_range(0..4) {
+                let stack: Vec<Frame> = (0..rng.random_range(1..4usize))
+                    .map(|_| Frame {
+                        frame: 8 * rng.random_range(1..8u64),
+                        line: 1,
+                    })
+                    .collect();
+                sample_expecting(&mut st, &mut next_obj, &mut expected, &stack, |f| {
+                    name_of(f, &gen)
+                });
+            }
+            if rng.random_bool(0.8) {
+                // In batches, other threads sampling in between, and
+                // frame values no stack holds any more being reused
+                // for other code meanwhile.
+                let detaching = st.begin_detach(naming, &FastHashMap::default());
+                while !st.detach_frames_batch(&detaching, &names, rng.random_range(1..4)) {
+                    for _ in 0..rng.random_range(0..3) {
+                        let stack: Vec<Frame> = (0..rng.random_range(1..4usize))
+                            .map(|_| Frame {
+                                frame: 8 * rng.random_range(1..8u64),
+                                line: 1,
+                            })
+                            .collect();
+                        sample_expecting(&mut st, &mut next_obj, &mut expected, &stack, |f| {
+                            name_of(f, &gen)
+                        });
+                    }
+                    let live: std::collections::HashSet<u64> = st.stacks().live_frames().collect();
+                    for v in 1..8u64 {
+                        if !live.contains(&(8 * v)) && rng.random_bool(0.3) {
+                            *gen.entry(8 * v).or_insert(0) += 1;
+                        }
+                    }
+                }
+            }
+            st.end_flush();
+            // Frame values no stack holds may be reused for other code.
+            let live: std::collections::HashSet<u64> = st.stacks().live_frames().collect();
+            for v in 1..8u64 {
+                if !live.contains(&(8 * v)) && rng.random_bool(0.5) {
+                    *gen.entry(8 * v).or_insert(0) += 1;
+                }
+            }
+        }
+        for o in expected.keys().copied().collect::<Vec<_>>() {
+            st.record_free(o);
+        }
+        let _ = st.take_snapshot(0, |_| Some(8));
+        st.end_flush();
+        assert!(st.stacks().is_empty(), "seed {seed}");
+        assert_eq!(st.stacks().resolved_frame_count(), 0, "seed {seed}");
+        assert_eq!(st.stacks().frame_count(), 0, "seed {seed}");
+    }
+}
+fn is_resolved_frame_(f: u64) -> bool {
+    crate::sampler::types::is_resolved_frame(f)
+}
