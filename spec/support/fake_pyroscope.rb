@@ -5,7 +5,7 @@ require "webrick"
 require "zlib"
 
 # A loopback stand-in for a Pyroscope server's ingestion endpoints, checking
-# what the real one checks (see docs/pyroscope_protocol_notes.md) with its
+# what the real one checks (see docs/pyroscope-protocol.md) with its
 # status codes, recording every request, and able to fail on demand.
 class FakePyroscope
   Request = Struct.new(:path, :query, :headers, :labels, :profiles, :status, keyword_init: true)

@@ -1,10 +1,14 @@
 # frozen_string_literal: true
 
+# Upstream: https://github.com/ruby/ruby/pull/13458 ("Make FrozenCore a plain
+# class"). No bugs.ruby-lang.org issue is known for this bug; none is
+# invented here. Forensics: docs/known-ruby-bugs.md.
+#
 # Shows, WITHOUT this gem, the Ruby 3.1 bug behind the torture's second kind
 # of crash on Debian 12 ("[BUG] Segmentation fault" inside GC.compact, in its
 # reference-update pass, reading a `__classpath__` table entry).
 #
-#   ruby bench/ruby31_frozencore_classpath.rb
+#   ruby repro/ruby31_frozencore_classpath.rb
 #
 # RubyVM::FrozenCore is made a T_ICLASS at boot (to hide it). Ruby 3.1 never
 # marks an ICLASS's instance-variable table (it belongs to the module), but

@@ -1,6 +1,11 @@
 # frozen_string_literal: true
 
-# Reproduces, WITHOUT this gem, the crash that bench/torture.rb's own profile
+# Upstream: Ruby bug #20863, https://bugs.ruby-lang.org/issues/20863, fixed
+# in zlib by https://github.com/ruby/zlib/pull/88 ("Don't call
+# `rb_str_set_len` while released the GVL", November 2024).
+# Forensics: docs/known-ruby-bugs.md.
+#
+# Reproduces, WITHOUT this gem, the crash that stress/torture.rb's own profile
 # checks hit in forked children on Ruby 3.1: Ruby's zlib (2.1.1, bundled with
 # 3.1) resizes its output String (rb_str_modify_expand, rb_str_set_len)
 # while it has released the GVL. A fork from another thread at that moment
@@ -8,8 +13,8 @@
 # when the child's GC frees that String, glibc aborts with "double free or
 # corruption", or a later GC trips over the damage.
 #
-#   ruby bench/zlib_fork_crash.rb [seconds]             # default 300
-#   ruby -Ilib bench/zlib_fork_crash.rb 300 native      # the control
+#   ruby repro/zlib_fork_crash.rb [seconds]             # default 300
+#   ruby -Ilib repro/zlib_fork_crash.rb 300 native      # the control
 #
 # Prints how many forked children crashed. Without "native" nothing here
 # loads memprofiler_pprof_rs. With it, the threads gunzip with

@@ -1,11 +1,12 @@
 # frozen_string_literal: true
 
 # Says whether a crashed torture run's output is one of the two Ruby 3.1.2
-# GC.compact bugs the torture hits without this gem being involved (README,
-# Safety), by the crash's own signature: Debian 12's libruby3.1, the faulting
-# frame and its callers as offsets into libruby, and no frame of this gem.
+# GC.compact bugs the torture hits without this gem being involved
+# (docs/known-ruby-bugs.md), by the crash's own signature: Debian 12's
+# libruby3.1, the faulting frame and its callers as offsets into libruby,
+# and no frame of this gem.
 #
-#   ruby bench/known_ruby_crash.rb LOG    # exit 0 and name the bug if known, 1 otherwise
+#   ruby stress/known_ruby_crash.rb LOG    # exit 0 and name the bug if known, 1 otherwise
 #
 # script/test uses it to run the 2-minute torture once more after such a
 # crash instead of failing CI on a Ruby bug; any other crash still fails.
@@ -14,10 +15,10 @@
 DEBIAN_LIBRUBY = "3.1.7+really3.1.2-0+deb12u1"
 KNOWN = {
   # check_stack_for_moved -> rb_vm_each_stack_value reads one slot past a VM
-  # stack top (ruby/ruby#7081, bench/ruby31_compaction_crash.rb).
+  # stack top (ruby/ruby#7081, repro/ruby31_compaction_crash.rb).
   %w[cf4b6 24caef cea19] => "ruby/ruby#7081: GC.compact's stack check reads past a thread's VM stack",
   # gc_update_references -> st_foreach_with_replace over RubyVM::FrozenCore's
-  # never-marked __classpath__ entry (bench/ruby31_frozencore_classpath.rb).
+  # never-marked __classpath__ entry (repro/ruby31_frozencore_classpath.rb).
   %w[c8528 1e2c2b cb6ff] => "RubyVM::FrozenCore's unmarked __classpath__, followed by GC.compact into a freed page"
 }.freeze
 

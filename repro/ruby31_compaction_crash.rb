@@ -1,19 +1,24 @@
 # frozen_string_literal: true
 
-# Tries to reproduce, WITHOUT this gem, the one crash bench/torture.rb hit on
+# Upstream: https://github.com/ruby/ruby/pull/7081 ("Fix off-by-one error in
+# rb_vm_each_stack_value", merged January 2023). No bugs.ruby-lang.org issue
+# is known for it: the fix went in as a pull request only.
+# Forensics: docs/known-ruby-bugs.md.
+#
+# Tries to reproduce, WITHOUT this gem, the one crash stress/torture.rb hit on
 # Ruby 3.1.2 that the harness could not avoid: "[BUG] system stack overflow
 # during GC" inside GC.compact. Its core dump pointed at Ruby's
 # check_stack_for_moved -> rb_vm_each_stack_value reading the VALUE one slot
 # past a thread's VM stack top (fixed upstream in ruby/ruby#7081, Jan 2023;
 # Debian 12's 3.1.2 predates it).
 #
-#   ruby bench/ruby31_compaction_crash.rb [seconds] [seconds_per_child]
+#   ruby repro/ruby31_compaction_crash.rb [seconds] [seconds_per_child]
 #
 # Runs children (fresh `ruby` processes, nothing of this gem loaded) whose
 # threads do what the torture's workers do -- deep recursion, exceptions,
 # eval'd methods, runtime classes, fibers, short threads -- while their main
 # thread compacts the heap in a loop. Prints how many children crashed and,
-# for each crash, whether bench/known_ruby_crash.rb recognises it (the
+# for each crash, whether stress/known_ruby_crash.rb recognises it (the
 # torture's crash faulted at libruby+0xcf4b6, called from +0x24caef).
 
 require "rbconfig"
@@ -111,7 +116,7 @@ Dir.mktmpdir do |dir|
     crashed += 1
     report = File.read(log)
     first = report.lines.find { |l| l.include?("[BUG]") }&.strip || status.inspect
-    verdict = IO.popen([RbConfig.ruby, File.join(__dir__, "known_ruby_crash.rb"), log], &:read).strip
+    verdict = IO.popen([RbConfig.ruby, File.expand_path("../stress/known_ruby_crash.rb", __dir__), log], &:read).strip
     warn "child #{children}: #{first}; #{verdict}"
     File.write("tmp/ruby31_compaction_crash-#{pid}.log", report) if Dir.exist?("tmp")
   end

@@ -3,11 +3,11 @@
 # Torture test: everything that has crashed Ruby memory profilers, at once,
 # for as long as you like, checking invariants as it goes. Exits 1 on any
 # failed check, and a crash (a Ruby [BUG], SIGSEGV, abort) ends the process
-# with a signal, which bench/torture_repeat counts.
+# with a signal, which stress/torture_repeat counts.
 #
-#   ruby bench/torture.rb --duration 120        # what CI runs (script/test)
-#   ruby bench/torture.rb --duration 3600 --seed 7
-#   bench/torture_repeat 100                    # N CI-length runs in a row, counts crashes
+#   ruby stress/torture.rb --duration 120        # what CI runs (script/test)
+#   ruby stress/torture.rb --duration 3600 --seed 7
+#   stress/torture_repeat 100                    # N CI-length runs in a row, counts crashes
 #
 # At the same time:
 # - worker threads allocate strings, arrays, hashes, structs, objects of
@@ -109,7 +109,7 @@ module Torture
     # Two independent decoders must agree: the Rust core's (what the
     # executable uses) and the plain-Ruby PprofReader. Neither uses Ruby's
     # zlib, whose GVL-released resizing crashes forked children
-    # (bench/zlib_fork_crash.rb).
+    # (repro/zlib_fork_crash.rb).
     profile = MemprofilerPprof::PprofReader.parse(data.pprof_data)
     native = MemprofilerPprof::Profile.parse(data.pprof_data)
     if native.samples_count != profile.samples.size
@@ -662,7 +662,7 @@ module Torture
   def self.parse(argv)
     options = Options.new(120, Random.new_seed % (2**32), 200, 3, true, "tmp/torture-failures", false, true)
     OptionParser.new do |o|
-      o.banner = "usage: ruby bench/torture.rb [options]"
+      o.banner = "usage: ruby stress/torture.rb [options]"
       o.on("--duration SECONDS", Float, "how long to run (default 120)") { |v| options.duration = v }
       o.on("--seed N", Integer, "random seed (default: random, printed)") { |v| options.seed = v }
       o.on("--rss-margin-mb N", Integer, "allowed RSS growth after warm-up (default 200)") { |v| options.rss_margin_mb = v }
