@@ -148,7 +148,7 @@ RSpec.describe "Flame graphs" do
       end
 
       # Hold is drawn in the color the SVG gives it (page.js and
-      # flamegraph.rs hash names the same way).
+      # flamegraph/svg.rs hash names the same way).
       hold = outermost(all, "FlameSpecLeak#hold")
       expect(pixel(image, hold["x"] + 2, hold["y"] + 2)).to eq(svg_fill(REXML::Document.new(svg), "FlameSpecLeak#hold"))
 

@@ -1,4 +1,4 @@
-// The flame graph page: draws the call tree that flamegraph.rs embeds as
+// The flame graph page: draws the call tree that flamegraph/html.rs embeds as
 // JSON in #flamegraph-data (the format is described at its write_json).
 //
 // 1. Layout, once: each node's left edge `x` (in value units), its parent,
@@ -20,7 +20,7 @@
   const MIN_WIDTH = 0.5; // narrower frames, and their callees, are not drawn
   const FONT = '12px system-ui, "DejaVu Sans", sans-serif';
   const TEXT_COLOR = "#1b1b1b";
-  const ROOT_COLOR = "rgb(214,204,190)"; // flamegraph.rs's ROOT_COLOR
+  const ROOT_COLOR = "rgb(214,204,190)"; // flamegraph/svg.rs's ROOT_COLOR
   const MATCH_COLOR = "rgb(110,150,235)";
   const MAX_ROWS = 1000; // rows of the functions table
 
@@ -122,7 +122,7 @@
     return "";
   }
 
-  // A warm color picked by a hash of the name, the same as flamegraph.rs's
+  // A warm color picked by a hash of the name, the same as flamegraph/svg.rs's
   // frame_color (FNV-1a over UTF-16 code units), cached per name.
   const colors = [];
   function frameColor(nameId) {
