@@ -54,9 +54,10 @@ module MemprofilerPprof
     def integer(value, name, min: nil, max: nil, nil_ok: false, expected: nil)
       return value if nil_ok && value.nil?
 
-      expected ||= integer_description(min, max, nil_ok)
-      type_error!(name, expected, value) unless value.is_a?(Integer)
-      value_error!(name, expected, value) if (min && value < min) || (max && value > max)
+      # (The description is built only for a message: a valid value
+      # allocates nothing, as a flush's own checks must not.)
+      type_error!(name, expected || integer_description(min, max, nil_ok), value) unless value.is_a?(Integer)
+      value_error!(name, expected || integer_description(min, max, nil_ok), value) if (min && value < min) || (max && value > max)
       value
     end
 
@@ -109,9 +110,10 @@ module MemprofilerPprof
 
     # An instance of one of `classes` (nil too with nil_ok).
     def instance(value, classes, name, nil_ok: false, expected: nil)
-      classes = Array(classes)
-      return value if (nil_ok && value.nil?) || classes.any? { |klass| value.is_a?(klass) }
+      return value if nil_ok && value.nil?
+      return value if classes.is_a?(Module) ? value.is_a?(classes) : classes.any? { |klass| value.is_a?(klass) }
 
+      classes = Array(classes)
       expected ||= "#{classes.map { |klass| article(klass.name) }.join(' or ')}#{' or nil' if nil_ok}"
       type_error!(name, expected, value)
     end
