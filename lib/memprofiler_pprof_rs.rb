@@ -10,16 +10,34 @@ rescue LoadError
   require "memprofiler_pprof_rs/memprofiler_pprof_rs"
 end
 
+# Loaded now: what the collector needs while it samples, flushes and forks.
+# Nothing here may be left to autoload: MethodBlocks is called by the
+# native flush, Atfork's hooks run around fork(2), and a flush or a write
+# may be asked for from a signal trap, where `require` cannot take its
+# lock. Profile is the Ruby half of a class the extension defines, so it
+# cannot be autoloaded either.
+require_relative "memprofiler_pprof_rs/validation"
 require_relative "memprofiler_pprof_rs/file_output"
 require_relative "memprofiler_pprof_rs/profile_data"
 require_relative "memprofiler_pprof_rs/collector"
 require_relative "memprofiler_pprof_rs/method_blocks"
-require_relative "memprofiler_pprof_rs/pprof_reader"
-require_relative "memprofiler_pprof_rs/profile"
 require_relative "memprofiler_pprof_rs/atfork"
-require_relative "memprofiler_pprof_rs/block_flusher"
-require_relative "memprofiler_pprof_rs/file_flusher"
-require_relative "memprofiler_pprof_rs/env_config"
-require_relative "memprofiler_pprof_rs/pyroscope_uploader"
-require_relative "memprofiler_pprof_rs/pyroscope_flusher"
-require_relative "memprofiler_pprof_rs/rack_app"
+require_relative "memprofiler_pprof_rs/readers/profile"
+
+# Loaded on first use of the constant (Module#autoload is thread-safe), so
+# a process that only profiles never loads net/http, openssl, zlib, the
+# readers, the command line or the Rack endpoint. None of these is needed
+# by a hook, a fork handler or a trap: objects of these classes exist (and
+# so their files are loaded) before any of their code runs there.
+module MemprofilerPprof
+  lib = File.expand_path("memprofiler_pprof_rs", __dir__)
+
+  autoload :BlockFlusher, File.join(lib, "flushers/block_flusher")
+  autoload :FileFlusher, File.join(lib, "flushers/file_flusher")
+  autoload :PyroscopeFlusher, File.join(lib, "flushers/pyroscope_flusher")
+  autoload :PyroscopeUploader, File.join(lib, "pyroscope/uploader")
+  autoload :EnvConfig, File.join(lib, "env_config")
+  autoload :PprofReader, File.join(lib, "readers/pprof_reader")
+  autoload :RackApp, File.join(lib, "rack_app")
+  autoload :CLI, File.join(lib, "cli")
+end

@@ -271,17 +271,20 @@ RSpec.describe MemprofilerPprof::BlockFlusher do
   end
 
   it "rejects wrong arguments at construction, naming the value" do
-    expect { described_class.new(nil) }.to raise_error(ArgumentError, /collector must respond to #flush, got nil/)
-    [0, -1, "30", Float::NAN, Float::INFINITY, nil].each do |interval|
+    # A value of the wrong kind is a TypeError, a usable kind out of range an
+    # ArgumentError (MemprofilerPprof::Validation).
+    expect { described_class.new(nil) }.to raise_error(TypeError, /collector must respond to #flush, got nil/)
+    { 0 => ArgumentError, -1 => ArgumentError, "30" => TypeError, Float::NAN => ArgumentError,
+      Float::INFINITY => ArgumentError, nil => TypeError }.each do |interval, error|
       expect { described_class.new(collector, interval: interval) }
-        .to raise_error(ArgumentError, /interval must be a positive number of seconds, got #{Regexp.escape(interval.inspect)}/)
+        .to raise_error(error, /interval must be a positive number of seconds, got #{Regexp.escape(interval.inspect)}/)
     end
-    expect { described_class.new(collector, logger: "log") }.to raise_error(ArgumentError, /logger.*"log"/)
-    expect { described_class.new(collector, on_flush: 3) }.to raise_error(ArgumentError, /on_flush.*3/)
+    expect { described_class.new(collector, logger: "log") }.to raise_error(TypeError, /logger.*"log"/)
+    expect { described_class.new(collector, on_flush: 3) }.to raise_error(TypeError, /on_flush.*3/)
     expect { described_class.new(collector, stop_timeout: -1) }.to raise_error(ArgumentError, /stop_timeout.*-1/)
-    expect { described_class.new(collector, priority: 1.5) }.to raise_error(ArgumentError, /priority.*1\.5/)
-    expect { described_class.new(collector, yield_gvl: "yes") }.to raise_error(ArgumentError, /yield_gvl.*"yes"/)
+    expect { described_class.new(collector, priority: 1.5) }.to raise_error(TypeError, /priority.*1\.5/)
+    expect { described_class.new(collector, yield_gvl: "yes") }.to raise_error(TypeError, /yield_gvl.*"yes"/)
     expect { described_class.new(collector, nonsense: 1) }.to raise_error(ArgumentError, /nonsense/)
-    expect { described_class.new(collector).stop!(flush: 1) }.to raise_error(ArgumentError, /flush.*1/)
+    expect { described_class.new(collector).stop!(flush: 1) }.to raise_error(TypeError, /flush.*1/)
   end
 end

@@ -211,7 +211,9 @@ RSpec.describe MemprofilerPprof::Collector do
       expect { collector.send(:_native_set_sample_rate, "x") }.to raise_error(TypeError, /sample_rate/)
       expect { collector.send(:_native_set_sample_rate, 3.0) }.to raise_error(ArgumentError, /3\.0/)
       expect { collector.send(:_native_set_max_heap_samples, -5) }.to raise_error(ArgumentError, /-5/)
-      expect { collector.send(:_native_set_max_heap_samples, 2**70) }.to raise_error(TypeError, /max_heap_samples/)
+      expect { collector.send(:_native_set_max_heap_samples, 2**70) }
+        .to raise_error(ArgumentError, /max_heap_samples.*#{2**70}/)
+      expect { collector.send(:_native_set_max_heap_samples, "5") }.to raise_error(TypeError, /max_heap_samples.*"5"/)
       expect { described_class.instance_method(:running?).bind_call(Object.new) }.to raise_error(TypeError)
     end
   end

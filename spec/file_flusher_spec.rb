@@ -153,10 +153,10 @@ RSpec.describe MemprofilerPprof::FileFlusher do
       .to raise_error(ArgumentError, /"%s" is not a named key/)
     expect(described_class.new(collector, pattern: "#{@dir}/100%%-%<index>04d.pprof").path_for(index: 7))
       .to eq("#{@dir}/100%-0007.pprof")
-    expect { described_class.new(collector, pattern: 42) }.to raise_error(ArgumentError, /pattern must be a String, got 42/)
+    expect { described_class.new(collector, pattern: 42) }.to raise_error(TypeError, /pattern must be a String or Pathname, got 42/)
     expect { described_class.new(collector, pattern: "dir/") }.to raise_error(ArgumentError, /must name a file/)
     expect { described_class.new(collector, keep: 0) }.to raise_error(ArgumentError, /keep.*0/)
-    expect { described_class.new(collector, interval: "1") }.to raise_error(ArgumentError, /interval/)
+    expect { described_class.new(collector, interval: "1") }.to raise_error(TypeError, /interval/)
     expect(described_class.new(collector, pattern: Pathname.new("#{@dir}/p.pprof")).pattern).to eq("#{@dir}/p.pprof")
   end
 

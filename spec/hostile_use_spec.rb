@@ -34,6 +34,17 @@ RSpec.describe "Hostile and careless use" do # rubocop:disable RSpec/DescribeCla
   end
 
   # The message of a refusal names the option and shows the value.
+  # The gem's rule (MemprofilerPprof::Validation): a value of the wrong kind
+  # is a TypeError, one of the right kind but unusable an ArgumentError.
+  def refusal_for(value, kind)
+    right_kind = case kind
+                 when :integer then value.is_a?(Integer)
+                 when :number then value.is_a?(Numeric) && value.real?
+                 when :string then value.is_a?(String)
+                 end
+    right_kind ? ArgumentError : TypeError
+  end
+
   def expect_refusal(error_class, name, value, &block)
     expect(&block).to raise_error(error_class) { |e|
       expect(e.message).to include(name.to_s), "#{e.message.inspect} does not name #{name}"
@@ -185,7 +196,7 @@ RSpec.describe "Hostile and careless use" do # rubocop:disable RSpec/DescribeCla
 
       it "max_profile_bytes takes nil or a positive Integer; huge ones mean no limit" do
         [0, -1, 1.5, 1e9, Float::NAN, Float::INFINITY, -Float::INFINITY, "1000", int_like, Object.new].each do |value|
-          expect_refusal(ArgumentError, :max_profile_bytes, value) { collector.flush(max_profile_bytes: value) }
+          expect_refusal(refusal_for(value, :integer), :max_profile_bytes, value) { collector.flush(max_profile_bytes: value) }
         end
         [2**64, 10**30].each do |value|
           expect(parse_profile(collector.flush(max_profile_bytes: value)).sample_type_names.size).to eq(4)
@@ -500,7 +511,7 @@ RSpec.describe "Hostile and careless use" do # rubocop:disable RSpec/DescribeCla
         expect_refusal(TypeError, :pprof_data, value) { described_class.new(pprof_data: value) }
       end
       [nil, -1, 1.5, "3"].each do |value|
-        expect_refusal(TypeError, :heap_samples_count, value) do
+        expect_refusal(refusal_for(value, :integer), :heap_samples_count, value) do
           described_class.new(pprof_data: "".b, heap_samples_count: value)
         end
       end
@@ -561,10 +572,10 @@ RSpec.describe "Hostile and careless use" do # rubocop:disable RSpec/DescribeCla
     it "refuses a non-positive, non-finite or non-numeric interval and stop_timeout, naming them" do
       [nil, 0, -1, Float::NAN, Float::INFINITY, -Float::INFINITY, "30", int_like, float_like,
        Complex(1, 0)].each do |value|
-        expect_refusal(ArgumentError, :interval, value) { described_class.new(collector, interval: value) }
+        expect_refusal(refusal_for(value, :number), :interval, value) { described_class.new(collector, interval: value) }
       end
       [nil, -1, Float::NAN, Float::INFINITY, "10"].each do |value|
-        expect_refusal(ArgumentError, :stop_timeout, value) { described_class.new(collector, stop_timeout: value) }
+        expect_refusal(refusal_for(value, :number), :stop_timeout, value) { described_class.new(collector, stop_timeout: value) }
       end
     end
 
@@ -579,22 +590,22 @@ RSpec.describe "Hostile and careless use" do # rubocop:disable RSpec/DescribeCla
     end
 
     it "refuses bad collectors, callbacks, loggers and flags, naming them" do
-      expect_refusal(ArgumentError, :collector, nil) { described_class.new(nil) }
-      expect_refusal(ArgumentError, :on_flush, 1) { described_class.new(collector, on_flush: 1) }
-      expect_refusal(ArgumentError, :logger, "log") { described_class.new(collector, logger: "log") }
+      expect_refusal(TypeError, :collector, nil) { described_class.new(nil) }
+      expect_refusal(TypeError, :on_flush, 1) { described_class.new(collector, on_flush: 1) }
+      expect_refusal(TypeError, :logger, "log") { described_class.new(collector, logger: "log") }
       %i[yield_gvl proactively_yield_gvl flush_on_stop].each do |name|
         [nil, 1, "true"].each do |value|
-          expect_refusal(ArgumentError, name, value) { described_class.new(collector, name => value) }
+          expect_refusal(TypeError, name, value) { described_class.new(collector, name => value) }
         end
       end
-      expect_refusal(ArgumentError, :flush, "yes") { described_class.new(collector).stop!(flush: "yes") }
+      expect_refusal(TypeError, :flush, "yes") { described_class.new(collector).stop!(flush: "yes") }
       expect { described_class.new(collector, intervall: 1) }.to raise_error(ArgumentError, /intervall/)
       expect { described_class.new(collector).run }.to raise_error(ArgumentError, /block/)
     end
 
     it "priority: non-Integers are refused; huge Integers are clamped to Ruby's -3..3, so start! works" do
       [1.5, Float::NAN, "1", int_like].each do |value|
-        expect_refusal(ArgumentError, :priority, value) { described_class.new(collector, priority: value) }
+        expect_refusal(TypeError, :priority, value) { described_class.new(collector, priority: value) }
       end
       { 2**64 => 3, -(10**30) => -3, 2 => 2 }.each do |value, expected|
         flusher = described_class.new(collector, priority: value)
@@ -618,14 +629,14 @@ RSpec.describe "Hostile and careless use" do # rubocop:disable RSpec/DescribeCla
 
     it "refuses keep: that is not a positive Integer, naming it" do
       [0, -1, 1.5, Float::NAN, Float::INFINITY, "3", int_like].each do |value|
-        expect_refusal(ArgumentError, :keep, value) { described_class.new(collector, keep: value) }
+        expect_refusal(refusal_for(value, :integer), :keep, value) { described_class.new(collector, keep: value) }
       end
       expect(described_class.new(collector, keep: 2**64).keep).to eq(2**64)
     end
 
     it "refuses patterns that are not Strings, name no file, contain NUL or use unknown directives" do
       [nil, 1, :pattern, Float::NAN].each do |value|
-        expect_refusal(ArgumentError, :pattern, value) { described_class.new(collector, pattern: value) }
+        expect_refusal(TypeError, :pattern, value) { described_class.new(collector, pattern: value) }
       end
       ["", "/tmp/", "/tmp/a\0b-%{pid}", "/tmp/%s", "/tmp/%{pid", "/tmp/%{nope}"].each do |value|
         expect { described_class.new(collector, pattern: value) }.to raise_error(ArgumentError, /pattern/)
@@ -659,7 +670,7 @@ RSpec.describe "Hostile and careless use" do # rubocop:disable RSpec/DescribeCla
     it "refuses server addresses that are not http(s) URLs, naming them (without credentials)" do
       [nil, 1, Float::NAN, "", "pyroscope:4040", "ftp://h", "http://", "http://h\xFF/".b,
        "https://user:secret@"].each do |value|
-        expect { described_class.new(**base, server_address: value) }.to raise_error(ArgumentError) { |e|
+        expect { described_class.new(**base, server_address: value) }.to raise_error(refusal_for(value, :string)) { |e|
           expect(e.message).to include("server_address")
           expect(e.message).not_to include("secret")
         }
@@ -668,14 +679,14 @@ RSpec.describe "Hostile and careless use" do # rubocop:disable RSpec/DescribeCla
 
     it "refuses bad application names, labels, headers and api, naming them" do
       [nil, "", 1, "my app", "app\xFF".b, :app].each do |value|
-        expect_refusal(ArgumentError, :application_name, value) { described_class.new(**base, application_name: value) }
+        expect_refusal(refusal_for(value, :string), :application_name, value) { described_class.new(**base, application_name: value) }
       end
       [nil, [], "env=prod"].each do |value|
-        expect { described_class.new(**base, labels: value) }.to raise_error(ArgumentError, /labels must be a Hash/)
+        expect { described_class.new(**base, labels: value) }.to raise_error(TypeError, /labels must be a Hash/)
       end
       expect { described_class.new(**base, labels: { nil => "x" }) }.to raise_error(ArgumentError, /label name nil/)
       expect { described_class.new(**base, labels: { "__name__" => "x" }) }.to raise_error(ArgumentError, /__name__/)
-      expect { described_class.new(**base, headers: nil) }.to raise_error(ArgumentError, /headers/)
+      expect { described_class.new(**base, headers: nil) }.to raise_error(TypeError, /headers/)
       expect { described_class.new(**base, headers: { "X-A" => "a\r\nX-B: b" }) }.to raise_error(ArgumentError, /line break/)
       expect { described_class.new(**base, headers: { "X-A" => "a\0b\xFF".b }) }.to raise_error(ArgumentError, /line break/)
       expect_refusal(ArgumentError, :api, "push") { described_class.new(**base, api: "push") }
@@ -691,12 +702,12 @@ RSpec.describe "Hostile and careless use" do # rubocop:disable RSpec/DescribeCla
     it "refuses bad timeouts, retries and delays; huge ones are accepted" do
       %i[open_timeout read_timeout retry_base_delay].each do |name|
         [nil, 0, -1, Float::NAN, Float::INFINITY, "5"].each do |value|
-          expect_refusal(ArgumentError, name, value) { described_class.new(**base, name => value) }
+          expect_refusal(refusal_for(value, :number), name, value) { described_class.new(**base, name => value) }
         end
         expect(described_class.new(**base, name => 2**64)).to be_a(described_class)
       end
       [nil, -1, 1.5, "3", Float::INFINITY].each do |value|
-        expect_refusal(ArgumentError, :retries, value) { described_class.new(**base, retries: value) }
+        expect_refusal(refusal_for(value, :integer), :retries, value) { described_class.new(**base, retries: value) }
       end
       expect(described_class.new(**base, retries: 10**30).retries).to eq(10**30)
       expect { described_class.new(**base, basic_auth_username: "u") }.to raise_error(ArgumentError, /go together/)
@@ -730,15 +741,15 @@ RSpec.describe "Hostile and careless use" do # rubocop:disable RSpec/DescribeCla
     it "refuses bad max_pending, max_profile_bytes and interval, and unknown keywords, naming them" do
       %i[max_pending max_profile_bytes].each do |name|
         [nil, 0, -1, 1.5, Float::NAN, Float::INFINITY, "4", int_like].each do |value|
-          expect_refusal(ArgumentError, name, value) { described_class.new(collector, **base, name => value) }
+          expect_refusal(refusal_for(value, :integer), name, value) { described_class.new(collector, **base, name => value) }
         end
       end
       [nil, 0, -1, Float::NAN, Float::INFINITY, "15"].each do |value|
-        expect_refusal(ArgumentError, :interval, value) { described_class.new(collector, **base, interval: value) }
+        expect_refusal(refusal_for(value, :number), :interval, value) { described_class.new(collector, **base, interval: value) }
       end
       expect { described_class.new(collector, **base, lables: {}) }.to raise_error(ArgumentError, /lables/)
       expect { described_class.new(collector, application_name: "app") }.to raise_error(ArgumentError, /server_address/)
-      expect { described_class.new(nil, **base) }.to raise_error(ArgumentError, /collector/)
+      expect { described_class.new(nil, **base) }.to raise_error(TypeError, /collector/)
     end
 
     it "huge max_pending and max_profile_bytes are accepted and used as given" do

@@ -26,3 +26,53 @@ RSpec.describe "loading the gem" do
     expect(err).to be_empty
   end
 end
+
+RSpec.describe "lazy loading" do
+  # Constants loaded on first use (Module#autoload), with a library each
+  # brings that a profiling-only process must not load.
+  # (PyroscopeFlusher loads the uploader, and net/http, when it makes one.)
+  autoloaded = {
+    "BlockFlusher" => nil, "FileFlusher" => nil, "EnvConfig" => nil,
+    "PyroscopeFlusher" => nil, "PyroscopeUploader" => "net/http",
+    "PprofReader" => "stringio", "RackApp" => "openssl", "CLI" => "optparse"
+  }.freeze
+
+  it "loads no network, TLS, zlib, reader, CLI or Rack code on require" do
+    out, err, status = run_ruby(<<~RUBY)
+      require "memprofiler_pprof_rs"
+      heavy = $LOADED_FEATURES.grep(%r{/(net/|openssl|zlib|optparse|ipaddr)})
+      ours = $LOADED_FEATURES.grep(%r{memprofiler_pprof_rs/(flushers|pyroscope|rack_app|cli|env_config|readers/pprof_reader)})
+      puts heavy.inspect, ours.inspect
+      puts #{autoloaded.keys.inspect}.map { |name| MemprofilerPprof.autoload?(name) ? "autoload" : "loaded" }.uniq.inspect
+    RUBY
+    expect(status).to be_success, err
+    expect(out.lines.map(&:chomp)).to eq(["[]", "[]", '["autoload"]'])
+  end
+
+  it "resolves each autoloaded constant in a fresh process" do
+    autoloaded.each do |name, library|
+      out, err, status = run_ruby(<<~RUBY)
+        require "memprofiler_pprof_rs"
+        klass = MemprofilerPprof::#{name}
+        puts klass.name, MemprofilerPprof.autoload?(:#{name}).inspect
+        puts #{library.inspect}.nil? || $LOADED_FEATURES.any? { |f| f.include?("/#{library}") }
+      RUBY
+      expect(status).to be_success, "#{name}: #{err}"
+      expect(out.lines.map(&:chomp)).to eq(["MemprofilerPprof::#{name}", "nil", "true"]), name
+    end
+  end
+
+  it "autoloads from threads at once, and in a forked child" do
+    out, err, status = run_ruby(<<~RUBY)
+      require "memprofiler_pprof_rs"
+      names = %i[FileFlusher PyroscopeFlusher RackApp PprofReader CLI EnvConfig]
+      threads = 8.times.map { |i| Thread.new { MemprofilerPprof.const_get(names[i % names.size]).name } }
+      puts threads.map(&:value).uniq.size
+      pid = fork { exit!(MemprofilerPprof::PyroscopeUploader.name == "MemprofilerPprof::PyroscopeUploader" ? 0 : 1) }
+      Process.wait(pid)
+      puts $?.success?
+    RUBY
+    expect(status).to be_success, err
+    expect(out.lines.map(&:chomp)).to eq(["6", "true"])
+  end
+end

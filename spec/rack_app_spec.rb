@@ -112,12 +112,12 @@ RSpec.describe MemprofilerPprof::RackApp do
     end
 
     it "needs a token of at least 16 characters, and never echoes it" do
-      expect { described_class.new(collector, token: nil) }.to raise_error(ArgumentError, /token is required/)
+      expect { described_class.new(collector, token: nil) }.to raise_error(TypeError, /token is required/)
       expect { described_class.new(collector, token: "") }.to raise_error(ArgumentError, /empty/)
       expect { described_class.new(collector, token: :"a-symbol-token-long-enough") }
-        .to raise_error(ArgumentError, /must be a String .* got a Symbol\z/)
+        .to raise_error(TypeError, /must be a String .* got a Symbol\z/)
       expect { described_class.new(collector, token: 1234567890123456789) }
-        .to raise_error(ArgumentError, /got a Integer\z/)
+        .to raise_error(TypeError, /got an Integer\z/)
       expect { described_class.new(collector, token: "short-secret") }
         .to raise_error(ArgumentError, /too short: 12 characters, at least 16/) { |e|
           expect(e.message).not_to include("short-secret")
@@ -139,19 +139,22 @@ RSpec.describe MemprofilerPprof::RackApp do
       expect(described_class.new(collector, token: RackAppSpec::TOKEN, allow_remote: ["10.0.0.0/8"]).allow_remote)
         .to eq([IPAddr.new("10.0.0.0/8")])
       expect { described_class.new(collector, token: RackAppSpec::TOKEN, allow_remote: "10.0.0.0/8") }
-        .to raise_error(ArgumentError, /true, false or an Array/)
+        .to raise_error(TypeError, /true, false or an Array/)
       expect { described_class.new(collector, token: RackAppSpec::TOKEN, allow_remote: ["10.0.0.0/8", "not-an-ip"]) }
         .to raise_error(ArgumentError, /entry "not-an-ip" is not an IP address or CIDR range/)
       expect { described_class.new(collector, token: RackAppSpec::TOKEN, allow_remote: [10]) }
-        .to raise_error(ArgumentError, /entry 10 /)
+        .to raise_error(TypeError, /entry must be .*, got 10\z/)
       expect { described_class.new(collector, token: RackAppSpec::TOKEN, allow_remote: :yes) }
-        .to raise_error(ArgumentError)
-      [-1, "5", Float::INFINITY, Float::NAN].each do |bad|
-        expect { described_class.new(collector, token: RackAppSpec::TOKEN, wait_timeout: bad) }
-          .to raise_error(ArgumentError, /wait_timeout/)
-      end
+        .to raise_error(TypeError)
+      # A value of the wrong kind is a TypeError, a usable kind out of range
+      # an ArgumentError (MemprofilerPprof::Validation).
+      { -1 => ArgumentError, "5" => TypeError, Float::INFINITY => ArgumentError, Float::NAN => ArgumentError }
+        .each do |bad, error|
+          expect { described_class.new(collector, token: RackAppSpec::TOKEN, wait_timeout: bad) }
+            .to raise_error(error, /wait_timeout/)
+        end
       expect { described_class.new(collector, token: RackAppSpec::TOKEN, logger: Object.new) }
-        .to raise_error(ArgumentError, /logger must respond to #error/)
+        .to raise_error(TypeError, /logger must respond to #error/)
     end
 
     it "keeps the token out of inspect" do
@@ -494,7 +497,7 @@ RSpec.describe MemprofilerPprof::RackApp do
         expect(response.body).to eq("app saw #{path}"), path
       end
       expect { MemprofilerPprof::RackApp::Middleware.new(nil, collector, token: RackAppSpec::TOKEN) }
-        .to raise_error(ArgumentError, /app must respond to #call/)
+        .to raise_error(TypeError, /app must respond to #call/)
       middleware = MemprofilerPprof::RackApp::Middleware.new(fallback, collector, token: RackAppSpec::TOKEN)
       expect(middleware.rack_app).to be_a(described_class)
     end

@@ -28,8 +28,9 @@ module MemprofilerPprof
 
     # seed: an Integer makes the sampling reproducible (same allocations, same
     # samples); nil (the default) seeds from the clock and process id.
-    def initialize(sample_rate: 0.01, max_allocation_samples: 10_000, max_heap_samples: 50_000,
-                   bt_method: :cfp, allocation_retain_rate: 1.0, size_measurement: :postponed_job,
+    # Defaults: MemprofilerPprof::DEFAULTS (defined by the extension).
+    def initialize(sample_rate: DEFAULTS[:sample_rate], max_allocation_samples: DEFAULTS[:max_allocation_samples],
+                   max_heap_samples: DEFAULTS[:max_heap_samples], bt_method: :cfp, allocation_retain_rate: 1.0, size_measurement: :postponed_job,
                    seed: nil)
       _native_configure(
         self.class.validate_fraction(sample_rate, :sample_rate),
@@ -69,19 +70,12 @@ module MemprofilerPprof
     end
 
     def bt_method=(method)
-      unless BT_METHODS.include?(method)
-        raise ArgumentError, "bt_method must be one of #{BT_METHODS.inspect}, got #{method.inspect}"
-      end
-
-      @bt_method = method
+      @bt_method = Validation.one_of(method, BT_METHODS, :bt_method)
     end
 
     def size_measurement=(mode)
-      code = SIZE_MEASUREMENTS.fetch(mode) do
-        raise ArgumentError,
-              "size_measurement must be one of #{SIZE_MEASUREMENTS.keys.inspect}, got #{mode.inspect}"
-      end
-      _native_set_size_measurement(code)
+      Validation.one_of(mode, SIZE_MEASUREMENTS.keys, :size_measurement)
+      _native_set_size_measurement(SIZE_MEASUREMENTS.fetch(mode))
       @size_measurement = mode
     end
 
@@ -120,9 +114,7 @@ module MemprofilerPprof
     def flush(yield_gvl: true, proactively_yield_gvl: true, max_profile_bytes: nil)
       self.class.validate_flag(yield_gvl, :yield_gvl)
       self.class.validate_flag(proactively_yield_gvl, :proactively_yield_gvl)
-      unless max_profile_bytes.nil? || (max_profile_bytes.is_a?(Integer) && max_profile_bytes.positive?)
-        raise ArgumentError, "max_profile_bytes must be a positive Integer or nil, got #{max_profile_bytes.inspect}"
-      end
+      Validation.integer(max_profile_bytes, :max_profile_bytes, min: 1) unless max_profile_bytes.nil?
 
       # (No extra method call on the common path: the first call of each
       # call site allocates an inline cache, which the flush would sample.)
@@ -182,44 +174,25 @@ module MemprofilerPprof
 
     # ----- argument checks (shared by initialize and the setters) -----
 
-    # Any real Numeric (Integer, Float, Rational, BigDecimal, ...); objects
-    # that merely respond to to_f are refused, as Ruby's own Float
-    # arguments refuse them.
+    # Any real Numeric (Integer, Float, Rational, BigDecimal, ...); see
+    # Validation.fraction.
     def self.validate_fraction(rate, name)
-      float = rate.to_f if rate.is_a?(Numeric) && rate.real?
-      unless float.is_a?(Float)
-        raise TypeError, "#{name} must be a Float between 0.0 and 1.0, got #{rate.inspect}"
-      end
-      unless float.finite? && float >= 0.0 && float <= 1.0
-        raise ArgumentError, "#{name} must be between 0.0 and 1.0, got #{rate.inspect}"
-      end
-
-      float + 0.0 # -0.0 becomes 0.0
+      Validation.fraction(rate, name)
     end
 
     # Largest cap passed to the extension; larger values mean "no cap" anyway.
     MAX_CAP = (2**62) - 1
 
     def self.validate_count(count, name)
-      raise TypeError, "#{name} must be an Integer, got #{count.inspect}" unless count.is_a?(Integer)
-      raise ArgumentError, "#{name} must be >= 0, got #{count}" if count.negative?
-
-      [count, MAX_CAP].min
+      [Validation.integer(count, name, min: 0), MAX_CAP].min
     end
 
     def self.validate_seed(seed)
-      raise TypeError, "seed must be an Integer or nil, got #{seed.inspect}" unless seed.is_a?(Integer)
-      unless seed >= 0 && seed <= MAX_CAP
-        raise ArgumentError, "seed must be between 0 and #{MAX_CAP}, got #{seed}"
-      end
-
-      seed
+      Validation.integer(seed, :seed, min: 0, max: MAX_CAP, expected: "an Integer from 0 to #{MAX_CAP} or nil")
     end
 
     def self.validate_flag(value, name)
-      return if value == true || value == false
-
-      raise TypeError, "#{name} must be true or false, got #{value.inspect}"
+      Validation.flag(value, name)
     end
   end
 

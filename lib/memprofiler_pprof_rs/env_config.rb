@@ -12,12 +12,13 @@ module MemprofilerPprof
   class EnvConfig
     PREFIXES = %w[MEMPROFILER_PPROF_RS_ RUBY_MEMPROFILER_PPROF_].freeze
 
-    # name => [default, parser, description of valid values]
+    # name => [default, parser, description of valid values]; the
+    # collector's defaults are MemprofilerPprof::DEFAULTS.
     SETTINGS = {
-      sample_rate: [0.01, :fraction, "a number from 0 to 1"],
+      sample_rate: [DEFAULTS[:sample_rate], :fraction, "a number from 0 to 1"],
       alloc_retain_rate: [1.0, :fraction, "a number from 0 to 1"],
-      max_alloc_samples: [10_000, :count, "a whole number >= 0"],
-      max_heap_samples: [50_000, :count, "a whole number >= 0"],
+      max_alloc_samples: [DEFAULTS[:max_allocation_samples], :count, "a whole number >= 0"],
+      max_heap_samples: [DEFAULTS[:max_heap_samples], :count, "a whole number >= 0"],
       flush_interval: [30.0, :seconds, "a number of seconds >= 0.1"],
       file_pattern: [FileFlusher::DEFAULT_PATTERN, :pattern, "a file name pattern"],
       keep_files: [nil, :positive_count, "a whole number >= 1"],
@@ -105,7 +106,7 @@ module MemprofilerPprof
       PyroscopeUploader.new(**options.slice(:server_address, :application_name, :labels, :basic_auth_username,
                                             :basic_auth_password, :tenant_id))
       options
-    rescue ArgumentError => e
+    rescue ArgumentError, TypeError => e
       @warnings << "not sending profiles to Pyroscope: #{e.message}"
       nil
     end
@@ -122,32 +123,26 @@ module MemprofilerPprof
       [nil, nil]
     end
 
+    # The parsers raise ArgumentError for a value they cannot use (the
+    # checks are Validation's; a variable is always a String, so its
+    # TypeErrors cannot happen).
     def parse_fraction(raw)
-      value = Float(raw)
-      raise ArgumentError, "" unless value.finite? && value >= 0.0 && value <= 1.0
-
-      value
+      Validation.fraction(Float(raw), :value)
     end
 
     def parse_count(raw)
-      value = Integer(raw, 10)
-      raise ArgumentError, "" if value.negative?
-
-      value
+      Validation.integer(Integer(raw, 10), :value, min: 0)
     end
 
     def parse_positive_count(raw)
-      value = parse_count(raw)
-      raise ArgumentError, "" if value.zero?
-
-      value
+      Validation.integer(Integer(raw, 10), :value, min: 1)
     end
 
     # At least 0.1 s: a smaller value is almost certainly a unit mistake,
     # and would write thousands of files a second.
     def parse_seconds(raw)
-      value = Float(raw)
-      raise ArgumentError, "" unless value.finite? && value >= 0.1
+      value = Validation.seconds(Float(raw), :value)
+      raise ArgumentError, "must be at least 0.1 seconds" if value < 0.1
 
       value
     end

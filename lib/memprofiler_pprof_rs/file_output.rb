@@ -78,9 +78,8 @@ module MemprofilerPprof
 
     # Checks a mode asked for: an Integer file permission such as 0o640.
     def validate_mode(mode, name = "mode")
-      return mode if mode.is_a?(Integer) && mode.between?(0, 0o777)
-
-      raise ArgumentError, "#{name} must be a file permission from 0 to 0o777 (e.g. 0o600), got #{mode.inspect}"
+      Validation.integer(mode, name, min: 0, max: 0o777,
+                                     expected: "a file permission from 0 to 0o777 (e.g. 0o600)")
     end
   end
 end

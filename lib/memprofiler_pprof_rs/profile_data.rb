@@ -39,7 +39,7 @@ module MemprofilerPprof
                    dropped_samples_heap_bufsize: 0, flush_duration_nsecs: 0,
                    pprof_serialization_nsecs: 0, folded_samples_count: 0, sample_rate: nil, started_at: nil,
                    finished_at: nil)
-      raise TypeError, "pprof_data must be a String, got #{pprof_data.inspect}" unless pprof_data.is_a?(String)
+      Validation.instance(pprof_data, String, :pprof_data)
 
       { allocation_samples_count: allocation_samples_count, heap_samples_count: heap_samples_count,
         dropped_samples_nolock: dropped_samples_nolock,
@@ -47,15 +47,13 @@ module MemprofilerPprof
         dropped_samples_heap_bufsize: dropped_samples_heap_bufsize, flush_duration_nsecs: flush_duration_nsecs,
         pprof_serialization_nsecs: pprof_serialization_nsecs,
         folded_samples_count: folded_samples_count }.each do |name, value|
-        unless value.is_a?(Integer) && !value.negative?
-          raise TypeError, "#{name} must be an Integer >= 0, got #{value.inspect}"
-        end
+        Validation.integer(value, name, min: 0)
       end
       unless sample_rate.nil? || (sample_rate.is_a?(Numeric) && sample_rate.real?)
-        raise TypeError, "sample_rate must be a number or nil, got #{sample_rate.inspect}"
+        Validation.type_error!(:sample_rate, "a real number or nil", sample_rate)
       end
       { started_at: started_at, finished_at: finished_at }.each do |name, value|
-        raise TypeError, "#{name} must be a Time or nil, got #{value.inspect}" unless value.nil? || value.is_a?(Time)
+        Validation.instance(value, Time, name, nil_ok: true)
       end
 
       @pprof_data = pprof_data
@@ -85,12 +83,8 @@ module MemprofilerPprof
     # (Errno::EEXIST is raised instead), even if another process creates it
     # at the same moment. Returns `path`.
     def write(path, overwrite: true, mode: FileOutput::FILE_MODE)
-      path = path.to_path if path.respond_to?(:to_path)
-      raise TypeError, "path must be a String or Pathname, got #{path.inspect}" unless path.is_a?(String)
-      raise ArgumentError, "path must not be empty" if path.empty?
-      unless overwrite == true || overwrite == false
-        raise TypeError, "overwrite must be true or false, got #{overwrite.inspect}"
-      end
+      path = Validation.path(path, :path)
+      Validation.flag(overwrite, :overwrite)
 
       FileOutput.write(path, pprof_data, mode: FileOutput.validate_mode(mode), overwrite: overwrite)
     end

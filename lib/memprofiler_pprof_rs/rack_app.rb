@@ -88,22 +88,14 @@ module MemprofilerPprof
     attr_reader :request_count, :error_count, :last_error, :flush_count
 
     def initialize(collector, token:, allow_remote: false, wait_timeout: 5, logger: nil)
-      unless collector.is_a?(MemprofilerPprof::Collector)
-        raise TypeError, "collector must be a MemprofilerPprof::Collector, got #{collector.inspect}"
-      end
-      unless wait_timeout.is_a?(Numeric) && wait_timeout.real? && wait_timeout.to_f.finite? && !wait_timeout.negative?
-        raise ArgumentError, "wait_timeout must be a number of seconds >= 0, got #{wait_timeout.inspect}"
-      end
-      unless logger.nil? || logger.respond_to?(:error)
-        raise ArgumentError, "logger must respond to #error (e.g. a Logger), got #{logger.inspect}"
-      end
-
+      Validation.instance(collector, MemprofilerPprof::Collector, :collector,
+                          expected: "a MemprofilerPprof::Collector")
+      @wait_timeout = Validation.seconds(wait_timeout, :wait_timeout, positive: false)
+      @logger = Validation.responds_to(logger, :error, :logger, nil_ok: true, hint: "e.g. a Logger")
       @collector = collector
       @token_digest = self.class.token_digest(token)
       @allow_any, @networks = self.class.address_rule(allow_remote)
       @allow_remote = @allow_any || (@networks.empty? ? false : @networks.dup.freeze)
-      @wait_timeout = wait_timeout.to_f
-      @logger = logger
       @request_count = 0
       @error_count = 0
       @last_error = nil
@@ -151,9 +143,7 @@ module MemprofilerPprof
       attr_reader :rack_app
 
       def initialize(app, collector, **options)
-        raise ArgumentError, "app must respond to #call, got #{app.inspect}" unless app.respond_to?(:call)
-
-        @app = app
+        @app = Validation.responds_to(app, :call, :app)
         @rack_app = RackApp.new(collector, **options)
       end
 
@@ -167,8 +157,9 @@ module MemprofilerPprof
     # The SHA-256 digest of a valid token; errors never include the token.
     def self.token_digest(token)
       rule = "a String of at least #{MIN_TOKEN_LENGTH} characters"
-      raise ArgumentError, "token is required: #{rule}" if token.nil?
-      raise ArgumentError, "token must be #{rule}, got a #{token.class}" unless token.is_a?(String)
+      # (The token itself is never shown: only its class and length.)
+      raise TypeError, "token is required: #{rule}, got nil" if token.nil?
+      raise TypeError, "token must be #{rule}, got #{Validation.article(token.class)}" unless token.is_a?(String)
       raise ArgumentError, "token must be #{rule}, got an empty String" if token.empty?
       raise ArgumentError, "token is not valid #{token.encoding} text" unless token.valid_encoding?
       if token.length < MIN_TOKEN_LENGTH
@@ -187,17 +178,15 @@ module MemprofilerPprof
     def self.address_rule(allow_remote)
       return [true, []] if allow_remote == true
       return [false, []] if allow_remote == false || allow_remote.nil?
-      unless allow_remote.is_a?(Array)
-        raise ArgumentError, "allow_remote must be true, false or an Array of CIDR ranges " \
-                             "(e.g. [\"10.0.0.0/8\"]), got #{allow_remote.inspect}"
-      end
+      Validation.instance(allow_remote, Array, :allow_remote,
+                          expected: "true, false or an Array of CIDR ranges (e.g. [\"10.0.0.0/8\"])")
 
       networks = allow_remote.map do |entry|
         next entry.dup if entry.is_a?(IPAddr)
 
+        Validation.instance(entry, [String, IPAddr], "allow_remote entry",
+                            expected: "an IP address or CIDR range String (e.g. \"10.0.0.0/8\") or an IPAddr")
         begin
-          raise IPAddr::Error, "not a String" unless entry.is_a?(String)
-
           IPAddr.new(entry.strip)
         rescue IPAddr::Error, ArgumentError
           raise ArgumentError, "allow_remote entry #{entry.inspect} is not an IP address or CIDR range " \

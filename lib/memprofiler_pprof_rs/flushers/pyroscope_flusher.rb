@@ -31,16 +31,8 @@ module MemprofilerPprof
       uploader_options = options.slice(*UPLOADER_OPTIONS)
       @uploader = PyroscopeUploader.new(server_address: server_address, application_name: application_name,
                                         logger: logger, **uploader_options)
-      unless max_pending.is_a?(Integer) && max_pending.positive?
-        raise ArgumentError, "max_pending must be a positive Integer, got #{max_pending.inspect}"
-      end
-
-      @max_pending = max_pending
-      unless max_profile_bytes.is_a?(Integer) && max_profile_bytes.positive?
-        raise ArgumentError, "max_profile_bytes must be a positive Integer, got #{max_profile_bytes.inspect}"
-      end
-
-      @max_profile_bytes = max_profile_bytes
+      @max_pending = Validation.integer(max_pending, :max_pending, min: 1)
+      @max_profile_bytes = Validation.integer(max_profile_bytes, :max_profile_bytes, min: 1)
       @uploads_succeeded = 0
       @uploads_failed = 0
       @dropped_uploads = 0

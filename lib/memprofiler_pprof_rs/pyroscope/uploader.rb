@@ -52,6 +52,16 @@ module MemprofilerPprof
                    retries: 3, retry_base_delay: 0.5, logger: nil, spy_name: "memprofiler_pprof_rs")
       # Credentials in the URL (https://user:token@host) become Basic auth;
       # the address kept and shown never carries them.
+      unless server_address.is_a?(String) || server_address.is_a?(URI::Generic)
+        # Other objects are named by class only: their inspect could hold
+        # credentials.
+        shown = case server_address
+                when nil, true, false, Numeric, Symbol then Validation.show(server_address)
+                else "a #{server_address.class}"
+                end
+        raise TypeError, "server_address must be an http(s) URL String, got #{shown}"
+      end
+
       address, user, password = self.class.split_credentials(server_address.to_s)
       @base = parse_address(address)
       if user
@@ -60,9 +70,7 @@ module MemprofilerPprof
       end
       @server_address = @base.to_s
       @application_name = check_application_name(application_name)
-      raise ArgumentError, "api must be one of #{APIS.inspect}, got #{api.inspect}" unless APIS.include?(api)
-
-      @api = api
+      @api = Validation.one_of(api, APIS, :api)
       @labels = check_labels(labels)
       if basic_auth_username.nil? != basic_auth_password.nil?
         raise ArgumentError, "basic_auth_username and basic_auth_password go together (got only one)"
@@ -71,9 +79,9 @@ module MemprofilerPprof
       @basic_auth = basic_auth_username && [basic_auth_username.to_s, basic_auth_password.to_s]
       @tenant_id = tenant_id&.to_s
       if @tenant_id && (@tenant_id.empty? || @tenant_id.b.match?(/[\r\n\0]/n))
-        raise ArgumentError, "tenant_id must be a non-empty String without line breaks, got #{@tenant_id.inspect}"
+        Validation.value_error!(:tenant_id, "a non-empty String without line breaks", @tenant_id)
       end
-      raise ArgumentError, "headers must be a Hash, got #{headers.class}" unless headers.is_a?(Hash)
+      Validation.instance(headers, Hash, :headers)
 
       @headers = headers.to_h { |k, v| [k.to_s, v.to_s] }
       @headers.each do |name, value|
@@ -81,19 +89,11 @@ module MemprofilerPprof
           raise ArgumentError, "header #{name.inspect} has an empty name or a line break"
         end
       end
-      @open_timeout = positive(open_timeout, :open_timeout)
-      @read_timeout = positive(read_timeout, :read_timeout)
-      unless retries.is_a?(Integer) && retries >= 0
-        raise ArgumentError, "retries must be an Integer >= 0, got #{retries.inspect}"
-      end
-
-      @retries = retries
-      @retry_base_delay = positive(retry_base_delay, :retry_base_delay)
-      unless logger.nil? || logger.respond_to?(:error)
-        raise ArgumentError, "logger must respond to #error, got #{logger.class}"
-      end
-
-      @logger = logger
+      @open_timeout = Validation.seconds(open_timeout, :open_timeout)
+      @read_timeout = Validation.seconds(read_timeout, :read_timeout)
+      @retries = Validation.integer(retries, :retries, min: 0)
+      @retry_base_delay = Validation.seconds(retry_base_delay, :retry_base_delay)
+      @logger = Validation.responds_to(logger, :error, :logger, nil_ok: true, hint: "e.g. a Logger")
       @spy_name = spy_name.to_s
     end
 
@@ -192,10 +192,9 @@ module MemprofilerPprof
     end
 
     def check_application_name(name)
-      unless name.is_a?(String) && !name.empty? && name.match?(%r{\A[A-Za-z0-9_.\-/]+\z})
-        raise ArgumentError, "application_name must be a non-empty String of letters, digits, " \
-                             "'_', '.', '-', '/', got #{name.inspect}"
-      end
+      expected = "a non-empty String of letters, digits, '_', '.', '-', '/'"
+      Validation.instance(name, String, :application_name, expected: expected)
+      Validation.value_error!(:application_name, expected, name) unless name.b.match?(%r{\A[A-Za-z0-9_.\-/]+\z}n)
 
       name
     end
@@ -206,9 +205,9 @@ module MemprofilerPprof
     MAX_LABEL_VALUE = 2048
 
     def check_labels(labels)
-      raise ArgumentError, "labels must be a Hash, got #{labels.class}" unless labels.is_a?(Hash)
+      Validation.instance(labels, Hash, :labels)
       if labels.size > MAX_USER_LABELS
-        raise ArgumentError, "at most #{MAX_USER_LABELS} labels, got #{labels.size}"
+        raise ArgumentError, "labels must be at most #{MAX_USER_LABELS}, got #{labels.size}"
       end
 
       checked = labels.to_h do |key, value|
@@ -231,14 +230,6 @@ module MemprofilerPprof
       raise ArgumentError, "labels #{clash[1].join(' and ')} are the same name to Pyroscope" if clash
 
       checked
-    end
-
-    def positive(value, name)
-      unless value.is_a?(Numeric) && value.real? && value.positive? && value.to_f.finite?
-        raise ArgumentError, "#{name} must be a positive number of seconds, got #{value.inspect}"
-      end
-
-      value.to_f
     end
 
     def build_request(bytes, from, to)

@@ -33,11 +33,7 @@ module MemprofilerPprof
                    mode: FileOutput::FILE_MODE, **options)
       @pattern = self.class.validate_pattern(pattern)
       @mode = FileOutput.validate_mode(mode)
-      unless keep.nil? || (keep.is_a?(Integer) && keep.positive?)
-        raise ArgumentError, "keep must be a positive Integer or nil, got #{keep.inspect}"
-      end
-
-      @keep = keep
+      @keep = Validation.integer(keep, :keep, min: 1, nil_ok: true)
       @index = 0
       @written = []
       @last_path = nil
@@ -59,7 +55,7 @@ module MemprofilerPprof
     # Checks a pattern; returns it with a relative directory made absolute.
     def self.validate_pattern(pattern)
       pattern = pattern.to_path if pattern.respond_to?(:to_path)
-      raise ArgumentError, "pattern must be a String, got #{pattern.inspect}" unless pattern.is_a?(String)
+      Validation.instance(pattern, String, :pattern, expected: "a String or Pathname")
       # File names are bytes: a pattern whose bytes are not valid in its
       # encoding (say, read from a directory listing) is used as bytes.
       pattern = pattern.b unless pattern.valid_encoding?

@@ -27,7 +27,7 @@ module MemprofilerPprof
       # `data`: the bytes of a profile (gzipped or not), or a ProfileData.
       def parse(data)
         data = data.pprof_data if data.is_a?(ProfileData)
-        raise TypeError, "profile data must be a String or a ProfileData, got #{data.class}" unless data.is_a?(String)
+        Validation.instance(data, String, "profile data", expected: "a String or a ProfileData")
 
         result = _native_parse(data)
         raise ProfileFormatError, result if result.is_a?(String)
@@ -40,7 +40,7 @@ module MemprofilerPprof
       # released, so a fork from another thread at that moment corrupts the
       # child's heap (bench/zlib_fork_crash.rb); this gem never uses it.
       def gunzip(data)
-        raise TypeError, "data must be a String, got #{data.class}" unless data.is_a?(String)
+        Validation.instance(data, String, :data)
 
         result = _native_gunzip(data)
         raise ProfileFormatError, result.first if result.is_a?(Array)
@@ -50,8 +50,7 @@ module MemprofilerPprof
 
       # Reads the file at `path`; a bad file raises ProfileFormatError naming it.
       def read(path)
-        path = path.to_path if path.respond_to?(:to_path)
-        raise TypeError, "path must be a String or Pathname, got #{path.class}" unless path.is_a?(String)
+        path = Validation.path(path, :path)
 
         File.open(path, "rb") { |file| parse(read_limited(file)) }
       rescue ProfileFormatError => e
@@ -81,9 +80,10 @@ module MemprofilerPprof
       def diff(profiles, sample_index: nil, limit: 10, base_dir: Dir.pwd, titles: nil)
         profiles = profile_list(profiles, "diff", minimum: 2)
         titles ||= profiles.each_index.map { |i| "profile #{i + 1}" }
-        unless titles.is_a?(Array) && titles.size == profiles.size && titles.all?(String)
-          raise ArgumentError, "titles must be an Array of #{profiles.size} Strings"
-        end
+        expected = "an Array of #{profiles.size} Strings"
+        Validation.instance(titles, Array, :titles, expected: expected)
+        Validation.type_error!(:titles, expected, titles) unless titles.all?(String)
+        Validation.value_error!(:titles, expected, titles) unless titles.size == profiles.size
 
         _native_diff(profiles, sample_index_name(sample_index), limit_value(limit), base_dir.to_s, titles)
       end
@@ -91,26 +91,23 @@ module MemprofilerPprof
       # Validation shared with the instance methods.
       def sample_index_name(value)
         return nil if value.nil?
-        raise TypeError, "sample_index must be a String or Symbol, got #{value.inspect}" unless value.is_a?(String) || value.is_a?(Symbol)
-
-        value.to_s
+        Validation.instance(value, [String, Symbol], :sample_index, expected: "a String or Symbol").to_s
       end
 
       def limit_value(value)
-        raise TypeError, "limit must be an Integer, got #{value.inspect}" unless value.is_a?(Integer)
-        raise ArgumentError, "limit must be >= 0 (0 shows every row), got #{value}" if value.negative? || value > 1_000_000_000
-
-        value
+        Validation.integer(value, :limit, min: 0, max: 1_000_000_000,
+                                          expected: "an Integer >= 0 (0 shows every row) and <= 1000000000")
       end
 
       private
 
       def profile_list(profiles, what, minimum:)
-        raise TypeError, "#{what} needs an Array of Profiles, got #{profiles.class}" unless profiles.is_a?(Array)
-
+        Validation.instance(profiles, Array, "#{what}'s argument", expected: "an Array of Profiles")
         bad = profiles.find { |p| !p.is_a?(Profile) }
-        raise TypeError, "#{what} needs Profiles, got #{bad.inspect[0, 80]}" if bad
-        raise ArgumentError, "#{what} needs at least #{minimum} profile#{'s' if minimum > 1}, got #{profiles.size}" if profiles.size < minimum
+        raise TypeError, "#{what} needs Profiles, got #{Validation.show(bad)}" if bad
+        if profiles.size < minimum
+          raise ArgumentError, "#{what} needs at least #{minimum} profile#{'s' if minimum > 1}, got #{profiles.size}"
+        end
 
         profiles
       end
@@ -171,9 +168,7 @@ module MemprofilerPprof
     # access) or a static SVG.
     def flamegraph(sample_index: nil, format: :html, title: "")
       format = format.to_sym if format.is_a?(String)
-      unless FLAMEGRAPH_FORMATS.include?(format)
-        raise ArgumentError, "format must be one of #{FLAMEGRAPH_FORMATS.join(', ')}, got #{format.inspect}"
-      end
+      Validation.one_of(format, FLAMEGRAPH_FORMATS, :format, listed: FLAMEGRAPH_FORMATS.join(", "))
 
       _native_flamegraph(self.class.sample_index_name(sample_index), format.to_s, title.to_s)
     end
@@ -197,9 +192,7 @@ module MemprofilerPprof
 
     def grouping(by)
       by = by.to_sym if by.is_a?(String)
-      return by.to_s if GROUPINGS.include?(by)
-
-      raise ArgumentError, "by must be one of #{GROUPINGS.join(', ')}, got #{by.inspect}"
+      Validation.one_of(by, GROUPINGS, :by, listed: GROUPINGS.join(", ")).to_s
     end
 
     def focus_for(focus)
@@ -208,7 +201,7 @@ module MemprofilerPprof
       regexp = case focus
                when Regexp then focus
                when String then Regexp.new(focus)
-               else raise TypeError, "focus must be a Regexp or String, got #{focus.inspect}"
+               else Validation.type_error!(:focus, "a Regexp or String", focus)
                end
       strings, frame_pairs = _native_frame_strings
       matching = strings.map { |text| regexp.match?(text) }

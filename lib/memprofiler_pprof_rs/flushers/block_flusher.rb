@@ -28,37 +28,22 @@ module MemprofilerPprof
     def initialize(collector, interval: 30, logger: nil, on_flush: nil, priority: nil,
                    yield_gvl: true, proactively_yield_gvl: true, flush_on_stop: false,
                    stop_timeout: 10)
-      unless collector.respond_to?(:flush)
-        raise ArgumentError, "collector must respond to #flush, got #{collector.inspect}"
-      end
-      unless interval.is_a?(Numeric) && interval.real? && interval.to_f.finite? && interval.positive?
-        raise ArgumentError, "interval must be a positive number of seconds, got #{interval.inspect}"
-      end
-      unless logger.nil? || logger.respond_to?(:error)
-        raise ArgumentError, "logger must respond to #error (e.g. a Logger), got #{logger.inspect}"
-      end
-      unless on_flush.nil? || on_flush.respond_to?(:call)
-        raise ArgumentError, "on_flush must respond to #call, got #{on_flush.inspect}"
-      end
-      unless stop_timeout.is_a?(Numeric) && stop_timeout.real? && !stop_timeout.negative? &&
-             stop_timeout.to_f.finite?
-        raise ArgumentError, "stop_timeout must be a number of seconds >= 0, got #{stop_timeout.inspect}"
-      end
-      unless priority.nil? || priority.is_a?(Integer)
-        raise ArgumentError, "priority must be an Integer or nil, got #{priority.inspect}"
-      end
+      Validation.responds_to(collector, :flush, :collector)
+      @interval = Validation.seconds(interval, :interval)
+      Validation.responds_to(logger, :error, :logger, nil_ok: true, hint: "e.g. a Logger")
+      Validation.responds_to(on_flush, :call, :on_flush, nil_ok: true)
+      @stop_timeout = Validation.seconds(stop_timeout, :stop_timeout, positive: false)
+      Validation.integer(priority, :priority, nil_ok: true)
 
       @collector = collector
-      @interval = interval.to_f
-      @stop_timeout = stop_timeout.to_f
       @logger = logger
       @on_flush = on_flush
       # Thread#priority= clamps to -3..3 but raises RangeError on an Integer
       # beyond a C long, which start! would only find out too late.
       @priority = priority&.clamp(-3, 3)
-      @yield_gvl = self.class.check_flag(yield_gvl, :yield_gvl)
-      @proactively_yield_gvl = self.class.check_flag(proactively_yield_gvl, :proactively_yield_gvl)
-      @flush_on_stop = self.class.check_flag(flush_on_stop, :flush_on_stop)
+      @yield_gvl = Validation.flag(yield_gvl, :yield_gvl)
+      @proactively_yield_gvl = Validation.flag(proactively_yield_gvl, :proactively_yield_gvl)
+      @flush_on_stop = Validation.flag(flush_on_stop, :flush_on_stop)
       @flush_count = 0
       @error_count = 0
       @last_error = nil
@@ -93,7 +78,7 @@ module MemprofilerPprof
     # is bounded by `stop_timeout` too. Returns false if it was not running.
     # Safe to call from a signal trap, at_exit, or on_flush itself.
     def stop!(flush: @flush_on_stop)
-      self.class.check_flag(flush, :flush)
+      Validation.flag(flush, :flush)
       return in_helper_thread { stop!(flush: flush) } if trap_context?
 
       thread = @state_lock.synchronize do
@@ -177,10 +162,9 @@ module MemprofilerPprof
     end
     alias to_s inspect
 
+    # true or false (see Validation.flag); kept for code that called it.
     def self.check_flag(value, name)
-      return value if value == true || value == false
-
-      raise ArgumentError, "#{name} must be true or false, got #{value.inspect}"
+      Validation.flag(value, name)
     end
 
     private
