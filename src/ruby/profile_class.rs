@@ -1,6 +1,6 @@
 //! `MemprofilerPprof::Profile`'s native half: a decoded pprof profile
 //! (analysis::DecodedProfile) wrapped as TypedData, and the private
-//! `_native_*` methods lib/memprofiler_pprof_rs/profile.rb calls after
+//! `_native_*` methods lib/memprofiler_pprof_rs/readers/profile.rb calls after
 //! validating arguments. The wrapped data holds no Ruby objects, so there is
 //! nothing to mark or move.
 

@@ -24,7 +24,7 @@ module MemprofilerPprof
   # Network errors, 429 and 5xx are retried with exponential backoff and full
   # jitter; other 4xx are not (the server's message is logged). Every attempt
   # is bounded by `open_timeout` and `read_timeout`. Credentials never appear
-  # in logs or in #inspect. See docs/pyroscope_protocol_notes.md for the
+  # in logs or in #inspect. See docs/pyroscope-protocol.md for the
   # server behaviour this follows.
   class PyroscopeUploader
     APIS = %i[push ingest].freeze

@@ -38,7 +38,7 @@ module MemprofilerPprof
       # `data` gunzipped (returned as is if it is not gzip), in Rust with the
       # GVL held. Ruby 3.1's zlib resizes its output String with the GVL
       # released, so a fork from another thread at that moment corrupts the
-      # child's heap (bench/zlib_fork_crash.rb); this gem never uses it.
+      # child's heap (repro/zlib_fork_crash.rb); this gem never uses it.
       def gunzip(data)
         Validation.instance(data, String, :data)
 
