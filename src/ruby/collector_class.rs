@@ -8,13 +8,13 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use rb_sys::{
     rb_ary_new_capa, rb_ary_push, rb_data_type_struct, rb_data_type_struct__bindgen_ty_1,
-    rb_data_type_t, rb_data_typed_object_wrap, rb_float_new, rb_inspect, rb_str_new, rb_ull2inum,
-    ruby_value_type, Qfalse, Qnil, Qtrue, FIX2LONG, FIXNUM_P, NIL_P, NUM2DBL, RB_FLOAT_TYPE_P,
-    RB_TYPE_P, RTYPEDDATA_GET_DATA, RTYPEDDATA_P, RTYPEDDATA_TYPE, TEST, VALUE,
+    rb_data_type_t, rb_data_typed_object_wrap, rb_float_new, rb_str_new, rb_ull2inum, Qfalse, Qnil,
+    Qtrue, FIX2LONG, FIXNUM_P, NIL_P, NUM2DBL, RB_FLOAT_TYPE_P, RTYPEDDATA_GET_DATA, RTYPEDDATA_P,
+    RTYPEDDATA_TYPE, TEST, VALUE,
 };
 
 use super::collector::{Collector, FlushOptions, FlushResult, SizeMeasurement};
-use super::convert::rust_string;
+use super::convert::count_arg;
 use super::errors::{method_entry, protect, RbError, RbResult};
 use super::method_table::{method_def, MethodDef, MethodKind};
 use super::registry;
@@ -131,43 +131,6 @@ fn fraction_arg(value: VALUE, name: &str) -> RbResult<f64> {
 
 fn rate_arg(value: VALUE) -> RbResult<f64> {
     fraction_arg(value, "sample_rate")
-}
-
-/// A count, by the gem's argument rule (lib/memprofiler_pprof_rs/validation.rb):
-/// not an Integer is a TypeError; an Integer the collector cannot take
-/// (negative, or beyond the Fixnum range) is an ArgumentError. Both name the
-/// value.
-fn count_arg(value: VALUE, name: &str) -> RbResult<usize> {
-    let expected = format!("{name} must be an Integer from 0 to {}", c_long::MAX >> 1);
-    if !FIXNUM_P(value) {
-        // SAFETY: reads the object's flags only (a Fixnum was ruled out above;
-        // NIL_P rules out the other immediate RB_TYPE_P is asked about).
-        let bignum = !NIL_P(value) && unsafe { RB_TYPE_P(value, ruby_value_type::RUBY_T_BIGNUM) };
-        let message = format!("{expected}, got {}", shown(value));
-        return Err(if bignum {
-            RbError::argument(message)
-        } else {
-            RbError::type_error(message)
-        });
-    }
-    // SAFETY: checked to be a Fixnum.
-    let n = unsafe { FIX2LONG(value) };
-    usize::try_from(n).map_err(|_| RbError::argument(format!("{expected}, got {n}")))
-}
-
-/// `value.inspect` for a message (at most 200 characters), or its kind if
-/// inspect fails.
-fn shown(value: VALUE) -> String {
-    // SAFETY: the GVL is held (a method entry); rb_inspect may raise, which
-    // protect catches.
-    let text = protect(|| unsafe { rb_inspect(value) })
-        .ok()
-        .and_then(rust_string)
-        .unwrap_or_else(|| "an object whose #inspect failed".to_owned());
-    match text.char_indices().nth(200) {
-        Some((end, _)) => format!("{}...", &text[..end]),
-        None => text,
-    }
 }
 
 fn ruby_uint(n: u64) -> RbResult<VALUE> {

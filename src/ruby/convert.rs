@@ -4,7 +4,7 @@
 use std::ffi::c_long;
 
 use rb_sys::{
-    rb_ary_entry, rb_ascii8bit_encindex, rb_enc_get, rb_enc_get_index, rb_str_conv_enc,
+    rb_ary_entry, rb_ascii8bit_encindex, rb_enc_get, rb_enc_get_index, rb_inspect, rb_str_conv_enc,
     rb_usascii_encindex, rb_utf8_encindex, rb_utf8_encoding, ruby_value_type, FIX2LONG, FIXNUM_P,
     NIL_P, RARRAY_LEN, RB_TYPE_P, RSTRING_LEN, RSTRING_PTR, VALUE,
 };
@@ -92,4 +92,41 @@ pub fn utf8_string(value: VALUE) -> RbResult<Option<String>> {
 pub fn fixnum(value: VALUE) -> Option<i64> {
     // SAFETY: FIX2LONG only after FIXNUM_P, which tests the tag bits.
     FIXNUM_P(value).then(|| unsafe { FIX2LONG(value) } as i64)
+}
+
+/// A count, by the gem's argument rule (lib/memprofiler_pprof_rs/validation.rb):
+/// not an Integer is a TypeError; an Integer the collector cannot take
+/// (negative, or beyond the Fixnum range) is an ArgumentError. Both name the
+/// value.
+pub fn count_arg(value: VALUE, name: &str) -> RbResult<usize> {
+    let expected = format!("{name} must be an Integer from 0 to {}", c_long::MAX >> 1);
+    if !FIXNUM_P(value) {
+        // SAFETY: reads the object's flags only (a Fixnum was ruled out above;
+        // NIL_P rules out the other immediate RB_TYPE_P is asked about).
+        let bignum = !NIL_P(value) && unsafe { RB_TYPE_P(value, ruby_value_type::RUBY_T_BIGNUM) };
+        let message = format!("{expected}, got {}", shown(value));
+        return Err(if bignum {
+            RbError::argument(message)
+        } else {
+            RbError::type_error(message)
+        });
+    }
+    // SAFETY: checked to be a Fixnum.
+    let n = unsafe { FIX2LONG(value) };
+    usize::try_from(n).map_err(|_| RbError::argument(format!("{expected}, got {n}")))
+}
+
+/// `value.inspect` for a message (at most 200 characters), or its kind if
+/// inspect fails.
+pub fn shown(value: VALUE) -> String {
+    // SAFETY: the GVL is held (a method entry); rb_inspect may raise, which
+    // protect catches.
+    let text = protect(|| unsafe { rb_inspect(value) })
+        .ok()
+        .and_then(rust_string)
+        .unwrap_or_else(|| "an object whose #inspect failed".to_owned());
+    match text.char_indices().nth(200) {
+        Some((end, _)) => format!("{}...", &text[..end]),
+        None => text,
+    }
 }

@@ -10,11 +10,11 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use rb_sys::{
     rb_ary_new_capa, rb_ary_push, rb_data_type_struct, rb_data_type_struct__bindgen_ty_1,
     rb_data_type_t, rb_data_typed_object_wrap, rb_str_new, rb_ull2inum, rb_utf8_str_new,
-    ruby_value_type, FIX2LONG, FIXNUM_P, NIL_P, RB_TYPE_P, RSTRING_LEN, RSTRING_PTR,
-    RTYPEDDATA_GET_DATA, RTYPEDDATA_P, RTYPEDDATA_TYPE, TEST, VALUE,
+    ruby_value_type, NIL_P, RB_TYPE_P, RSTRING_LEN, RSTRING_PTR, RTYPEDDATA_GET_DATA, RTYPEDDATA_P,
+    RTYPEDDATA_TYPE, TEST, VALUE,
 };
 
-use super::convert::{array_elements, is_string, rust_string};
+use super::convert::{array_elements, count_arg, is_string, rust_string};
 use super::errors::{method_entry, protect, RbError, RbResult};
 use super::method_table::{method_def, MethodDef, MethodKind};
 use crate::analysis::decoded_profile::{decompress, DecodedProfile};
@@ -110,15 +110,6 @@ fn optional_string_arg(value: VALUE, name: &str) -> RbResult<Option<String>> {
     } else {
         string_arg(value, name).map(Some)
     }
-}
-
-fn count_arg(value: VALUE, name: &str) -> RbResult<usize> {
-    if !FIXNUM_P(value) {
-        return Err(RbError::type_error(format!("{name} must be an Integer")));
-    }
-    // SAFETY: checked to be a Fixnum.
-    let n = unsafe { FIX2LONG(value) };
-    usize::try_from(n).map_err(|_| RbError::argument(format!("{name} must be >= 0, got {n}")))
 }
 
 fn utf8_result(text: &str) -> RbResult<VALUE> {
