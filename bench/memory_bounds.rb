@@ -156,7 +156,7 @@ end
 # Values swing with what happens to be alive at each flush, so compare the
 # highest value of the second half of the run with that of the first half.
 first, second = after.each_slice((after.size + 1) / 2).to_a
-peak = ->(rows, key) { rows.map { |r| r[key] }.max.to_f }
+peak = ->(half, key) { half.map { |r| r[key] }.max.to_f }
 collector_growth = peak.(second, :collector_kb) / peak.(first, :collector_kb) - 1
 rss_growth_mb = peak.(second, :rss_mb) - peak.(first, :rss_mb)
 # The generated methods are retired at a steady rate; if the collector held

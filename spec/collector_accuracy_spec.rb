@@ -148,7 +148,7 @@ RSpec.describe MemprofilerPprof::Collector, "accuracy" do
     collector.stop!
     expect(collector.live_heap_samples_count).to be >= 300
     kept.clear
-    kept = nil
+    kept = nil # rubocop:disable Lint/UselessAssignment -- drops the last reference before GC.start
     GC.start
     collector.flush
     expect(collector.live_heap_samples_count).to be < 300

@@ -468,7 +468,6 @@ RSpec.describe MemprofilerPprof::Profile do
 
   it "reads a collector's flush and answers top, totals and to_pprof" do
     collector = MemprofilerPprof::Collector.new(sample_rate: 1.0)
-    kept = nil
     collector.start!
     kept = Array.new(2_000) { "k" * 100 }
     data = collector.flush

@@ -16,10 +16,9 @@ module PumaBench
   module_function
 
   def run(runs)
-    %w[puma wrk].each do |tool|
-      next if system("command -v #{tool} >/dev/null 2>&1")
-
-      puts "\n(4) puma: skipped, #{tool} is not installed (script/bootstrap --bench installs it)"
+    missing = %w[puma wrk].find { |tool| !system("command -v #{tool} >/dev/null 2>&1") }
+    if missing
+      puts "\n(4) puma: skipped, #{missing} is not installed (script/bootstrap --bench installs it)"
       return
     end
     configs = BenchConfigs::DEFAULT

@@ -119,9 +119,12 @@ module MemprofilerPprof
     end
 
     def inspect
-      rule = if @allow_any then "any address"
-             elsif @networks.empty? then "loopback only"
-             else "loopback and #{@networks.map { |n| "#{n}/#{n.prefix}" }.join(', ')}"
+      rule = if @allow_any
+               "any address"
+             elsif @networks.empty?
+               "loopback only"
+             else
+               "loopback and #{@networks.map { |n| "#{n}/#{n.prefix}" }.join(', ')}"
              end
       format("#<%s %s requests=%d flushes=%d errors=%d>", self.class.name, rule, request_count, flush_count,
              error_count)
@@ -188,7 +191,7 @@ module MemprofilerPprof
                             expected: "an IP address or CIDR range String (e.g. \"10.0.0.0/8\") or an IPAddr")
         begin
           IPAddr.new(entry.strip)
-        rescue IPAddr::Error, ArgumentError
+        rescue ArgumentError # IPAddr::Error (an invalid address) is one too
           raise ArgumentError, "allow_remote entry #{entry.inspect} is not an IP address or CIDR range " \
                                "(e.g. \"10.0.0.0/8\", \"fd00::/8\")"
         end
@@ -208,7 +211,7 @@ module MemprofilerPprof
 
       ip = IPAddr.new(address)
       ip.ipv4_mapped? ? ip.native : ip
-    rescue IPAddr::Error, ArgumentError
+    rescue ArgumentError # IPAddr::Error (an invalid address) is one too
       nil
     end
 

@@ -62,11 +62,16 @@ module MemprofilerPprof
     end
 
     def integer_description(min, max, nil_ok)
-      text = if min && max then "an Integer from #{min} to #{max}"
-             elsif min == 1 then "a positive Integer"
-             elsif min then "an Integer >= #{min}"
-             elsif max then "an Integer <= #{max}"
-             else "an Integer"
+      text = if min && max
+               "an Integer from #{min} to #{max}"
+             elsif min == 1
+               "a positive Integer"
+             elsif min
+               "an Integer >= #{min}"
+             elsif max
+               "an Integer <= #{max}"
+             else
+               "an Integer"
              end
       nil_ok ? "#{text} or nil" : text
     end

@@ -180,7 +180,6 @@ module HeadlessChromium
     def stop_process
       signal_group("TERM")
       deadline = now + 5
-      reaped = nil
       until (reaped = Process.wait(@pid, Process::WNOHANG)) || now > deadline
         sleep 0.05
       end

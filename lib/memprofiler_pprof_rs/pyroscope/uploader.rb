@@ -125,27 +125,9 @@ module MemprofilerPprof
       [["__name__", "memory"], ["service_name", @application_name], ["__delta__", "false"]] + @labels.to_a
     end
 
-    private
-
-    def parse_address(address)
-      uri = URI.parse(address.to_s)
-      unless %w[http https].include?(uri.scheme) && uri.host && !uri.host.empty?
-        raise ArgumentError, "server_address must be an http(s) URL, got #{without_credentials(address)}"
-      end
-
-      uri.path = uri.path.chomp("/")
-      uri
-    rescue URI::InvalidURIError
-      raise ArgumentError, "server_address must be an http(s) URL, got #{without_credentials(address)}"
-    end
-
-    # For messages: the address without its credentials.
-    def without_credentials(address)
-      stripped, user, = self.class.split_credentials(address.to_s)
-      return stripped.inspect unless user
-
-      (stripped.include?("//") ? stripped.sub("//", "//[FILTERED]@") : "[FILTERED]@#{stripped}").inspect
-    end
+    # Class methods, above `private` (which does not apply to them):
+    # instances call split_credentials and printable through self.class and
+    # the specs call split_credentials; percent_decode is split_credentials'.
 
     # [address without credentials, user, password] of
     # "scheme://user:password@host..."; user and password are nil without
@@ -183,12 +165,35 @@ module MemprofilerPprof
     def self.percent_decode(text)
       text.b.gsub(/%\h\h/n) { |escape| escape[1, 2].hex.chr }.force_encoding(Encoding::UTF_8)
     end
+    private_class_method :percent_decode
 
     # A server's words for a log line: control characters (a CR, an
     # ANSI sequence) made visible, invalid UTF-8 replaced, 300 characters.
     def self.printable(text)
       text.to_s.dup.force_encoding(Encoding::UTF_8).scrub("?")[0, 300]
           .gsub(/\p{Cc}/) { |c| format("\\x%02x", c.ord) }
+    end
+
+    private
+
+    def parse_address(address)
+      uri = URI.parse(address.to_s)
+      unless %w[http https].include?(uri.scheme) && uri.host && !uri.host.empty?
+        raise ArgumentError, "server_address must be an http(s) URL, got #{without_credentials(address)}"
+      end
+
+      uri.path = uri.path.chomp("/")
+      uri
+    rescue URI::InvalidURIError
+      raise ArgumentError, "server_address must be an http(s) URL, got #{without_credentials(address)}"
+    end
+
+    # For messages: the address without its credentials.
+    def without_credentials(address)
+      stripped, user, = self.class.split_credentials(address.to_s)
+      return stripped.inspect unless user
+
+      (stripped.include?("//") ? stripped.sub("//", "//[FILTERED]@") : "[FILTERED]@#{stripped}").inspect
     end
 
     def check_application_name(name)
