@@ -123,7 +123,8 @@ RSpec.describe MemprofilerPprof::Collector, "accuracy" do
     # Every allocation is still in the allocation profile...
     expect(total_through(profile, "Workload::Allocator#retained", "alloc_objects")).to be_within(20).of(40_000)
     # ...and the thinned live map still estimates the 20,000 kept strings.
-    inuse = samples_through(profile, "Workload::Allocator#retained").select { |s| s.frames.first.name == "Workload::Allocator#retained" }
+    inuse = samples_through(profile, "Workload::Allocator#retained")
+            .select { |s| s.frames.first.name == "Workload::Allocator#retained" }
     expect(inuse.sum { |s| s.value(profile, "inuse_objects") }).to be_within(2_000).of(20_000)
   end
 

@@ -28,7 +28,7 @@ RSpec.describe "Hostile and careless use" do
 
   # Values no numeric option may accept, with the exception each gets.
   def wrong_types
-    { nil => TypeError, "0.5" => TypeError, "0.5".freeze => TypeError, :x => TypeError, true => TypeError,
+    { nil => TypeError, "0.5" => TypeError, :x => TypeError, true => TypeError,
       Object.new => TypeError, [0.5] => TypeError, Complex(0.5, 0) => TypeError,
       string_subclass => TypeError, int_like => TypeError, float_like => TypeError }
   end
@@ -100,7 +100,7 @@ RSpec.describe "Hostile and careless use" do
 
         it "#{name}: accepts any real number in 0..1 (Integer, Rational, BigDecimal, frozen) as a Float" do
           [[0, 0.0], [1, 1.0], [0.0, 0.0], [-0.0, 0.0], [Rational(1, 4), 0.25], [BigDecimal("0.5"), 0.5],
-           [5e-324, 5e-324], [Rational(10**30, (10**30) + 1), 1.0], [0.5.freeze, 0.5]].each do |value, expected|
+           [5e-324, 5e-324], [Rational(10**30, (10**30) + 1), 1.0], [0.5, 0.5]].each do |value, expected|
             collector = described_class.new(name => value)
             expect(collector.public_send(name)).to eql(expected)
             collector.public_send(:"#{name}=", value)
@@ -679,7 +679,9 @@ RSpec.describe "Hostile and careless use" do
 
     it "refuses bad application names, labels, headers and api, naming them" do
       [nil, "", 1, "my app", "app\xFF".b, :app].each do |value|
-        expect_refusal(refusal_for(value, :string), :application_name, value) { described_class.new(**base, application_name: value) }
+        expect_refusal(refusal_for(value, :string), :application_name, value) do
+          described_class.new(**base, application_name: value)
+        end
       end
       [nil, [], "env=prod"].each do |value|
         expect { described_class.new(**base, labels: value) }.to raise_error(TypeError, /labels must be a Hash/)

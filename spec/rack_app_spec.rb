@@ -116,7 +116,7 @@ RSpec.describe MemprofilerPprof::RackApp do
       expect { described_class.new(collector, token: "") }.to raise_error(ArgumentError, /empty/)
       expect { described_class.new(collector, token: :"a-symbol-token-long-enough") }
         .to raise_error(TypeError, /must be a String .* got a Symbol\z/)
-      expect { described_class.new(collector, token: 1234567890123456789) }
+      expect { described_class.new(collector, token: 1_234_567_890_123_456_789) }
         .to raise_error(TypeError, /got an Integer\z/)
       expect { described_class.new(collector, token: "short-secret") }
         .to raise_error(ArgumentError, /too short: 12 characters, at least 16/) { |e|

@@ -66,7 +66,7 @@ module PumaBench
 
   def wrk(url, seconds)
     out = `wrk -t2 -c#{CONNECTIONS} -d#{seconds}s --latency #{url}`
-    raise "wrk failed:\n#{out}" unless $?.success? && out =~ %r{Requests/sec:\s+([\d.]+)}
+    raise "wrk failed:\n#{out}" unless Process.last_status.success? && out =~ %r{Requests/sec:\s+([\d.]+)}
 
     { rps: Regexp.last_match(1).to_f, p50: latency(out, "50%"), p99: latency(out, "99%") }
   end

@@ -168,6 +168,7 @@ module MemprofilerPprof
       if token.length < MIN_TOKEN_LENGTH
         raise ArgumentError, "token is too short: #{token.length} characters, at least #{MIN_TOKEN_LENGTH} needed"
       end
+
       if token.match?(/[[:space:]]|[[:cntrl:]]/)
         raise ArgumentError, "token must not contain whitespace or control characters " \
                              "(read from a file or an environment variable? strip it)"
@@ -181,6 +182,7 @@ module MemprofilerPprof
     def self.address_rule(allow_remote)
       return [true, []] if allow_remote == true
       return [false, []] if allow_remote == false || allow_remote.nil?
+
       Validation.instance(allow_remote, Array, :allow_remote,
                           expected: "true, false or an Array of CIDR ranges (e.g. [\"10.0.0.0/8\"])")
 
@@ -257,6 +259,7 @@ module MemprofilerPprof
       seconds = integer_param(params, "seconds")
       return text(400, "debug must be 0 (pprof) or 1 (text)\n", head) if debug == :invalid
       return text(400, "gc must be 0 or 1\n", head) if gc == :invalid
+
       if params.key?("seconds")
         if name != "allocs"
           return text(400, "seconds is only supported on #{PREFIX}/allocs (in-use memory is a snapshot)\n", head)

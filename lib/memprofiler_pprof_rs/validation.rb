@@ -45,7 +45,8 @@ module MemprofilerPprof
 
     # true or false, nothing else (not nil, not 1, not "yes").
     def flag(value, name)
-      return value if value == true || value == false
+      # (Not [true, false].include?: a valid value allocates nothing.)
+      return value if value == true || value == false # rubocop:disable Style/MultipleComparison
 
       type_error!(name, "true or false", value)
     end

@@ -104,6 +104,7 @@ module MemprofilerPprof
       unless bytes.is_a?(String)
         raise TypeError, "upload needs a ProfileData or a String of gzipped pprof bytes, got #{data.inspect[0, 100]}"
       end
+
       from ||= data.respond_to?(:started_at) ? data.started_at : nil
       to ||= data.respond_to?(:finished_at) ? data.finished_at : nil
       request = build_request(bytes.b, from || Time.now, to || Time.now)
@@ -211,9 +212,7 @@ module MemprofilerPprof
 
     def check_labels(labels)
       Validation.instance(labels, Hash, :labels)
-      if labels.size > MAX_USER_LABELS
-        raise ArgumentError, "labels must be at most #{MAX_USER_LABELS}, got #{labels.size}"
-      end
+      raise ArgumentError, "labels must be at most #{MAX_USER_LABELS}, got #{labels.size}" if labels.size > MAX_USER_LABELS
 
       checked = labels.to_h do |key, value|
         name = key.to_s
@@ -222,13 +221,12 @@ module MemprofilerPprof
                                "not #{RESERVED_LABELS.join(', ')})"
         end
         value = value.to_s
-        if value.size > MAX_LABEL_VALUE
-          raise ArgumentError, "label #{name} is longer than #{MAX_LABEL_VALUE} characters"
-        end
+        raise ArgumentError, "label #{name} is longer than #{MAX_LABEL_VALUE} characters" if value.size > MAX_LABEL_VALUE
         # The ingest API's label-set syntax cannot carry these.
         if @api == :ingest && value.match?(/[,{}=]/)
           raise ArgumentError, "label #{name}=#{value.inspect}: the ingest API cannot carry ',', '{', '}' or '='"
         end
+
         [name, value]
       end
       clash = checked.keys.group_by { |name| name.tr(".", "_") }.find { |_, names| names.size > 1 }
@@ -281,9 +279,7 @@ module MemprofilerPprof
         return Result.new(ok: true, status: status, attempts: attempts, error: nil) if status && status < 300
 
         retryable = status.nil? || status == 429 || status >= 500
-        if !retryable || attempts > @retries
-          return Result.new(ok: false, status: status, attempts: attempts, error: error)
-        end
+        return Result.new(ok: false, status: status, attempts: attempts, error: error) if !retryable || attempts > @retries
 
         sleep(rand * [@retry_base_delay * (2**(attempts - 1)), MAX_BACKOFF].min)
       end
@@ -335,11 +331,13 @@ module MemprofilerPprof
       end
 
       def bytes(field, data) = varint((field << 3) | 2) + varint(data.bytesize) + data.b
+
       # Pyroscope rejects invalid UTF-8: replace bad bytes.
       def string(field, text)
         utf8 = text.to_s.encode(Encoding::UTF_8, invalid: :replace, undef: :replace).scrub
         bytes(field, utf8)
       end
+
       def message(field, encoded) = bytes(field, encoded)
     end
   end

@@ -163,7 +163,8 @@ module MemprofilerPprof
       location
     end
 
-    def build(raw)
+    # The decoded fields to the structs in one pass, in the message's order.
+    def build(raw) # rubocop:disable Metrics/AbcSize
       strings = raw[:strings]
       str = ->(index) { strings.fetch(index) { raise FormatError, "string index #{index} out of range" } }
       functions = raw[:function].transform_values do |f|
