@@ -25,7 +25,9 @@ OptionParser.new do |opts|
 end.parse!
 
 random = Random.new(options[:seed])
-files = Array.new(400) { |i| i.even? ? "/srv/app/app/models/model_#{i}.rb" : "/usr/local/bundle/gems/gem#{i % 37}-1.#{i % 7}.0/lib/gem#{i % 37}/part_#{i}.rb" }
+files = Array.new(400) do |i|
+  i.even? ? "/srv/app/app/models/model_#{i}.rb" : "/usr/local/bundle/gems/gem#{i % 37}-1.#{i % 7}.0/lib/gem#{i % 37}/part_#{i}.rb"
+end
 functions = Array.new(20_000) do |i|
   ["Namespace#{i % 97}::Class#{i % 1013}#method_#{i}", files[i % files.size], 10 + (i % 500), 8 + (i % 500)]
 end

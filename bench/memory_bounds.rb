@@ -63,7 +63,8 @@ class CodeGenerations
     mod = Module.new
     # Ten methods, each with its own stack shape, in a file name of its own.
     source = (0...10).map do |m|
-      "def self.make#{m}(n, depth = #{m}); depth.zero? ? Array.new(n) { |i| \"g#{@serial}m#{m}-\#{i}\" } : make#{m}(n, depth - 1); end"
+      "def self.make#{m}(n, depth = #{m}); " \
+        "depth.zero? ? Array.new(n) { |i| \"g#{@serial}m#{m}-\#{i}\" } : make#{m}(n, depth - 1); end"
     end.join("\n")
     mod.module_eval(source, "(generation-#{@serial}.rb)", 1)
     @generations << mod
@@ -156,24 +157,25 @@ end
 # Values swing with what happens to be alive at each flush, so compare the
 # highest value of the second half of the run with that of the first half.
 first, second = after.each_slice((after.size + 1) / 2).to_a
-peak = ->(rows, key) { rows.map { |r| r[key] }.max.to_f }
-collector_growth = peak.(second, :collector_kb) / peak.(first, :collector_kb) - 1
-rss_growth_mb = peak.(second, :rss_mb) - peak.(first, :rss_mb)
+peak = ->(half, key) { half.map { |r| r[key] }.max.to_f }
+collector_growth = peak.call(second, :collector_kb) / peak.call(first, :collector_kb) - 1
+rss_growth_mb = peak.call(second, :rss_mb) - peak.call(first, :rss_mb)
 # The generated methods are retired at a steady rate; if the collector held
 # on to frames no sample uses, the frames it holds would grow with them.
 held = ->(r) { r[:frames] + r[:named] }
 frames_growth = second.map(&held).max.to_f / [first.map(&held).max, 1].max - 1
 stack_range = after.map { |r| r[:stacks] }.minmax
 frame_range = after.map(&held).minmax
-flat = collector_growth <= 0.10 && rss_growth_mb <= peak.(first, :rss_mb) * 0.10 + 20 && frames_growth <= 0.25
+flat = collector_growth <= 0.10 && rss_growth_mb <= peak.call(first, :rss_mb) * 0.10 + 20 && frames_growth <= 0.25
 puts format("after the %.0f s warm-up, peak of the second half against the first: collector memory %.1f -> %.1f kB " \
             "(%+.1f%%), RSS %.1f -> %.1f MB (%+.1f MB), frames held (Ruby + named) %d -> %d (%+.0f%%); stacks held %d..%d, " \
             "frames held %d..%d: %s",
-            warmup, peak.(first, :collector_kb), peak.(second, :collector_kb), collector_growth * 100,
-            peak.(first, :rss_mb), peak.(second, :rss_mb), rss_growth_mb, first.map(&held).max, second.map(&held).max,
+            warmup, peak.call(first, :collector_kb), peak.call(second, :collector_kb), collector_growth * 100,
+            peak.call(first, :rss_mb), peak.call(second, :rss_mb), rss_growth_mb, first.map(&held).max, second.map(&held).max,
             frames_growth * 100, *stack_range, *frame_range, flat ? "FLAT" : "GROWING")
 if options[:csv]
-  File.write(options[:csv], ([rows.first.keys.join(",")] + rows.map { |r| r.values.map { |v| v.is_a?(Float) ? v.round(2) : v }.join(",") }).join("\n") + "\n")
+  lines = [rows.first.keys.join(",")] + rows.map { |r| r.values.map { |v| v.is_a?(Float) ? v.round(2) : v }.join(",") }
+  File.write(options[:csv], "#{lines.join("\n")}\n")
   puts "curve written to #{options[:csv]}"
 end
 exit(flat ? 0 : 1)

@@ -24,7 +24,9 @@
 
 require "fiddle"
 
-abort "#{$PROGRAM_NAME}: the offsets here are for Ruby 3.1 on x86_64" unless RUBY_VERSION.start_with?("3.1.") && RUBY_PLATFORM.start_with?("x86_64")
+unless RUBY_VERSION.start_with?("3.1.") && RUBY_PLATFORM.start_with?("x86_64")
+  abort "#{$PROGRAM_NAME}: the offsets here are for Ruby 3.1 on x86_64"
+end
 
 CLASSPATH_ID = 0xf01 # rb_intern("__classpath__") in 3.1.2, a static ID
 T_STRING = 0x05
@@ -60,5 +62,8 @@ moved = false
   moved = true
   break
 end
-puts(first == T_STRING ? "FrozenCore's class path is still a String here." :
-     "Its class path String is gone: the entry is a dangling reference#{moved ? ' that GC.compact keeps re-pointing' : ''}.")
+if first == T_STRING
+  puts "FrozenCore's class path is still a String here."
+else
+  puts "Its class path String is gone: the entry is a dangling reference#{moved ? ' that GC.compact keeps re-pointing' : ''}."
+end

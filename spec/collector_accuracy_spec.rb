@@ -123,7 +123,8 @@ RSpec.describe MemprofilerPprof::Collector, "accuracy" do
     # Every allocation is still in the allocation profile...
     expect(total_through(profile, "Workload::Allocator#retained", "alloc_objects")).to be_within(20).of(40_000)
     # ...and the thinned live map still estimates the 20,000 kept strings.
-    inuse = samples_through(profile, "Workload::Allocator#retained").select { |s| s.frames.first.name == "Workload::Allocator#retained" }
+    inuse = samples_through(profile, "Workload::Allocator#retained")
+            .select { |s| s.frames.first.name == "Workload::Allocator#retained" }
     expect(inuse.sum { |s| s.value(profile, "inuse_objects") }).to be_within(2_000).of(20_000)
   end
 
@@ -148,7 +149,7 @@ RSpec.describe MemprofilerPprof::Collector, "accuracy" do
     collector.stop!
     expect(collector.live_heap_samples_count).to be >= 300
     kept.clear
-    kept = nil
+    kept = nil # rubocop:disable Lint/UselessAssignment -- drops the last reference before GC.start
     GC.start
     collector.flush
     expect(collector.live_heap_samples_count).to be < 300

@@ -139,7 +139,7 @@ RSpec.describe MemprofilerPprof::Collector do
       expect(big_strings_alive(second)).to eq(5) # still alive: in every flush
       expect(second.total("alloc_objects")).to be < first.total("alloc_objects")
       retained.clear
-      retained = nil
+      retained = nil # rubocop:disable Lint/UselessAssignment -- drops the last reference before GC.start
       GC.start
       third = parse_profile(collector.flush)
       expect(big_strings_alive(third)).to eq(0)
@@ -241,7 +241,7 @@ RSpec.describe MemprofilerPprof::Collector do
       kept_after = parse_profile(collector.flush)
       expect(big_strings_alive(kept_after)).to eq(200)
       expect(kept.map(&:bytesize).uniq).to eq([100])
-      kept = nil
+      kept = nil # rubocop:disable Lint/UselessAssignment -- drops the last reference before GC.start
       GC.start
       after_free = parse_profile(collector.flush)
       expect(big_strings_alive(after_free)).to eq(0)
@@ -352,14 +352,14 @@ RSpec.describe MemprofilerPprof::Collector, "state between runs" do
   it "releases stacks and frames nobody refers to, so memory stays bounded" do
     collector = described_class.new(sample_rate: 1.0, **unlimited)
     methods = Array.new(300) do |n|
-      eval(<<~RUBY, binding, "generated_#{n}.rb", 1) # rubocop:disable Security/Eval
+      eval(<<~RUBY, binding, "generated_#{n}.rb", 1)
         ->(i) { "generated-#{n}-\#{i}" * 2 }
       RUBY
     end
     collector.start!
     collector.flush
     baseline = ObjectSpace.memsize_of(collector)
-    garbage = methods.flat_map { |m| Array.new(20) { |i| m.call(i) } }
+    garbage = methods.flat_map { |m| Array.new(20) { |i| m.call(i) } } # rubocop:disable Lint/UselessAssignment -- alive until measured
     grown = ObjectSpace.memsize_of(collector)
     garbage = nil
     GC.start

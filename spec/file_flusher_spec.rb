@@ -153,7 +153,8 @@ RSpec.describe MemprofilerPprof::FileFlusher do
       .to raise_error(ArgumentError, /"%s" is not a named key/)
     expect(described_class.new(collector, pattern: "#{@dir}/100%%-%<index>04d.pprof").path_for(index: 7))
       .to eq("#{@dir}/100%-0007.pprof")
-    expect { described_class.new(collector, pattern: 42) }.to raise_error(TypeError, /pattern must be a String or Pathname, got 42/)
+    expect { described_class.new(collector, pattern: 42) }
+      .to raise_error(TypeError, /pattern must be a String or Pathname, got 42/)
     expect { described_class.new(collector, pattern: "dir/") }.to raise_error(ArgumentError, /must name a file/)
     expect { described_class.new(collector, keep: 0) }.to raise_error(ArgumentError, /keep.*0/)
     expect { described_class.new(collector, interval: "1") }.to raise_error(TypeError, /interval/)
@@ -186,7 +187,7 @@ RSpec.describe MemprofilerPprof::ProfileData do
       RUBY
       source = File.join(dir, "source.pprof")
       File.binwrite(source, data.pprof_data)
-      _out, err, status = run_ruby(code + "\n", args: [source, path])
+      _out, err, status = run_ruby("#{code}\n", args: [source, path])
       expect(status).to be_success, err
       expect(File.binread(path)).to eq(data.pprof_data)
       expect(Dir.children(File.dirname(path))).to eq(["heap.pprof"])

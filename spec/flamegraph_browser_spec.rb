@@ -77,7 +77,7 @@ RSpec.describe "Flame graphs" do
   # The outermost frame named `name`.
   def outermost(frames, name)
     frames.select { |f| f["name"] == name }.min_by { |f| f["depth"] } or
-      raise "no frame #{name} among #{frames.map { |f| f["name"] }.uniq}"
+      raise "no frame #{name} among #{frames.map { |f| f['name'] }.uniq}"
   end
 
   def centre(frame)
@@ -141,7 +141,7 @@ RSpec.describe "Flame graphs" do
       # numbers from page.js's copy of it: they must agree.
       root = outermost(all, "all")
       expect(root["label"]).to match(/\Aall \(\S+ MB\)\z/)
-      expect(root["label"]).to eq("all (#{page.evaluate("flamegraph.formatValue(#{root["value"]})")})")
+      expect(root["label"]).to eq("all (#{page.evaluate("flamegraph.formatValue(#{root['value']})")})")
       { 0 => "0 B", 999 => "999 B", 1536 => "1.50 kB", (12 << 20) + (400 << 10) => "12.4 MB",
         300 << 20 => "300 MB", -2048 => "-2.00 kB" }.each do |bytes, text|
         expect(page.evaluate("flamegraph.formatValue(#{bytes})")).to eq(text)
@@ -220,10 +220,10 @@ RSpec.describe "Flame graphs" do
 
       hold = outermost(all, "FlameSpecLeak#hold")
       root = outermost(all, "all")
-      share = page.evaluate("flamegraph.formatPercent(#{hold["value"]}, #{root["value"]})")
+      share = page.evaluate("flamegraph.formatPercent(#{hold['value']}, #{root['value']})")
       expect(share.to_f).to be_between(40, 80) # 5 MB of 8
       expect(page.evaluate("flamegraph.matchText()")).to eq(
-        "Matched: #{share} (#{page.evaluate("flamegraph.formatValue(#{hold["value"]})")})"
+        "Matched: #{share} (#{page.evaluate("flamegraph.formatValue(#{hold['value']})")})"
       )
       expect(page.evaluate("document.getElementById('matches').getBoundingClientRect().width")).to be > 0
 

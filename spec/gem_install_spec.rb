@@ -57,7 +57,8 @@ RSpec.describe "gem build and gem install --local" do
     wrapper = File.join(@gem_home, "bin", "memprofiler_pprof_rs_profile")
     expect(File.executable?(wrapper)).to be(true)
     pattern = File.join(@dir, "profiles", "mem-%{pid}.pprof")
-    code = 'kept = Array.new(1000) { |i| "x#{i}" }; puts $LOADED_FEATURES.grep(/memprofiler_pprof_rs\\.so/).first'
+    # Ruby code for -e: the child interpolates "x#{i}".
+    code = 'kept = Array.new(1000) { |i| "x#{i}" }; puts $LOADED_FEATURES.grep(/memprofiler_pprof_rs\\.so/).first' # rubocop:disable Lint/InterpolationCheck
     env = @env.merge("RUBYLIB" => nil, "MEMPROFILER_PPROF_RS_FILE_PATTERN" => pattern)
     out, err, status = Open3.capture3(env, wrapper, RbConfig.ruby, "-e", code, chdir: @dir)
     expect(status).to be_success, err

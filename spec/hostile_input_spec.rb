@@ -81,7 +81,7 @@ RSpec.describe "hostile input" do
 
   describe "3. a huge name used by every frame" do
     it "is read in linear time and shown cut, in top and diff" do
-      name = "Huge#" + ("n" * 20_000_000)
+      name = "Huge##{'n' * 20_000_000}"
       samples = (1..200).map { |k| { stack: [[name, "/app/huge.rb", k, 1]], values: [k], class: "String" } }
       File.binwrite(path("huge.pprof"), PprofWriter.build(sample_types: types, samples: samples))
       File.binwrite(path("small.pprof"), PprofWriter.build(sample_types: types, samples: samples.first(3)))

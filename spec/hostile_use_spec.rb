@@ -9,7 +9,7 @@ require "timeout"
 # signal traps), and names that are not UTF-8. Every case must end in a
 # clear exception naming the bad value or in a defined, asserted result;
 # never a crash or a hang (risky cases run in a subprocess with a deadline).
-RSpec.describe "Hostile and careless use" do # rubocop:disable RSpec/DescribeClass
+RSpec.describe "Hostile and careless use" do
   # Objects that pretend to be numbers without being Numeric.
   let(:int_like) do
     Class.new do
@@ -28,7 +28,7 @@ RSpec.describe "Hostile and careless use" do # rubocop:disable RSpec/DescribeCla
 
   # Values no numeric option may accept, with the exception each gets.
   def wrong_types
-    { nil => TypeError, "0.5" => TypeError, "0.5".freeze => TypeError, :x => TypeError, true => TypeError,
+    { nil => TypeError, "0.5" => TypeError, :x => TypeError, true => TypeError,
       Object.new => TypeError, [0.5] => TypeError, Complex(0.5, 0) => TypeError,
       string_subclass => TypeError, int_like => TypeError, float_like => TypeError }
   end
@@ -100,7 +100,7 @@ RSpec.describe "Hostile and careless use" do # rubocop:disable RSpec/DescribeCla
 
         it "#{name}: accepts any real number in 0..1 (Integer, Rational, BigDecimal, frozen) as a Float" do
           [[0, 0.0], [1, 1.0], [0.0, 0.0], [-0.0, 0.0], [Rational(1, 4), 0.25], [BigDecimal("0.5"), 0.5],
-           [5e-324, 5e-324], [Rational(10**30, (10**30) + 1), 1.0], [0.5.freeze, 0.5]].each do |value, expected|
+           [5e-324, 5e-324], [Rational(10**30, (10**30) + 1), 1.0], [0.5, 0.5]].each do |value, expected|
             collector = described_class.new(name => value)
             expect(collector.public_send(name)).to eql(expected)
             collector.public_send(:"#{name}=", value)
@@ -240,7 +240,7 @@ RSpec.describe "Hostile and careless use" do # rubocop:disable RSpec/DescribeCla
 
       it "a subclass whose initialize forgets super still works, with the defaults" do
         careless = Class.new(described_class) do
-          def initialize; end # rubocop:disable Style/RedundantInitialize, Lint/MissingSuper
+          def initialize; end
         end
         collector = careless.new
         expect(collector.sample_rate).to eq(0.01)
@@ -455,15 +455,15 @@ RSpec.describe "Hostile and careless use" do # rubocop:disable RSpec/DescribeCla
     # converted from it (ISO-8859-1 "caf\xE9" is "café"); bytes that are not
     # valid in their encoding, and the non-ASCII bytes of binary names, become
     # U+FFFD (one per invalid byte).
-    before(:all) do # rubocop:disable RSpec/BeforeAfterAll
-      module HostileUseNames; end # rubocop:disable Lint/ConstantDefinitionInBlock
+    before(:all) do
+      module HostileUseNames; end
       HostileUseNames.const_set("Caf\xE9".dup.force_encoding(Encoding::ISO_8859_1), Class.new)
       HostileUseNames.const_set("Bin\xE9".b, Class.new)
       latin1 = "# -*- coding: iso-8859-1 -*-\n" \
                "class HostileUseNames::Caf\xE9; def caf\xE9_latin1 = 'latin1 ' * 3; end\n"
-      eval(latin1.dup.force_encoding(Encoding::ISO_8859_1), nil, "/tmp/latin1_\xE9.rb".b, 1) # rubocop:disable Security/Eval
+      eval(latin1.dup.force_encoding(Encoding::ISO_8859_1), nil, "/tmp/latin1_\xE9.rb".b, 1)
       binary = "# -*- coding: binary -*-\nmodule HostileUseNames; def self.m\xFF\xFEbin = 'binary ' * 3; end\n".b
-      eval(binary, nil, "/tmp/\xFF\xFE.rb".b, 1) # rubocop:disable Security/Eval
+      eval(binary, nil, "/tmp/\xFF\xFE.rb".b, 1)
       HostileUseNames.define_singleton_method("caf\xE9_defined".b) { "defined " * 3 }
     end
 
@@ -679,7 +679,9 @@ RSpec.describe "Hostile and careless use" do # rubocop:disable RSpec/DescribeCla
 
     it "refuses bad application names, labels, headers and api, naming them" do
       [nil, "", 1, "my app", "app\xFF".b, :app].each do |value|
-        expect_refusal(refusal_for(value, :string), :application_name, value) { described_class.new(**base, application_name: value) }
+        expect_refusal(refusal_for(value, :string), :application_name, value) do
+          described_class.new(**base, application_name: value)
+        end
       end
       [nil, [], "env=prod"].each do |value|
         expect { described_class.new(**base, labels: value) }.to raise_error(TypeError, /labels must be a Hash/)

@@ -90,7 +90,7 @@ RSpec.describe MemprofilerPprof::Collector, "releasing what no sample needs" do
   it "forgets stacks and frame names once their samples are freed and flushed" do
     collector = described_class.new(**unlimited)
     collector.start!
-    kept = Array.new(50) { |serial| generated_module(serial).deeper(20) }
+    kept = Array.new(50) { |serial| generated_module(serial).deeper(20) } # rubocop:disable Lint/UselessAssignment -- alive until the flush
     collector.flush
     stacks_alive, _, named_alive = table_sizes(collector)
     kept = nil

@@ -39,8 +39,9 @@ RSpec.describe "memprofiler_pprof_rs executable" do
       { stack: [["JSON::Ext::Parser#parse", JSON_RB, 216, 0], ["JSON.parse", JSON_RB, 216, 210], catalog, index, rack],
         values: [600, 60_000, 500, 50_000], class: "Hash" },
       # Temporaries: allocated, already freed (no in-use value).
-      { stack: [["Integer#to_s", "/srv/shop/app/views/render.rb", 3, 0], ["View#render", "/srv/shop/app/views/render.rb", 3, 1], index, rack],
-        values: [40_000, 1_600_000, 0, 0], class: "String" },
+      { stack: [["Integer#to_s", "/srv/shop/app/views/render.rb", 3, 0], ["View#render", "/srv/shop/app/views/render.rb", 3, 1],
+                index, rack],
+        values: [40_000, 1_600_000, 0, 0], class: "String" }
     ]
     PprofWriter.build(
       sample_types: TYPES, samples: samples, time_nanos: T0 + minute * 60_000_000_000,
@@ -82,7 +83,7 @@ RSpec.describe "memprofiler_pprof_rs executable" do
   end
 
   describe "top" do
-    before { (0..2).each { |m| write("shop-#{m}.pprof", shop_profile(m)) } }
+    before { 3.times { |m| write("shop-#{m}.pprof", shop_profile(m)) } }
 
     {
       "top_by_function.txt" => ["shop-2.pprof"],
@@ -90,7 +91,7 @@ RSpec.describe "memprofiler_pprof_rs executable" do
       "top_by_gem_alloc_space.txt" => ["shop-2.pprof", "--by", "gem", "-i", "alloc_space"],
       "top_by_class_inuse_objects.txt" => ["shop-2.pprof", "--by", "class", "--sample-index", "inuse_objects"],
       "top_by_file_cum.txt" => ["shop-2.pprof", "--by", "file", "--cum"],
-      "top_focus.txt" => ["shop-2.pprof", "--focus", "Catalog#", "-i", "alloc_space"],
+      "top_focus.txt" => ["shop-2.pprof", "--focus", "Catalog#", "-i", "alloc_space"]
     }.each do |golden, args|
       it "prints #{golden.delete_suffix('.txt').tr('_', ' ')} (golden)" do
         out, err, status = cli("top", *args)
@@ -111,7 +112,10 @@ RSpec.describe "memprofiler_pprof_rs executable" do
         fields = line.split
         [line.split(/\s{2,}/).last.strip, [number[fields[0]], number[fields[3]]]]
       end
-      go_rows = go_out.lines.grep(/^\s*\d/).to_h { |l| f = l.split; [f[5..].join(" "), [f[0].to_f, f[3].to_f]] }
+      go_rows = go_out.lines.grep(/^\s*\d/).to_h do |l|
+        f = l.split
+        [f[5..].join(" "), [f[0].to_f, f[3].to_f]]
+      end
       expect(ours.keys).to match_array(go_rows.keys)
       go_rows.each do |name, (flat, cum)|
         expect(ours[name][0]).to be_within(flat * 0.005).of(flat), name
@@ -121,7 +125,7 @@ RSpec.describe "memprofiler_pprof_rs executable" do
   end
 
   describe "diff" do
-    before { (0..2).each { |m| write("shop-#{m}.pprof", shop_profile(m)) } }
+    before { 3.times { |m| write("shop-#{m}.pprof", shop_profile(m)) } }
 
     it "names the top growing allocation site between two profiles (golden)" do
       out, err, status = cli("diff", "shop-0.pprof", "shop-2.pprof")
@@ -133,7 +137,9 @@ RSpec.describe "memprofiler_pprof_rs executable" do
       out, err, status = cli("diff", "shop-2.pprof", "shop-0.pprof", "shop-1.pprof")
       expect([err, status]).to eq(["", 0])
       expect_golden("diff_three.txt", out)
-      expect(out.lines.grep(/^Verdict/).first).to start_with("Verdict: likely leak: String#* in SessionStore#remember at /srv/shop/app/models/session_store.rb:14 grew in all 2 intervals")
+      expect(out.lines.grep(/^Verdict/).first)
+        .to start_with("Verdict: likely leak: String#* in SessionStore#remember at /srv/shop/app/models/session_store.rb:14 " \
+                       "grew in all 2 intervals")
     end
 
     it "compares in the given order with --keep-order" do
@@ -227,7 +233,6 @@ RSpec.describe "memprofiler_pprof_rs executable" do
       out, _err, status = cli("top", "real-2.pprof", "--by", "line", "-n", "1")
       expect(status).to eq(0)
       expect(out.lines.last).to end_with("String#* -e:4\n") # the line in #remember
-
     end
   end
 
@@ -251,7 +256,7 @@ RSpec.describe "memprofiler_pprof_rs executable" do
     it "reads a Datadog-style Ruby heap profile, classes from its 'allocation class' label" do
       samples = [
         { stack: [["Foo#bar", "/app/foo.rb", 3, 1]], values: [10, 4, 4_000], class: "Foo" },
-        { stack: [["Foo#baz", "/app/foo.rb", 9, 7]], values: [5, 2, 600], class: "String" },
+        { stack: [["Foo#baz", "/app/foo.rb", 9, 7]], values: [5, 2, 600], class: "String" }
       ]
       bytes = PprofWriter.build(sample_types: [%w[alloc-samples count], %w[heap-live-samples count], %w[heap-live-size bytes]],
                                 samples: samples, class_key: "allocation class")
@@ -288,7 +293,7 @@ RSpec.describe "memprofiler_pprof_rs executable" do
                                           samples: %w[A#a B#b C#c].flat_map { |n| one[[[n, "/h.rb", 1, 1]], [2**62] * 4] }),
         "deep.pprof" => PprofWriter.build(sample_types: TYPES, samples: one[[leaf] * 200_000, [1, 100, 1, 100]]),
         # 50 million empty strings: 100 MB of protobuf, 230 kB gzipped.
-        "bomb.pprof" => PprofWriter.gzip(raw_shop + (PprofWriter.message(6, "".b) * 50_000_000)),
+        "bomb.pprof" => PprofWriter.gzip(raw_shop + (PprofWriter.message(6, "".b) * 50_000_000))
       }
       files.each { |name, bytes| write(name, bytes) }
       %w[drop_frames keep_frames default_type].each do |name|
@@ -306,7 +311,8 @@ RSpec.describe "memprofiler_pprof_rs executable" do
         expect(out).to include("8.00 EB").or include("8388608 TB")
       end
       %w[top diff flamegraph].each do |command|
-        args = { "top" => ["deep.pprof"], "diff" => ["deep.pprof", "huge.pprof"], "flamegraph" => ["deep.pprof", "-o", "deep.html"] }[command]
+        args = { "top" => ["deep.pprof"], "diff" => ["deep.pprof", "huge.pprof"],
+                 "flamegraph" => ["deep.pprof", "-o", "deep.html"] }[command]
         status, err = expect_clean_exit("deep #{command}", command, *args)
         expect(status).to eq(0), err
       end
@@ -328,7 +334,10 @@ RSpec.describe "memprofiler_pprof_rs executable" do
           profile = MemprofilerPprof::Profile.parse(random.rand(2).zero? ? bytes : PprofWriter.gzip(bytes))
           profile.top(by: %i[function line class file gem].sample(random: random))
           profile.flamegraph(format: :svg)
-          MemprofilerPprof::Profile.diff([profile, MemprofilerPprof::Profile.parse(shop_profile(0))], sample_index: "alloc_objects") if profile.sample_type_names.include?("alloc_objects")
+          if profile.sample_type_names.include?("alloc_objects")
+            MemprofilerPprof::Profile.diff([profile, MemprofilerPprof::Profile.parse(shop_profile(0))],
+                                           sample_index: "alloc_objects")
+          end
           outcomes[:read] += 1
         rescue MemprofilerPprof::ProfileFormatError
           outcomes[:refused] += 1
@@ -352,7 +361,7 @@ RSpec.describe "memprofiler_pprof_rs executable" do
         "truncated.pprof" => [gz[0, gz.bytesize / 2], "truncated gzip data"],
         "twice.pprof" => [gz + gz, "unexpected data after the end of the gzip stream"],
         "garbage.gz" => [PprofWriter.gzip("\xff\xfe\x00garbage".b * 10), "not a pprof profile"],
-        "image.png" => ["\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR".b, "not a pprof profile"],
+        "image.png" => ["\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR".b, "not a pprof profile"]
       }
       cases.each do |name, (bytes, message)|
         write(name, bytes)
@@ -388,7 +397,7 @@ RSpec.describe "memprofiler_pprof_rs executable" do
         [["diff", "a.pprof"], "diff needs at least 2 profile files"],
         [["flamegraph", "a.pprof"], "flamegraph needs -o OUTPUT"],
         [["merge", "a.pprof"], "merge needs -o OUTPUT"],
-        [["top", "a.pprof", "--colour"], "invalid option: --colour"],
+        [["top", "a.pprof", "--colour"], "invalid option: --colour"]
       ].each do |args, message|
         _out, err, status = cli(*args)
         expect(status).to eq(2), "#{args.join(' ')}: #{err}"
@@ -463,12 +472,12 @@ RSpec.describe MemprofilerPprof::Profile do
     heap = described_class.parse(PprofWriter.build(sample_types: [%w[inuse_space bytes]], samples: []))
     expect { described_class.diff([heap, cpu], titles: %w[old.pprof cpu.pprof], sample_index: "inuse_space") }
       .to raise_error(ArgumentError, /\Acpu\.pprof: this profile has no sample type "inuse_space"; it has cpu\z/)
-    expect { described_class.diff([heap, cpu], titles: ["one"]) }.to raise_error(ArgumentError, /titles must be an Array of 2 Strings/)
+    expect { described_class.diff([heap, cpu], titles: ["one"]) }
+      .to raise_error(ArgumentError, /titles must be an Array of 2 Strings/)
   end
 
   it "reads a collector's flush and answers top, totals and to_pprof" do
     collector = MemprofilerPprof::Collector.new(sample_rate: 1.0)
-    kept = nil
     collector.start!
     kept = Array.new(2_000) { "k" * 100 }
     data = collector.flush
@@ -479,13 +488,15 @@ RSpec.describe MemprofilerPprof::Profile do
     expect(profile.totals["inuse_objects"]).to be >= kept.size
     expect(profile.time).to be_within(60).of(Time.now)
     expect(profile.top(by: :class)).to include("String")
-    expect { profile.top(by: :planet) }.to raise_error(ArgumentError, /by must be one of function, line, class, file, gem, got :planet/)
+    expect { profile.top(by: :planet) }
+      .to raise_error(ArgumentError, /by must be one of function, line, class, file, gem, got :planet/)
     expect { profile.top(limit: -1) }.to raise_error(ArgumentError, /limit must be an Integer >= 0.*got -1/)
     expect { profile.top(sample_index: 5) }.to raise_error(TypeError, /sample_index must be a String or Symbol/)
     expect { profile.flamegraph(format: :png) }.to raise_error(ArgumentError, /format must be one of html, svg/)
     allocs = described_class.parse(profile.to_pprof(default_sample_type: "alloc_space"))
     expect(allocs.default_sample_type).to eq("alloc_space")
     expect(allocs.totals).to eq(profile.totals)
-    expect(profile.inspect).to match(/#<MemprofilerPprof::Profile \d+ samples of alloc_objects, alloc_space, inuse_objects, inuse_space>/)
+    expect(profile.inspect)
+      .to match(/#<MemprofilerPprof::Profile \d+ samples of alloc_objects, alloc_space, inuse_objects, inuse_space>/)
   end
 end

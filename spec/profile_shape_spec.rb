@@ -93,7 +93,7 @@ RSpec.describe "profile shape" do
     bad_name = "weird\xFF\xFEname".b
     klass = Class.new { define_method(:make) { "x" * 10 } }
     Object.const_set(:ShapeBadPath, klass) unless defined?(ShapeBadPath)
-    eval("def shape_bad_path_method = ShapeBadPath.new.make", binding, "/tmp/#{bad_name.force_encoding('UTF-8')}.rb", 1) # rubocop:disable Security/Eval
+    eval("def shape_bad_path_method = ShapeBadPath.new.make", binding, "/tmp/#{bad_name.force_encoding('UTF-8')}.rb", 1)
     collector = MemprofilerPprof::Collector.new(sample_rate: 1.0)
     data = collector.profile { shape_bad_path_method }
     profile = parse_profile(data)
@@ -122,7 +122,7 @@ RSpec.describe "profile shape" do
 
   it "stays well under 1 MB with 50,000 live samples over thousands of stacks" do
     methods = Array.new(2_000) do |n|
-      eval("->(x) { [x, #{n}] }", binding, "stacks_#{n}.rb", 1) # rubocop:disable Security/Eval
+      eval("->(x) { [x, #{n}] }", binding, "stacks_#{n}.rb", 1)
     end
     collector = MemprofilerPprof::Collector.new(sample_rate: 1.0, max_allocation_samples: 100_000,
                                                 max_heap_samples: 100_000)

@@ -116,7 +116,7 @@ RSpec.describe MemprofilerPprof::RackApp do
       expect { described_class.new(collector, token: "") }.to raise_error(ArgumentError, /empty/)
       expect { described_class.new(collector, token: :"a-symbol-token-long-enough") }
         .to raise_error(TypeError, /must be a String .* got a Symbol\z/)
-      expect { described_class.new(collector, token: 1234567890123456789) }
+      expect { described_class.new(collector, token: 1_234_567_890_123_456_789) }
         .to raise_error(TypeError, /got an Integer\z/)
       expect { described_class.new(collector, token: "short-secret") }
         .to raise_error(ArgumentError, /too short: 12 characters, at least 16/) { |e|
@@ -519,7 +519,7 @@ RSpec.describe MemprofilerPprof::RackApp do
   # A real server (WEBrick through Rack's handler, in its own process; the
   # fixture says why not puma) read by a real go tool pprof.
   describe "served by a real server, read by go tool pprof" do
-    before(:all) do # rubocop:disable RSpec/BeforeAfterAll
+    before(:all) do
       @dir = Dir.mktmpdir("rack-app-spec")
       File.write(File.join(@dir, "config.ru"), <<~RUBY)
         $LOAD_PATH.unshift(#{RackAppSpec::LIB.inspect})
@@ -551,7 +551,7 @@ RSpec.describe MemprofilerPprof::RackApp do
       raise
     end
 
-    after(:all) { stop_server } # rubocop:disable RSpec/BeforeAfterAll
+    after(:all) { stop_server }
 
     def stop_server
       if @pid

@@ -115,11 +115,13 @@ module Torture
     if native.samples_count != profile.samples.size
       return "decoders disagree: #{native.samples_count} samples (native) vs #{profile.samples.size} (PprofReader)"
     end
+
     names = profile.sample_type_names
     unless names == %w[allocations allocation_size inuse_objects inuse_space] ||
            names.sort == %w[alloc_objects alloc_space inuse_objects inuse_space]
       return "unexpected sample types #{names.inspect}"
     end
+
     bad = profile.samples.find { |s| names.any? { |n| s.value(profile, n).negative? } }
     return "negative value in a sample: #{bad.inspect[0, 200]}" if bad
 
@@ -301,13 +303,11 @@ module Torture
 
     def exceptions
       50.times do |i|
-        begin
-          raise Expected, "boom #{i}" if i.odd?
+        raise Expected, "boom #{i}" if i.odd?
 
-          Integer("not a number #{i}") # raised from C
-        rescue Expected, ArgumentError => e
-          keep(e) if (i % 10).zero?
-        end
+        Integer("not a number #{i}") # raised from C
+      rescue Expected, ArgumentError => e
+        keep(e) if (i % 10).zero?
       end
     end
 
@@ -437,7 +437,8 @@ module Torture
       s = @stats.to_h
       puts format("torture: %s after %.0f s (seed %d): %d failures; %d flushes (%d folded), %d children, " \
                   "%d collectors made, %d profiles read by go tool pprof, %d worker steps, " \
-                  "%d flushes interrupted by Timeout, %d compactions, %d GC.stress windows; RSS %.0f MB at warm-up, max %.0f MB after; " \
+                  "%d flushes interrupted by Timeout, %d compactions, %d GC.stress windows; " \
+                  "RSS %.0f MB at warm-up, max %.0f MB after; " \
                   "longest main-thread stall %.1f s, slowest controller action %s",
                   @failures.any? ? "FAILED" : "ok", elapsed, @options.seed, @failures.count, s[:flushes],
                   s[:folded], s[:children], s[:collectors_made], s[:go_validated], s[:worker_steps],
@@ -637,7 +638,10 @@ module Torture
       deadline = now + 90
       sleep 0.01 while flusher.running? && now < deadline
       @failures.add("BlockFlusher did not stop within 90 s") if flusher.running?
-      @failures.add("at #{(now - @started).round(1)} s (slowest controller action so far: #{@slowest_action.inspect}): BlockFlusher counted #{flusher.error_count} errors: #{flusher.last_error.inspect}") if flusher.error_count.positive?
+      if flusher.error_count.positive?
+        @failures.add("at #{(now - @started).round(1)} s (slowest controller action so far: #{@slowest_action.inspect}): " \
+                      "BlockFlusher counted #{flusher.error_count} errors: #{flusher.last_error.inspect}")
+      end
       Dir.glob(File.join(@block_dirs.delete(flusher), "*.pprof")).each { |p| @validator ? @validator << p : File.delete(p) }
     end
 

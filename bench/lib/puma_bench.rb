@@ -16,10 +16,9 @@ module PumaBench
   module_function
 
   def run(runs)
-    %w[puma wrk].each do |tool|
-      next if system("command -v #{tool} >/dev/null 2>&1")
-
-      puts "\n(4) puma: skipped, #{tool} is not installed (script/bootstrap --bench installs it)"
+    missing = %w[puma wrk].find { |tool| !system("command -v #{tool} >/dev/null 2>&1") }
+    if missing
+      puts "\n(4) puma: skipped, #{missing} is not installed (script/bootstrap --bench installs it)"
       return
     end
     configs = BenchConfigs::DEFAULT
@@ -67,7 +66,7 @@ module PumaBench
 
   def wrk(url, seconds)
     out = `wrk -t2 -c#{CONNECTIONS} -d#{seconds}s --latency #{url}`
-    raise "wrk failed:\n#{out}" unless $?.success? && out =~ %r{Requests/sec:\s+([\d.]+)}
+    raise "wrk failed:\n#{out}" unless Process.last_status.success? && out =~ %r{Requests/sec:\s+([\d.]+)}
 
     { rps: Regexp.last_match(1).to_f, p50: latency(out, "50%"), p99: latency(out, "99%") }
   end

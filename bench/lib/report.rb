@@ -44,8 +44,16 @@ module BenchReport
   end
 
   def machine
-    cpu = File.read("/proc/cpuinfo")[/^model name\s*:\s*(.+)$/, 1] rescue "unknown CPU"
-    memory = (File.read("/proc/meminfo")[/^MemTotal:\s+(\d+)/, 1].to_i / 1024.0 / 1024).round(1) rescue "?"
+    cpu = begin
+      File.read("/proc/cpuinfo")[/^model name\s*:\s*(.+)$/, 1]
+    rescue StandardError
+      "unknown CPU"
+    end
+    memory = begin
+      (File.read("/proc/meminfo")[/^MemTotal:\s+(\d+)/, 1].to_i / 1024.0 / 1024).round(1)
+    rescue StandardError
+      "?"
+    end
     kernel = `uname -sr`.strip
     commit = `git -C #{ROOT} rev-parse --short HEAD 2>/dev/null`.strip
     "#{cpu}, #{Etc.nprocessors} cores, #{memory} GiB; #{kernel}; " \
@@ -56,7 +64,9 @@ module BenchReport
   # Prints rows (arrays of strings) under headers, columns padded.
   def table(headers, rows)
     widths = headers.each_index.map { |i| ([headers[i]] + rows.map { |r| r[i].to_s }).map(&:size).max }
-    line = ->(cells) { cells.each_with_index.map { |c, i| i.zero? ? c.to_s.ljust(widths[i]) : c.to_s.rjust(widths[i]) }.join("  ") }
+    line = lambda do |cells|
+      cells.each_with_index.map { |c, i| i.zero? ? c.to_s.ljust(widths[i]) : c.to_s.rjust(widths[i]) }.join("  ")
+    end
     puts line.call(headers)
     puts line.call(widths.map { |w| "-" * w })
     rows.each { |r| puts line.call(r) }

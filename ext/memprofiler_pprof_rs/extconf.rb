@@ -17,7 +17,7 @@ require_relative "libclang_probe"
 
 CRATE_DIR = File.expand_path("../..", __dir__)
 LIB_NAME = "memprofiler_pprof_rs"
-TARGET = "#{LIB_NAME}/#{LIB_NAME}" # required as "memprofiler_pprof_rs/memprofiler_pprof_rs"
+TARGET = "#{LIB_NAME}/#{LIB_NAME}".freeze # required as "memprofiler_pprof_rs/memprofiler_pprof_rs"
 
 def find_cargo
   candidates = [ENV["CARGO"], "cargo", File.join(Dir.home, ".cargo", "bin", "cargo")].compact

@@ -45,9 +45,7 @@ module MemprofilerPprof
 
     class << self
       def at_fork(stage = :prepare, &block)
-        unless STAGES.include?(stage)
-          raise ArgumentError, "at_fork stage must be one of #{STAGES.inspect}, got #{stage.inspect}"
-        end
+        raise ArgumentError, "at_fork stage must be one of #{STAGES.inspect}, got #{stage.inspect}" unless STAGES.include?(stage)
         raise ArgumentError, "at_fork needs a block" unless block
 
         handler = Handler.new(stage, block)
@@ -64,9 +62,7 @@ module MemprofilerPprof
         nil
       end
 
-      def handlers
-        @handlers
-      end
+      attr_reader :handlers
 
       # Runs the handlers of `stage`; children's handlers in registration
       # order, :prepare in reverse (as pthread_atfork does).

@@ -18,10 +18,10 @@ module MemprofilerPprof
       "top" => "the biggest users of memory, like go tool pprof -top",
       "diff" => "what grew between profiles of one process (leak hunting)",
       "flamegraph" => "an interactive HTML flame graph (or a static SVG)",
-      "merge" => "combine profiles from many processes into one",
+      "merge" => "combine profiles from many processes into one"
     }.freeze
 
-    HELP = <<~TEXT
+    HELP = <<~TEXT.freeze
       usage: #{PROGRAM} COMMAND [options] FILES...
 
       Reads pprof profiles (from this gem, or any tool writing pprof) without Go.
@@ -66,7 +66,9 @@ module MemprofilerPprof
         @stdout.puts("#{PROGRAM} #{MemprofilerPprof::VERSION}")
         0
       else
-        raise UsageError, "unknown command #{command.inspect} (commands: #{COMMANDS.keys.join(', ')})" unless COMMANDS.key?(command)
+        unless COMMANDS.key?(command)
+          raise UsageError, "unknown command #{command.inspect} (commands: #{COMMANDS.keys.join(', ')})"
+        end
 
         status = dispatch(command, argv)
         # Buffered output fails here, not at exit where the error would be
@@ -237,6 +239,7 @@ module MemprofilerPprof
       if files.size < minimum
         raise UsageError, "#{command} needs #{minimum == 1 ? 'a profile file' : "at least #{minimum} profile files"}"
       end
+
       duplicate = files.tally.find { |_, count| count > 1 }&.first
       raise UsageError, "#{duplicate} is given twice (it would count twice)" if duplicate
 
@@ -263,11 +266,12 @@ module MemprofilerPprof
       raise UsageError, "top reads one profile; got #{files.size} files (merge them first)" if files.size > 1
 
       (file, profile), = read_profiles(files, "top", minimum: 1)
-      @stdout.print(profile.top(
+      report = profile.top(
         sample_index: options[:sample_index], by: options.fetch(:by, "function").to_sym,
         limit: options.fetch(:limit, 20), focus: options[:focus], cum: options[:cum],
         base_dir: Dir.pwd, title: file
-      ))
+      )
+      @stdout.print(report)
       0
     end
 
@@ -278,10 +282,9 @@ module MemprofilerPprof
       unless options[:keep_order]
         loaded = loaded.each_with_index.sort_by { |(_, profile), index| [profile.time || Time.at(0), index] }.map(&:first)
       end
-      @stdout.print(Profile.diff(
-        loaded.map(&:last), sample_index: options[:sample_index], limit: options.fetch(:limit, 10),
-                            base_dir: Dir.pwd, titles: loaded.map(&:first)
-      ))
+      report = Profile.diff(loaded.map(&:last), sample_index: options[:sample_index], limit: options.fetch(:limit, 10),
+                                                base_dir: Dir.pwd, titles: loaded.map(&:first))
+      @stdout.print(report)
       0
     end
 

@@ -30,8 +30,8 @@ module MemprofilerPprof
     # samples); nil (the default) seeds from the clock and process id.
     # Defaults: MemprofilerPprof::DEFAULTS (defined by the extension).
     def initialize(sample_rate: DEFAULTS[:sample_rate], max_allocation_samples: DEFAULTS[:max_allocation_samples],
-                   max_heap_samples: DEFAULTS[:max_heap_samples], bt_method: :cfp, allocation_retain_rate: 1.0, size_measurement: :postponed_job,
-                   seed: nil)
+                   max_heap_samples: DEFAULTS[:max_heap_samples], bt_method: :cfp, allocation_retain_rate: 1.0,
+                   size_measurement: :postponed_job, seed: nil)
       _native_configure(
         self.class.validate_fraction(sample_rate, :sample_rate),
         self.class.validate_count(max_allocation_samples, :max_allocation_samples),
@@ -158,18 +158,9 @@ module MemprofilerPprof
       end
     end
 
-    # Guards creation of the flush lock of a subclass whose initialize does
-    # not call super (the native part works without initialize).
-    FLUSH_LOCK_GUARD = Mutex.new
-    private_constant :FLUSH_LOCK_GUARD
-
     # Hook failures caught inside the extension (should stay 0; for diagnosis).
     def internal_error_count
       _native_internal_error_count
-    end
-
-    private def flush_lock
-      @flush_lock || FLUSH_LOCK_GUARD.synchronize { @flush_lock ||= Mutex.new }
     end
 
     # ----- argument checks (shared by initialize and the setters) -----
@@ -193,6 +184,17 @@ module MemprofilerPprof
 
     def self.validate_flag(value, name)
       Validation.flag(value, name)
+    end
+
+    # Guards creation of the flush lock of a subclass whose initialize does
+    # not call super (the native part works without initialize).
+    FLUSH_LOCK_GUARD = Mutex.new
+    private_constant :FLUSH_LOCK_GUARD
+
+    private
+
+    def flush_lock
+      @flush_lock || FLUSH_LOCK_GUARD.synchronize { @flush_lock ||= Mutex.new }
     end
   end
 

@@ -42,9 +42,12 @@ module MemprofilerPprof
           # Float()/Integer() messages only repeat the value; a pattern's
           # message says what is wrong with it.
           detail = parser == :pattern ? " (#{e.message})" : ""
-          shown = if default.nil? then "none"
-                  elsif parser == :file_mode then format("0%o", default)
-                  else default.inspect
+          shown = if default.nil?
+                    "none"
+                  elsif parser == :file_mode
+                    format("0%o", default)
+                  else
+                    default.inspect
                   end
           @warnings << "ignoring #{variable}=#{raw.inspect}: must be #{valid}#{detail}; using #{shown}"
           [name, default]

@@ -87,7 +87,7 @@ module MemprofilerPprof
       iseq.each_child do |child|
         label = child.label
         next unless label.end_with?(" in #{method_label}") && (prefix = label[FRAME_LABEL])
-        return if blocks.size >= MAX_BLOCKS
+        break if blocks.size >= MAX_BLOCKS
 
         kind = prefix[/\A\w+/] # "block", "rescue" or "ensure": the innermost
         lines = kind == "block" ? block_lines(child) : own_lines(child)

@@ -119,9 +119,12 @@ module MemprofilerPprof
     end
 
     def inspect
-      rule = if @allow_any then "any address"
-             elsif @networks.empty? then "loopback only"
-             else "loopback and #{@networks.map { |n| "#{n}/#{n.prefix}" }.join(', ')}"
+      rule = if @allow_any
+               "any address"
+             elsif @networks.empty?
+               "loopback only"
+             else
+               "loopback and #{@networks.map { |n| "#{n}/#{n.prefix}" }.join(', ')}"
              end
       format("#<%s %s requests=%d flushes=%d errors=%d>", self.class.name, rule, request_count, flush_count,
              error_count)
@@ -165,6 +168,7 @@ module MemprofilerPprof
       if token.length < MIN_TOKEN_LENGTH
         raise ArgumentError, "token is too short: #{token.length} characters, at least #{MIN_TOKEN_LENGTH} needed"
       end
+
       if token.match?(/[[:space:]]|[[:cntrl:]]/)
         raise ArgumentError, "token must not contain whitespace or control characters " \
                              "(read from a file or an environment variable? strip it)"
@@ -178,6 +182,7 @@ module MemprofilerPprof
     def self.address_rule(allow_remote)
       return [true, []] if allow_remote == true
       return [false, []] if allow_remote == false || allow_remote.nil?
+
       Validation.instance(allow_remote, Array, :allow_remote,
                           expected: "true, false or an Array of CIDR ranges (e.g. [\"10.0.0.0/8\"])")
 
@@ -188,7 +193,7 @@ module MemprofilerPprof
                             expected: "an IP address or CIDR range String (e.g. \"10.0.0.0/8\") or an IPAddr")
         begin
           IPAddr.new(entry.strip)
-        rescue IPAddr::Error, ArgumentError
+        rescue ArgumentError # IPAddr::Error (an invalid address) is one too
           raise ArgumentError, "allow_remote entry #{entry.inspect} is not an IP address or CIDR range " \
                                "(e.g. \"10.0.0.0/8\", \"fd00::/8\")"
         end
@@ -208,7 +213,7 @@ module MemprofilerPprof
 
       ip = IPAddr.new(address)
       ip.ipv4_mapped? ? ip.native : ip
-    rescue IPAddr::Error, ArgumentError
+    rescue ArgumentError # IPAddr::Error (an invalid address) is one too
       nil
     end
 
@@ -254,6 +259,7 @@ module MemprofilerPprof
       seconds = integer_param(params, "seconds")
       return text(400, "debug must be 0 (pprof) or 1 (text)\n", head) if debug == :invalid
       return text(400, "gc must be 0 or 1\n", head) if gc == :invalid
+
       if params.key?("seconds")
         if name != "allocs"
           return text(400, "seconds is only supported on #{PREFIX}/allocs (in-use memory is a snapshot)\n", head)

@@ -45,7 +45,8 @@ module MemprofilerPprof
 
     # true or false, nothing else (not nil, not 1, not "yes").
     def flag(value, name)
-      return value if value == true || value == false
+      # (Not [true, false].include?: a valid value allocates nothing.)
+      return value if value == true || value == false # rubocop:disable Style/MultipleComparison
 
       type_error!(name, "true or false", value)
     end
@@ -62,11 +63,16 @@ module MemprofilerPprof
     end
 
     def integer_description(min, max, nil_ok)
-      text = if min && max then "an Integer from #{min} to #{max}"
-             elsif min == 1 then "a positive Integer"
-             elsif min then "an Integer >= #{min}"
-             elsif max then "an Integer <= #{max}"
-             else "an Integer"
+      text = if min && max
+               "an Integer from #{min} to #{max}"
+             elsif min == 1
+               "a positive Integer"
+             elsif min
+               "an Integer >= #{min}"
+             elsif max
+               "an Integer <= #{max}"
+             else
+               "an Integer"
              end
       nil_ok ? "#{text} or nil" : text
     end

@@ -81,8 +81,11 @@ class FakePyroscope
     @requests << record
     res.status = status
     res["Content-Type"] = "application/json"
-    res.body = status == 200 ? "{}" : JSON.generate(code: status == 400 ? "invalid_argument" : "unknown",
-                                                    message: message)
+    res.body = if status == 200
+                 "{}"
+               else
+                 JSON.generate(code: status == 400 ? "invalid_argument" : "unknown", message: message)
+               end
   end
 
   # Connect, binary protobuf: PushRequest{series{labels, samples{raw_profile}}}.
@@ -159,7 +162,7 @@ class FakePyroscope
     end
     record = Request.new(query: query, labels: [], profiles: [body])
     name = query["name"].to_s
-    match = name.match(/\A([A-Za-z0-9_.\-\/]+)(?:\{(.*)\})?\z/)
+    match = name.match(%r{\A([A-Za-z0-9_.\-/]+)(?:\{(.*)\})?\z})
     return [record, 422, "invalid name #{name.inspect}"] unless match
 
     tags = match[2].to_s.split(",").map { |pair| pair.split("=", 2) }

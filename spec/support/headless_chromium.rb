@@ -70,7 +70,7 @@ module HeadlessChromium
       replies_out.nonblock = false
       @pid = Process.spawn(
         executable, "--headless", "--remote-debugging-pipe", "--no-sandbox", "--disable-gpu",
-        "--user-data-dir=#{File.join(@dir, "profile")}", "--no-first-run", "--no-default-browser-check",
+        "--user-data-dir=#{File.join(@dir, 'profile')}", "--no-first-run", "--no-default-browser-check",
         "--disable-extensions", "--disable-background-networking", "--disable-component-update",
         "--disable-sync", "--hide-scrollbars", "--mute-audio", "--window-size=#{width},#{height}",
         "about:blank",
@@ -95,7 +95,7 @@ module HeadlessChromium
       page.command("Network.enable")
       @events.reject! { |m| m["method"] == "Page.loadEventFired" } # about:blank's
       navigation = page.command("Page.navigate", url: url)
-      raise Error, "cannot open #{url}: #{navigation["errorText"]}" if navigation["errorText"]
+      raise Error, "cannot open #{url}: #{navigation['errorText']}" if navigation["errorText"]
 
       wait_for_event("the load event of #{url}") do |m|
         m["method"] == "Page.loadEventFired" && m["sessionId"] == session
@@ -115,7 +115,7 @@ module HeadlessChromium
         raise Error, "Chromium is gone, cannot send #{method}#{log_tail}"
       end
       reply = wait_for("the reply to #{method}") { |m| m["id"] == id }
-      raise Error, "#{method} failed: #{reply["error"]["message"]}" if reply["error"]
+      raise Error, "#{method} failed: #{reply['error']['message']}" if reply["error"]
 
       reply["result"]
     end
@@ -157,9 +157,7 @@ module HeadlessChromium
     def read_message(deadline, description)
       until (nul = @buffer.index("\0"))
         remaining = deadline - now
-        if remaining <= 0
-          raise Error, "timed out after #{@timeout} s waiting for #{description}#{log_tail}"
-        end
+        raise Error, "timed out after #{@timeout} s waiting for #{description}#{log_tail}" if remaining <= 0
         next unless @replies.wait_readable(remaining)
 
         chunk = @replies.read_nonblock(1 << 16, exception: false)
@@ -180,7 +178,6 @@ module HeadlessChromium
     def stop_process
       signal_group("TERM")
       deadline = now + 5
-      reaped = nil
       until (reaped = Process.wait(@pid, Process::WNOHANG)) || now > deadline
         sleep 0.05
       end
@@ -233,7 +230,7 @@ module HeadlessChromium
     def evaluate(expression)
       result = command("Runtime.evaluate", expression: expression, returnByValue: true, awaitPromise: true)
       if (details = result["exceptionDetails"])
-        raise Error, "JavaScript error: #{details.dig("exception", "description") || details["text"]}"
+        raise Error, "JavaScript error: #{details.dig('exception', 'description') || details['text']}"
       end
 
       result.dig("result", "value")

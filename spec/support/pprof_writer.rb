@@ -12,7 +12,9 @@ module PprofWriter
   # sample_types: [["inuse_space", "bytes"], ...]
   # samples: [{ stack: [[name, file, line, start_line], ...] (leaf first),
   #             values: [...], class: "String" or nil }, ...]
-  def build(sample_types:, samples:, time_nanos: 0, duration_nanos: 0, period: 0,
+  # The fields in the message's order, in one place: the order strings are
+  # interned in is the output's string table.
+  def build(sample_types:, samples:, time_nanos: 0, duration_nanos: 0, period: 0, # rubocop:disable Metrics/AbcSize
             period_type: nil, comments: [], default_sample_type: nil, class_key: "class", gzip: true)
     strings = [""]
     string_ids = { "" => 0 }
@@ -30,9 +32,7 @@ module PprofWriter
         locations[[function_id, line]] ||= locations.size + 1
       end
       body = packed(1, ids) + packed(2, sample.fetch(:values))
-      if sample[:class]
-        body << message(3, field_varint(1, intern[class_key]) + field_varint(2, intern[sample[:class]]))
-      end
+      body << message(3, field_varint(1, intern[class_key]) + field_varint(2, intern[sample[:class]])) if sample[:class]
       message(2, body)
     end
     sample_messages.each { |m| out << m }

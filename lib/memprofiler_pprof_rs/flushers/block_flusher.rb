@@ -56,7 +56,7 @@ module MemprofilerPprof
     def start!
       return in_helper_thread { start! } if trap_context?
 
-      started = @state_lock.synchronize do
+      @state_lock.synchronize do
         # (A thread killed from outside counts as not running.)
         next false if @running && @thread&.alive?
 
@@ -67,7 +67,6 @@ module MemprofilerPprof
         @fork_handler ||= Atfork.at_fork(:child) { restart_in_child }
         true
       end
-      started
     end
 
     # Stops the thread, returning as soon as it has: at once while it waits;
@@ -157,8 +156,14 @@ module MemprofilerPprof
     end
 
     def inspect
-      format("#<%s interval=%gs %s flushes=%d errors=%d>", self.class.name, @interval,
-             running? ? (paused? ? "paused" : "running") : "stopped", flush_count, error_count)
+      state = if !running?
+                "stopped"
+              elsif paused?
+                "paused"
+              else
+                "running"
+              end
+      format("#<%s interval=%gs %s flushes=%d errors=%d>", self.class.name, @interval, state, flush_count, error_count)
     end
     alias to_s inspect
 

@@ -59,9 +59,7 @@ module MemprofilerPprof
       # File names are bytes: a pattern whose bytes are not valid in its
       # encoding (say, read from a directory listing) is used as bytes.
       pattern = pattern.b unless pattern.valid_encoding?
-      if pattern.empty? || pattern.end_with?("/")
-        raise ArgumentError, "pattern must name a file, got #{pattern.inspect}"
-      end
+      raise ArgumentError, "pattern must name a file, got #{pattern.inspect}" if pattern.empty? || pattern.end_with?("/")
       raise ArgumentError, "pattern must not contain a NUL byte, got #{pattern.inspect}" if pattern.include?("\0")
 
       # Only named references (and %%) are allowed: a bare %s would print

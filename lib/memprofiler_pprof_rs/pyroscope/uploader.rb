@@ -104,6 +104,7 @@ module MemprofilerPprof
       unless bytes.is_a?(String)
         raise TypeError, "upload needs a ProfileData or a String of gzipped pprof bytes, got #{data.inspect[0, 100]}"
       end
+
       from ||= data.respond_to?(:started_at) ? data.started_at : nil
       to ||= data.respond_to?(:finished_at) ? data.finished_at : nil
       request = build_request(bytes.b, from || Time.now, to || Time.now)
@@ -125,27 +126,9 @@ module MemprofilerPprof
       [["__name__", "memory"], ["service_name", @application_name], ["__delta__", "false"]] + @labels.to_a
     end
 
-    private
-
-    def parse_address(address)
-      uri = URI.parse(address.to_s)
-      unless %w[http https].include?(uri.scheme) && uri.host && !uri.host.empty?
-        raise ArgumentError, "server_address must be an http(s) URL, got #{without_credentials(address)}"
-      end
-
-      uri.path = uri.path.chomp("/")
-      uri
-    rescue URI::InvalidURIError
-      raise ArgumentError, "server_address must be an http(s) URL, got #{without_credentials(address)}"
-    end
-
-    # For messages: the address without its credentials.
-    def without_credentials(address)
-      stripped, user, = self.class.split_credentials(address.to_s)
-      return stripped.inspect unless user
-
-      (stripped.include?("//") ? stripped.sub("//", "//[FILTERED]@") : "[FILTERED]@#{stripped}").inspect
-    end
+    # Class methods, above `private` (which does not apply to them):
+    # instances call split_credentials and printable through self.class and
+    # the specs call split_credentials; percent_decode is split_credentials'.
 
     # [address without credentials, user, password] of
     # "scheme://user:password@host..."; user and password are nil without
@@ -183,12 +166,35 @@ module MemprofilerPprof
     def self.percent_decode(text)
       text.b.gsub(/%\h\h/n) { |escape| escape[1, 2].hex.chr }.force_encoding(Encoding::UTF_8)
     end
+    private_class_method :percent_decode
 
     # A server's words for a log line: control characters (a CR, an
     # ANSI sequence) made visible, invalid UTF-8 replaced, 300 characters.
     def self.printable(text)
       text.to_s.dup.force_encoding(Encoding::UTF_8).scrub("?")[0, 300]
           .gsub(/\p{Cc}/) { |c| format("\\x%02x", c.ord) }
+    end
+
+    private
+
+    def parse_address(address)
+      uri = URI.parse(address.to_s)
+      unless %w[http https].include?(uri.scheme) && uri.host && !uri.host.empty?
+        raise ArgumentError, "server_address must be an http(s) URL, got #{without_credentials(address)}"
+      end
+
+      uri.path = uri.path.chomp("/")
+      uri
+    rescue URI::InvalidURIError
+      raise ArgumentError, "server_address must be an http(s) URL, got #{without_credentials(address)}"
+    end
+
+    # For messages: the address without its credentials.
+    def without_credentials(address)
+      stripped, user, = self.class.split_credentials(address.to_s)
+      return stripped.inspect unless user
+
+      (stripped.include?("//") ? stripped.sub("//", "//[FILTERED]@") : "[FILTERED]@#{stripped}").inspect
     end
 
     def check_application_name(name)
@@ -206,9 +212,7 @@ module MemprofilerPprof
 
     def check_labels(labels)
       Validation.instance(labels, Hash, :labels)
-      if labels.size > MAX_USER_LABELS
-        raise ArgumentError, "labels must be at most #{MAX_USER_LABELS}, got #{labels.size}"
-      end
+      raise ArgumentError, "labels must be at most #{MAX_USER_LABELS}, got #{labels.size}" if labels.size > MAX_USER_LABELS
 
       checked = labels.to_h do |key, value|
         name = key.to_s
@@ -217,13 +221,12 @@ module MemprofilerPprof
                                "not #{RESERVED_LABELS.join(', ')})"
         end
         value = value.to_s
-        if value.size > MAX_LABEL_VALUE
-          raise ArgumentError, "label #{name} is longer than #{MAX_LABEL_VALUE} characters"
-        end
+        raise ArgumentError, "label #{name} is longer than #{MAX_LABEL_VALUE} characters" if value.size > MAX_LABEL_VALUE
         # The ingest API's label-set syntax cannot carry these.
         if @api == :ingest && value.match?(/[,{}=]/)
           raise ArgumentError, "label #{name}=#{value.inspect}: the ingest API cannot carry ',', '{', '}' or '='"
         end
+
         [name, value]
       end
       clash = checked.keys.group_by { |name| name.tr(".", "_") }.find { |_, names| names.size > 1 }
@@ -276,9 +279,7 @@ module MemprofilerPprof
         return Result.new(ok: true, status: status, attempts: attempts, error: nil) if status && status < 300
 
         retryable = status.nil? || status == 429 || status >= 500
-        if !retryable || attempts > @retries
-          return Result.new(ok: false, status: status, attempts: attempts, error: error)
-        end
+        return Result.new(ok: false, status: status, attempts: attempts, error: error) if !retryable || attempts > @retries
 
         sleep(rand * [@retry_base_delay * (2**(attempts - 1)), MAX_BACKOFF].min)
       end
@@ -330,11 +331,13 @@ module MemprofilerPprof
       end
 
       def bytes(field, data) = varint((field << 3) | 2) + varint(data.bytesize) + data.b
+
       # Pyroscope rejects invalid UTF-8: replace bad bytes.
       def string(field, text)
         utf8 = text.to_s.encode(Encoding::UTF_8, invalid: :replace, undef: :replace).scrub
         bytes(field, utf8)
       end
+
       def message(field, encoded) = bytes(field, encoded)
     end
   end

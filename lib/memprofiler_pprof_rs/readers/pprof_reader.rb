@@ -17,8 +17,10 @@ module MemprofilerPprof
     Function = Struct.new(:id, :name, :system_name, :filename, :start_line)
     Frame = Struct.new(:name, :filename, :line, :start_line)
 
-    # A sample with its stack resolved to frames (leaf first).
-    Sample = Struct.new(:frames, :values, :labels) do
+    # A sample with its stack resolved to frames (leaf first). `values` is
+    # pprof's name for the numbers and the reader's API; it hides Struct#values
+    # (to_a still gives the members).
+    Sample = Struct.new(:frames, :values, :labels) do # rubocop:disable Lint/StructNewOverride
       def value(profile, type_name)
         index = profile.sample_type_names.index(type_name) or
           raise ArgumentError, "no sample type #{type_name.inspect}"
@@ -161,7 +163,8 @@ module MemprofilerPprof
       location
     end
 
-    def build(raw)
+    # The decoded fields to the structs in one pass, in the message's order.
+    def build(raw) # rubocop:disable Metrics/AbcSize
       strings = raw[:strings]
       str = ->(index) { strings.fetch(index) { raise FormatError, "string index #{index} out of range" } }
       functions = raw[:function].transform_values do |f|

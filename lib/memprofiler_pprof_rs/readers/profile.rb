@@ -91,6 +91,7 @@ module MemprofilerPprof
       # Validation shared with the instance methods.
       def sample_index_name(value)
         return nil if value.nil?
+
         Validation.instance(value, [String, Symbol], :sample_index, expected: "a String or Symbol").to_s
       end
 
