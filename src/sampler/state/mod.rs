@@ -6,7 +6,6 @@
 //! refcounted by them, so an object allocated in this interval and still alive
 //! costs one record. Nothing here calls into Ruby; the binding layer passes
 //! object addresses in and measures sizes through callbacks.
-
 //!
 //! The state's methods are grouped by what they serve:
 //! - `admission`: where a new sample goes under the caps, and recording
