@@ -19,7 +19,7 @@ Gem::Specification.new do |spec|
   # Everything cargo needs to build the crate, plus the Ruby code. Listed
   # explicitly (not from git) so the gem also builds from an unpacked tarball.
   spec.files = Dir.chdir(__dir__) do
-    Dir["{Cargo.toml,Cargo.lock,build.rs,README.md,LICENSE}"] +
+    Dir["{Cargo.toml,Cargo.lock,build.rs,README.md,ARCHITECTURE.md,LICENSE}"] + Dir["docs/*.md"] +
       Dir["proto/**/*.proto"] + Dir["src/**/*.{rs,js,css}"] +
       Dir["ext/**/*.rb"] + Dir["lib/**/*.rb"] + Dir["exe/*"]
   end

@@ -15,7 +15,7 @@
 #   so frames and iseqs die while samples reference them), fibers, dynamic
 #   symbols and short-lived threads; recurse 10,000 frames deep; raise and
 #   rescue exceptions (also through those 10,000 frames);
-# - a flusher thread flushes two long-lived collectors in a loop with random
+# - two flusher threads flush two long-lived collectors in a loop with random
 #   flush options; every profile is decoded here, checked against the caps,
 #   and read by `go tool pprof` (in batches, by a validator thread);
 # - a controller thread toggles stop!/start!, changes sample_rate, runs

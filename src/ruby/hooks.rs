@@ -14,7 +14,7 @@ use super::errors::{protect, RbResult};
 
 /// One raw event hook (rb_add_event_hook2 with RAW_ARG). Cheaper than a
 /// TracePoint, which adds a function call and two typed-data checks to
-/// every event (measured in bench/: see the README). The hook's data is
+/// every event (measured in bench/: see docs/performance.md). The hook's data is
 /// the collector's address tagged as a Fixnum: Ruby marks hook data, and
 /// marking skips Fixnums (an untagged pointer would be taken for an object).
 pub struct Hook {
