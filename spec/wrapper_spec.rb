@@ -15,7 +15,9 @@ RSpec.describe "memprofiler_pprof_rs_profile" do
   end
 
   # A script whose allocations are easy to find: it keeps 3,000 Strings from
-  # WrappedApp#fill, optionally sleeps, then exits with `status`.
+  # WrappedApp#fill, optionally sleeps, then exits with `status`. The app is
+  # held by a constant: a GC before the exit flush must not free the Strings
+  # (with less loaded at boot, Ruby 3.4 sometimes collects there).
   def write_script(sleep_seconds: 0, status: 0, extra: "")
     path = File.join(@dir, "app.rb")
     File.write(path, <<~RUBY)
@@ -24,7 +26,7 @@ RSpec.describe "memprofiler_pprof_rs_profile" do
           @kept = Array.new(3_000) { |i| "kept \#{i}" }
         end
       end
-      WrappedApp.new.fill
+      KEPT_APP = WrappedApp.new.tap(&:fill)
       #{extra}
       sleep #{sleep_seconds}
       puts "app ran in \#{Process.pid}"
