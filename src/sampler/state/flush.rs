@@ -294,7 +294,12 @@ impl SamplerState {
     /// Ends a flush in whatever phase it is (see the top of this file): the
     /// allocation samples of a flush still measuring are dropped, what the
     /// flush held is released, and stacks no sample uses are forgotten.
+    /// Nothing to do without a flush (the collector's guard calls it after
+    /// `finish_flush` too, and a prune walks every stack).
     pub fn end_flush(&mut self) {
+        if !self.flush_in_progress() {
+            return;
+        }
         self.stacks.end_detach();
         if let FlushPhase::Measuring(flush) = std::mem::take(&mut self.phase) {
             for id in flush.allocations {
