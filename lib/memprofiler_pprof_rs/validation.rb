@@ -20,7 +20,7 @@ module MemprofilerPprof
   # Every message names the argument and shows the value it got (secrets,
   # such as a token, are described, never shown). The native extension
   # follows the same rule for the counts it is passed
-  # (src/ruby/collector_class.rs).
+  # (count_arg in src/ruby/convert.rs).
   module Validation
     # Longest inspect shown in a message.
     MAX_SHOWN = 200
