@@ -17,6 +17,7 @@ end
 # lock. Profile is the Ruby half of a class the extension defines, so it
 # cannot be autoloaded either.
 require_relative "memprofiler_pprof_rs/validation"
+require_relative "memprofiler_pprof_rs/error_log"
 require_relative "memprofiler_pprof_rs/file_output"
 require_relative "memprofiler_pprof_rs/profile_data"
 require_relative "memprofiler_pprof_rs/collector"

@@ -494,14 +494,9 @@ module MemprofilerPprof
         @error_count += 1
         @last_error = error
       end
-      message = "memprofiler_pprof_rs RackApp: #{what}: #{detail}"
-      if @logger
-        @logger.error(message)
-      else
-        warn(message)
-      end
+      ErrorLog.write(@logger, "RackApp", "#{what}: #{detail}")
     rescue StandardError
-      # A broken logger must not turn a 500 into an exception.
+      # Nor may counting it turn a 500 into an exception.
       nil
     end
 

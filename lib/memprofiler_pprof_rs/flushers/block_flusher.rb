@@ -302,14 +302,9 @@ module MemprofilerPprof
     def report_error(what, error)
       @error_count += 1
       @last_error = error
-      message = "memprofiler_pprof_rs #{log_name}: #{what}: #{error.class}: #{error.message}"
-      if @logger
-        @logger.error(message)
-      else
-        warn(message)
-      end
+      ErrorLog.write(@logger, log_name, "#{what}: #{error.class}: #{error.message}")
     rescue StandardError
-      # A broken logger must not take the flusher down either.
+      # An error whose #message raises must not take the flusher down either.
       nil
     end
 

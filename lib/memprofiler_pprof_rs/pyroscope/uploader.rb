@@ -310,10 +310,7 @@ module MemprofilerPprof
     end
 
     def log(message)
-      text = "memprofiler_pprof_rs PyroscopeUploader: #{message}"
-      @logger ? @logger.error(text) : warn(text)
-    rescue StandardError
-      nil
+      ErrorLog.write(@logger, "PyroscopeUploader", message)
     end
 
     # The little of protobuf's wire format a push needs.
