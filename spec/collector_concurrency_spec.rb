@@ -1,284 +1,288 @@
 # frozen_string_literal: true
 
 # Threads, fork, Ractors and compaction are normal conditions.
-RSpec.describe MemprofilerPprof::Collector, "under concurrency" do
-  let(:unlimited) { { max_allocation_samples: 10_000_000, max_heap_samples: 10_000_000 } }
+# In both modes (Collector::MODES): they find deaths differently, and
+# compaction moves what each tracks.
+%i[exact light].each do |mode|
+  RSpec.describe MemprofilerPprof::Collector, "under concurrency (mode: #{mode})" do
+    let(:unlimited) { { max_allocation_samples: 10_000_000, max_heap_samples: 10_000_000 } }
 
-  def two_objects_allocations(profile)
-    profile.samples
-           .select { |s| s.frames.first(2).any? { |f| f.name == "Workload::Allocator#two_objects" } }
-           .sum { |s| s.value(profile, "alloc_objects") }
-  end
+    def two_objects_allocations(profile)
+      profile.samples
+             .select { |s| s.frames.first(2).any? { |f| f.name == "Workload::Allocator#two_objects" } }
+             .sum { |s| s.value(profile, "alloc_objects") }
+    end
 
-  [false, true].each do |yield_gvl|
-    it "counts every allocation of 4 threads exactly once while another thread flushes (yield_gvl: #{yield_gvl})" do
-      collector = described_class.new(sample_rate: 1.0, **unlimited)
-      allocator = Workload::Allocator.new
-      iterations = 20_000
-      collector.start!
-      flushes = []
-      done = false
-      flushing = Queue.new
-      flusher = Thread.new do
-        until done
-          flushes << collector.flush(yield_gvl: yield_gvl, proactively_yield_gvl: yield_gvl)
-          flushing << true if flushes.size == 1
-          Thread.pass
+    [false, true].each do |yield_gvl|
+      it "counts every allocation of 4 threads exactly once while another thread flushes (yield_gvl: #{yield_gvl})" do
+        collector = described_class.new(mode: mode, sample_rate: 1.0, **unlimited)
+        allocator = Workload::Allocator.new
+        iterations = 20_000
+        collector.start!
+        flushes = []
+        done = false
+        flushing = Queue.new
+        flusher = Thread.new do
+          until done
+            flushes << collector.flush(yield_gvl: yield_gvl, proactively_yield_gvl: yield_gvl)
+            flushing << true if flushes.size == 1
+            Thread.pass
+          end
         end
+        flushing.pop # the workers start once the flusher is under way
+        workers = Array.new(4) do |t|
+          Thread.new { iterations.times { |i| allocator.two_objects(t * iterations + i) } }
+        end
+        workers.each(&:join)
+        done = true
+        flusher.join
+        flushes << collector.flush(yield_gvl: yield_gvl)
+        collector.stop!
+
+        expect(flushes.size).to be >= 2
+        profiles = flushes.map { |d| parse_profile(d) }
+        counted = profiles.sum { |p| two_objects_allocations(p) }
+        nolock = flushes.sum(&:dropped_samples_nolock)
+        expect(counted + nolock).to eq(4 * iterations * 2)
+        expect(nolock).to eq(0)
+        expect(collector.internal_error_count).to eq(0)
+        _out, err, status = go_pprof(flushes[flushes.size / 2], "-top")
+        expect(status.exitstatus).to eq(0), err
       end
-      flushing.pop # the workers start once the flusher is under way
-      workers = Array.new(4) do |t|
-        Thread.new { iterations.times { |i| allocator.two_objects(t * iterations + i) } }
-      end
-      workers.each(&:join)
-      done = true
-      flusher.join
-      flushes << collector.flush(yield_gvl: yield_gvl)
+    end
+
+    it "serialises flushes called from two threads at once" do
+      collector = described_class.new(mode: mode, sample_rate: 1.0)
+      collector.start!
+      Workload::Allocator.new.outer(100)
+      results = Array.new(2) { Thread.new { collector.flush(yield_gvl: true) } }.map(&:value)
       collector.stop!
-
-      expect(flushes.size).to be >= 2
-      profiles = flushes.map { |d| parse_profile(d) }
-      counted = profiles.sum { |p| two_objects_allocations(p) }
-      nolock = flushes.sum(&:dropped_samples_nolock)
-      expect(counted + nolock).to eq(4 * iterations * 2)
-      expect(nolock).to eq(0)
-      expect(collector.internal_error_count).to eq(0)
-      _out, err, status = go_pprof(flushes[flushes.size / 2], "-top")
-      expect(status.exitstatus).to eq(0), err
+      expect(results.map(&:class).uniq).to eq([MemprofilerPprof::ProfileData])
+      expect(results.sum(&:allocation_samples_count)).to be >= 300
     end
-  end
 
-  it "serialises flushes called from two threads at once" do
-    collector = described_class.new(sample_rate: 1.0)
-    collector.start!
-    Workload::Allocator.new.outer(100)
-    results = Array.new(2) { Thread.new { collector.flush(yield_gvl: true) } }.map(&:value)
-    collector.stop!
-    expect(results.map(&:class).uniq).to eq([MemprofilerPprof::ProfileData])
-    expect(results.sum(&:allocation_samples_count)).to be >= 300
-  end
-
-  it "keeps working in a forked child, which flushes its own allocations and the parent's live objects" do
-    collector = described_class.new(sample_rate: 1.0, **unlimited)
-    allocator = Workload::Allocator.new
-    collector.start!
-    kept_by_parent = Workload::Allocator.big_strings(50, 1_000)
-    collector.flush # the parent's allocations so far are reported here
-    reader, writer = IO.pipe
-    pid = fork do
-      reader.close
-      300.times { |i| allocator.two_objects(i) }
-      data = collector.flush
-      writer.binmode
-      writer.write(data.pprof_data)
-      writer.close
-      exit!(0)
-    end
-    writer.close
-    child_pprof = reader.read
-    reader.close
-    _, status = Process.wait2(pid)
-    expect(status.success?).to be(true)
-
-    child = parse_profile(child_pprof)
-    expect(two_objects_allocations(child)).to eq(600)
-    expect(big_strings_alive(child)).to eq(50)
-
-    parent = parse_profile(collector.flush)
-    collector.stop!
-    expect(two_objects_allocations(parent)).to eq(0)
-    expect(kept_by_parent.size).to eq(50)
-  end
-
-  it "lets a child forked while another thread is flushing flush on its own" do
-    collector = described_class.new(sample_rate: 1.0, **unlimited)
-    collector.start!
-    stop = false
-    flusher = Thread.new { collector.flush(yield_gvl: true, proactively_yield_gvl: true) until stop }
-    results = Array.new(5) do
-      Workload::Allocator.new.outer(200)
+    it "keeps working in a forked child, which flushes its own allocations and the parent's live objects" do
+      collector = described_class.new(mode: mode, sample_rate: 1.0, **unlimited)
+      allocator = Workload::Allocator.new
+      collector.start!
+      kept_by_parent = Workload::Allocator.big_strings(50, 1_000)
+      collector.flush # the parent's allocations so far are reported here
       reader, writer = IO.pipe
       pid = fork do
         reader.close
-        outcome = begin
-          data = collector.flush
-          "ok #{data.pprof_data.bytesize.positive?}"
-        rescue StandardError => e
-          "#{e.class}: #{e.message}"
-        end
-        writer.write(outcome)
+        300.times { |i| allocator.two_objects(i) }
+        data = collector.flush
+        writer.binmode
+        writer.write(data.pprof_data)
         writer.close
         exit!(0)
       end
       writer.close
-      outcome = reader.read
+      child_pprof = reader.read
       reader.close
-      Process.wait(pid)
-      outcome
+      _, status = Process.wait2(pid)
+      expect(status.success?).to be(true)
+
+      child = parse_profile(child_pprof)
+      expect(two_objects_allocations(child)).to eq(600)
+      expect(big_strings_alive(child)).to eq(50)
+
+      parent = parse_profile(collector.flush)
+      collector.stop!
+      expect(two_objects_allocations(parent)).to eq(0)
+      expect(kept_by_parent.size).to eq(50)
     end
-    stop = true
-    flusher.join
-    collector.stop!
-    expect(results).to all(eq("ok true"))
-  end
 
-  it "lets Ractors run to completion, switching its hooks off for the rest of the process" do
-    code = <<~RUBY
-      Warning[:experimental] = false
-      require "memprofiler_pprof_rs"
-      c = MemprofilerPprof::Collector.new(sample_rate: 1.0)
-      c.start!
-      before = Array.new(50) { |i| i.to_s }
-      ractors = 4.times.map { |n| Ractor.new(n) { |k| 20_000.times.map { |i| "r\#{k}-\#{i}" }.size } }
-      paused = c.sampling_paused_for_ractors?
-      results = ractors.map(&:take)
-      data = c.flush
-      later = MemprofilerPprof::Collector.new(sample_rate: 1.0)
-      later_data = later.profile { 100.times { |i| i.to_s } }
-      puts [results.sum, paused, data.allocation_samples_count >= 50, later.sampling_paused_for_ractors?,
-            later_data.allocation_samples_count, c.internal_error_count].inspect
-    RUBY
-    out, err, status = run_ruby(code)
-    expect(status.exitstatus).to eq(0), err
-    expect(out).to eq("[80000, true, true, true, 0, 0]\n")
-  end
+    it "lets a child forked while another thread is flushing flush on its own" do
+      collector = described_class.new(mode: mode, sample_rate: 1.0, **unlimited)
+      collector.start!
+      stop = false
+      flusher = Thread.new { collector.flush(yield_gvl: true, proactively_yield_gvl: true) until stop }
+      results = Array.new(5) do
+        Workload::Allocator.new.outer(200)
+        reader, writer = IO.pipe
+        pid = fork do
+          reader.close
+          outcome = begin
+            data = collector.flush
+            "ok #{data.pprof_data.bytesize.positive?}"
+          rescue StandardError => e
+            "#{e.class}: #{e.message}"
+          end
+          writer.write(outcome)
+          writer.close
+          exit!(0)
+        end
+        writer.close
+        outcome = reader.read
+        reader.close
+        Process.wait(pid)
+        outcome
+      end
+      stop = true
+      flusher.join
+      collector.stop!
+      expect(results).to all(eq("ok true"))
+    end
 
-  it "runs Ractor-heavy code to completion: nested Ractors, exceptions, GC and compaction, flushes meanwhile" do
-    Dir.mktmpdir do |dir|
+    it "lets Ractors run to completion, switching its hooks off for the rest of the process" do
       code = <<~RUBY
         Warning[:experimental] = false
         require "memprofiler_pprof_rs"
-        c = MemprofilerPprof::Collector.new(sample_rate: 0.1)
+        c = MemprofilerPprof::Collector.new(mode: :#{mode}, sample_rate: 1.0)
         c.start!
-        side = MemprofilerPprof::Collector.new(sample_rate: 1.0, max_heap_samples: 1000)
-        side.start!
-        keep = Array.new(2000) { |i| "before\#{i}" }
-        File.binwrite(#{File.join(dir, 'before.pprof').inspect}, c.flush.pprof_data)
-        flusher = Thread.new { 20.times.map { c.flush.pprof_data.bytesize.tap { sleep 0.01 } } }
-        ractors = 8.times.map do |n|
-          Ractor.new(n) do |k|
-            total = 0
-            3.times do |round|
-              objs = 5_000.times.map { |i| ["r\#{k}-\#{i}", { i => i.to_s }, i.to_f * 1.5, :"sym\#{k}_\#{i % 50}"] }
-              total += objs.size
-              begin
-                raise ArgumentError, "in ractor \#{k}"
-              rescue ArgumentError => e
-                total += 1 if e.message.include?(k.to_s)
-              end
-              GC.start if round == 1
-              # A Ractor made by a Ractor (this once raised IsolationError
-              # with the gem loaded).
-              total += Ractor.new(k) { |j| Array.new(1000) { |i| "inner\#{j}-\#{i}" }.size }.take
-            end
-            total
-          end
-        end
-        3.times { GC.compact; GC.start }
+        before = Array.new(50) { |i| i.to_s }
+        ractors = 4.times.map { |n| Ractor.new(n) { |k| 20_000.times.map { |i| "r\#{k}-\#{i}" }.size } }
+        paused = c.sampling_paused_for_ractors?
         results = ractors.map(&:take)
-        sizes = flusher.value
         data = c.flush
-        File.binwrite(#{File.join(dir, 'ractors.pprof').inspect}, data.pprof_data)
-        in_ractor = Ractor.new { MemprofilerPprof::Collector.new.start! rescue $!.class }.take
-        p [results.uniq, sizes.all?(&:positive?), c.sampling_paused_for_ractors?,
-           c.internal_error_count + side.internal_error_count, keep.size, in_ractor]
+        later = MemprofilerPprof::Collector.new(mode: :#{mode}, sample_rate: 1.0)
+        later_data = later.profile { 100.times { |i| i.to_s } }
+        puts [results.sum, paused, data.allocation_samples_count >= 50, later.sampling_paused_for_ractors?,
+              later_data.allocation_samples_count, c.internal_error_count].inspect
       RUBY
       out, err, status = run_ruby(code)
       expect(status.exitstatus).to eq(0), err
-      expect(out).to eq("[[18003], true, true, 0, 2000, Ractor::UnsafeError]\n")
-      # What the main Ractor allocated before the first Ractor.new is there;
-      # the flush after the Ractors is empty (sampling is off) but valid.
-      expect(parse_profile(File.binread(File.join(dir, "before.pprof"))).samples).not_to be_empty
-      expect(parse_profile(File.binread(File.join(dir, "ractors.pprof"))).sample_types).not_to be_empty
-    end
-  end
-
-  it "keeps tracking sampled strings that GC compaction moved" do
-    skip "GC compaction unsupported" unless GC.respond_to?(:verify_compaction_references)
-    collector = described_class.new(sample_rate: 1.0, **unlimited)
-    collector.start!
-    @kept = Workload::Allocator.big_strings(2_000, 30)
-    before = parse_profile(collector.flush)
-    # Moves every movable object (toward an emptied heap). Ruby 3.2 renamed
-    # double_heap: to expand_heap: (3.3 warns about the old name; 3.1 knows only it).
-    params = GC.method(:verify_compaction_references).parameters
-    grow = params.include?(%i[key expand_heap]) ? :expand_heap : :double_heap
-    GC.verify_compaction_references(grow => true, toward: :empty)
-    moved = GC.latest_compact_info[:moved]
-    after = parse_profile(collector.flush)
-    expect(big_strings_alive(before)).to eq(2_000)
-    expect(moved.fetch(:T_STRING, 0)).to be >= 2_000
-    expect(big_strings_alive(after)).to eq(2_000)
-    expect(@kept.map(&:bytesize).uniq).to eq([30])
-    @kept = nil
-    GC.start
-    gone = parse_profile(collector.flush)
-    expect(big_strings_alive(gone)).to eq(0)
-    expect(collector.internal_error_count).to eq(0)
-  ensure
-    collector&.stop!
-  end
-
-  # A flush measures live objects in chunks and lets other threads run in
-  # between; what they do meanwhile must not corrupt or thin the profile.
-  # Run in fresh processes (a failure here would be a crash).
-  describe "while a flush lets other threads run between its steps" do
-    it "counts every live object although GC.compact moves them mid-flush" do
-      code = <<~RUBY
-        require "memprofiler_pprof_rs"
-        collector = MemprofilerPprof::Collector.new(sample_rate: 1.0, max_heap_samples: 200_000,
-                                                    max_allocation_samples: 10)
-        collector.start!
-        keep = []
-        junk = []
-        60_000.times { |i| object = Object.new; (i % 3).zero? ? keep << object : junk << object }
-        collector.stop!
-        junk = nil
-        GC.start
-        before = collector.live_heap_samples_count
-        stop = false
-        compactor = Thread.new { GC.compact until stop }
-        data = collector.flush
-        stop = true
-        compactor.join
-        puts [before, data.heap_samples_count, keep.size].join(" ")
-      RUBY
-      out, err, status = run_ruby(code)
-      expect(status).to be_success, err
-      before, flushed, kept = out.split.map(&:to_i)
-      expect(kept).to eq(20_000)
-      expect(before).to be >= 20_000
-      expect(flushed).to eq(before)
+      expect(out).to eq("[80000, true, true, true, 0, 0]\n")
     end
 
-    it "names the class of an object that died mid-flush, even an anonymous class freed meanwhile" do
-      code = <<~RUBY
-        require "memprofiler_pprof_rs"
-        class Marker; end
-        collector = MemprofilerPprof::Collector.new(sample_rate: 1.0, max_heap_samples: 200_000,
-                                                    max_allocation_samples: 10)
-        collector.start!
-        classes = []
-        instances = []
-        20_000.times { klass = Class.new(Marker); classes << klass; instances << klass.new }
-        collector.stop!
-        GC.start
-        started = false
-        flush = Thread.new { started = true; collector.flush }
-        Thread.pass until started
-        5.times { Thread.pass }
-        classes = nil
-        instances = nil
-        3.times { GC.start }
-        filler = Array.new(200_000) { "x" * 10 }
-        data = flush.value
-        puts [data.heap_samples_count, collector.internal_error_count, filler.size].join(" ")
-      RUBY
-      out, err, status = run_ruby(code)
-      expect(status).to be_success, err
-      heap, errors, = out.split.map(&:to_i)
-      expect(heap).to be_positive
-      expect(errors).to eq(0)
+    it "runs Ractor-heavy code to completion: nested Ractors, exceptions, GC and compaction, flushes meanwhile" do
+      Dir.mktmpdir do |dir|
+        code = <<~RUBY
+          Warning[:experimental] = false
+          require "memprofiler_pprof_rs"
+          c = MemprofilerPprof::Collector.new(mode: :#{mode}, sample_rate: 0.1)
+          c.start!
+          side = MemprofilerPprof::Collector.new(mode: :#{mode}, sample_rate: 1.0, max_heap_samples: 1000)
+          side.start!
+          keep = Array.new(2000) { |i| "before\#{i}" }
+          File.binwrite(#{File.join(dir, 'before.pprof').inspect}, c.flush.pprof_data)
+          flusher = Thread.new { 20.times.map { c.flush.pprof_data.bytesize.tap { sleep 0.01 } } }
+          ractors = 8.times.map do |n|
+            Ractor.new(n) do |k|
+              total = 0
+              3.times do |round|
+                objs = 5_000.times.map { |i| ["r\#{k}-\#{i}", { i => i.to_s }, i.to_f * 1.5, :"sym\#{k}_\#{i % 50}"] }
+                total += objs.size
+                begin
+                  raise ArgumentError, "in ractor \#{k}"
+                rescue ArgumentError => e
+                  total += 1 if e.message.include?(k.to_s)
+                end
+                GC.start if round == 1
+                # A Ractor made by a Ractor (this once raised IsolationError
+                # with the gem loaded).
+                total += Ractor.new(k) { |j| Array.new(1000) { |i| "inner\#{j}-\#{i}" }.size }.take
+              end
+              total
+            end
+          end
+          3.times { GC.compact; GC.start }
+          results = ractors.map(&:take)
+          sizes = flusher.value
+          data = c.flush
+          File.binwrite(#{File.join(dir, 'ractors.pprof').inspect}, data.pprof_data)
+          in_ractor = Ractor.new { MemprofilerPprof::Collector.new.start! rescue $!.class }.take
+          p [results.uniq, sizes.all?(&:positive?), c.sampling_paused_for_ractors?,
+             c.internal_error_count + side.internal_error_count, keep.size, in_ractor]
+        RUBY
+        out, err, status = run_ruby(code)
+        expect(status.exitstatus).to eq(0), err
+        expect(out).to eq("[[18003], true, true, 0, 2000, Ractor::UnsafeError]\n")
+        # What the main Ractor allocated before the first Ractor.new is there;
+        # the flush after the Ractors is empty (sampling is off) but valid.
+        expect(parse_profile(File.binread(File.join(dir, "before.pprof"))).samples).not_to be_empty
+        expect(parse_profile(File.binread(File.join(dir, "ractors.pprof"))).sample_types).not_to be_empty
+      end
+    end
+
+    it "keeps tracking sampled strings that GC compaction moved" do
+      skip "GC compaction unsupported" unless GC.respond_to?(:verify_compaction_references)
+      collector = described_class.new(mode: mode, sample_rate: 1.0, **unlimited)
+      collector.start!
+      @kept = Workload::Allocator.big_strings(2_000, 30)
+      before = parse_profile(collector.flush)
+      # Moves every movable object (toward an emptied heap). Ruby 3.2 renamed
+      # double_heap: to expand_heap: (3.3 warns about the old name; 3.1 knows only it).
+      params = GC.method(:verify_compaction_references).parameters
+      grow = params.include?(%i[key expand_heap]) ? :expand_heap : :double_heap
+      GC.verify_compaction_references(grow => true, toward: :empty)
+      moved = GC.latest_compact_info[:moved]
+      after = parse_profile(collector.flush)
+      expect(big_strings_alive(before)).to eq(2_000)
+      expect(moved.fetch(:T_STRING, 0)).to be >= 2_000
+      expect(big_strings_alive(after)).to eq(2_000)
+      expect(@kept.map(&:bytesize).uniq).to eq([30])
+      @kept = nil
+      GC.start
+      gone = parse_profile(collector.flush)
+      expect(big_strings_alive(gone)).to eq(0)
+      expect(collector.internal_error_count).to eq(0)
+    ensure
+      collector&.stop!
+    end
+
+    # A flush measures live objects in chunks and lets other threads run in
+    # between; what they do meanwhile must not corrupt or thin the profile.
+    # Run in fresh processes (a failure here would be a crash).
+    describe "while a flush lets other threads run between its steps" do
+      it "counts every live object although GC.compact moves them mid-flush" do
+        code = <<~RUBY
+          require "memprofiler_pprof_rs"
+          collector = MemprofilerPprof::Collector.new(mode: :#{mode}, sample_rate: 1.0, max_heap_samples: 200_000,
+                                                      max_allocation_samples: 10)
+          collector.start!
+          keep = []
+          junk = []
+          60_000.times { |i| object = Object.new; (i % 3).zero? ? keep << object : junk << object }
+          collector.stop!
+          junk = nil
+          GC.start
+          before = collector.live_heap_samples_count
+          stop = false
+          compactor = Thread.new { GC.compact until stop }
+          data = collector.flush
+          stop = true
+          compactor.join
+          puts [before, data.heap_samples_count, keep.size].join(" ")
+        RUBY
+        out, err, status = run_ruby(code)
+        expect(status).to be_success, err
+        before, flushed, kept = out.split.map(&:to_i)
+        expect(kept).to eq(20_000)
+        expect(before).to be >= 20_000
+        expect(flushed).to eq(before)
+      end
+
+      it "names the class of an object that died mid-flush, even an anonymous class freed meanwhile" do
+        code = <<~RUBY
+          require "memprofiler_pprof_rs"
+          class Marker; end
+          collector = MemprofilerPprof::Collector.new(mode: :#{mode}, sample_rate: 1.0, max_heap_samples: 200_000,
+                                                      max_allocation_samples: 10)
+          collector.start!
+          classes = []
+          instances = []
+          20_000.times { klass = Class.new(Marker); classes << klass; instances << klass.new }
+          collector.stop!
+          GC.start
+          started = false
+          flush = Thread.new { started = true; collector.flush }
+          Thread.pass until started
+          5.times { Thread.pass }
+          classes = nil
+          instances = nil
+          3.times { GC.start }
+          filler = Array.new(200_000) { "x" * 10 }
+          data = flush.value
+          puts [data.heap_samples_count, collector.internal_error_count, filler.size].join(" ")
+        RUBY
+        out, err, status = run_ruby(code)
+        expect(status).to be_success, err
+        heap, errors, = out.split.map(&:to_i)
+        expect(heap).to be_positive
+        expect(errors).to eq(0)
+      end
     end
   end
 end

@@ -22,7 +22,16 @@ module MemprofilerPprof
     # hook, so only choose it to reproduce that gem's numbers).
     SIZE_MEASUREMENTS = { postponed_job: 0, c_return: 1 }.freeze
 
-    attr_reader :bt_method, :size_measurement
+    # How deaths of sampled objects are found. :exact (default): Ruby's
+    # FREEOBJ hook runs on every free in the process, so a live sample's
+    # death is seen as it happens. :light: no FREEOBJ hook; each tracked
+    # sample gets its object's id (as Object#object_id would), and samples
+    # whose object is gone are found at each flush and whenever the tracked
+    # set has grown enough. Cheaper on code that allocates and frees a lot
+    # (see docs/performance.md); the profile's numbers are the same kind.
+    MODES = { exact: 0, light: 1 }.freeze
+
+    attr_reader :bt_method, :size_measurement, :mode
 
     private_class_method :_native_pause_all_for_ractors
 
@@ -31,7 +40,7 @@ module MemprofilerPprof
     # Defaults: MemprofilerPprof::DEFAULTS (defined by the extension).
     def initialize(sample_rate: DEFAULTS[:sample_rate], max_allocation_samples: DEFAULTS[:max_allocation_samples],
                    max_heap_samples: DEFAULTS[:max_heap_samples], bt_method: :cfp, allocation_retain_rate: 1.0,
-                   size_measurement: :postponed_job, seed: nil)
+                   size_measurement: :postponed_job, mode: :exact, seed: nil)
       _native_configure(
         self.class.validate_fraction(sample_rate, :sample_rate),
         self.class.validate_count(max_allocation_samples, :max_allocation_samples),
@@ -40,6 +49,7 @@ module MemprofilerPprof
       self.bt_method = bt_method
       self.allocation_retain_rate = allocation_retain_rate
       self.size_measurement = size_measurement
+      self.mode = mode
       _native_set_seed(self.class.validate_seed(seed)) unless seed.nil?
       @flush_lock = Mutex.new
     end
@@ -77,6 +87,13 @@ module MemprofilerPprof
       Validation.one_of(mode, SIZE_MEASUREMENTS.keys, :size_measurement)
       _native_set_size_measurement(SIZE_MEASUREMENTS.fetch(mode))
       @size_measurement = mode
+    end
+
+    # Only while stopped; forgets what was sampled (see MODES).
+    def mode=(mode)
+      Validation.one_of(mode, MODES.keys, :mode)
+      _native_set_mode(MODES.fetch(mode))
+      @mode = mode
     end
 
     # Starts sampling. Clears samples and drop counters of any earlier run.

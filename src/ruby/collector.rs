@@ -10,9 +10,9 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use rb_sys::{
-    rb_gc_count, rb_gc_location, rb_gc_mark, rb_trace_arg_t, rb_tracearg_lineno,
-    rb_tracearg_object, RUBY_EVENT_C_RETURN, RUBY_INTERNAL_EVENT_FREEOBJ,
-    RUBY_INTERNAL_EVENT_NEWOBJ, VALUE,
+    rb_gc_count, rb_gc_disable, rb_gc_enable, rb_gc_location, rb_gc_mark, rb_trace_arg_t,
+    rb_tracearg_lineno, rb_tracearg_object, Qtrue, RUBY_EVENT_C_RETURN,
+    RUBY_INTERNAL_EVENT_FREEOBJ, RUBY_INTERNAL_EVENT_NEWOBJ, VALUE,
 };
 
 use super::classes::{is_class_value, object_info, resolve_classes};
@@ -54,6 +54,16 @@ pub enum SizeMeasurement {
     /// From a C_RETURN hook, as the C gem does: exact but costly (every
     /// return from a C method pays for the hook).
     CReturn,
+}
+
+/// How deaths of sampled objects are found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// A FREEOBJ hook sees every free in the process as it happens.
+    Exact,
+    /// No FREEOBJ hook: each tracked sample's object id is checked at a
+    /// flush, and whenever enough samples came in (sampler/state/liveness.rs).
+    Light,
 }
 
 /// What lives behind the sampler lock.
@@ -101,6 +111,7 @@ pub struct Collector {
     /// Samples wait to be measured (read by the C_RETURN hook).
     has_pending: AtomicBool,
     size_measurement: Cell<SizeMeasurement>,
+    mode: Cell<Mode>,
     flushing: AtomicBool,
     /// The process whose thread set `flushing` (see `flush`).
     flushing_pid: AtomicU32,
@@ -138,6 +149,7 @@ impl Collector {
             suppressed_thread: AtomicUsize::new(0),
             has_pending: AtomicBool::new(false),
             size_measurement: Cell::new(SizeMeasurement::PostponedJob),
+            mode: Cell::new(Mode::Exact),
             flushing: AtomicBool::new(false),
             flushing_pid: AtomicU32::new(0),
             running: AtomicBool::new(false),
@@ -170,6 +182,23 @@ impl Collector {
         self.size_measurement.set(mode);
         self.measure_pending();
         self.apply_hooks()
+    }
+
+    /// Chooses how deaths are found. Only while stopped: samples tracked
+    /// one way cannot be checked the other, so they are forgotten.
+    pub fn set_mode(&self, mode: Mode) -> RbResult<()> {
+        if self.is_running() {
+            return Err(RbError::runtime(
+                "mode can only be changed while the collector is stopped",
+            ));
+        }
+        self.with_sampler(|s| s.state.set_lazy_liveness(mode == Mode::Light))?;
+        self.mode.set(mode);
+        self.apply_hooks()
+    }
+
+    fn is_light(&self) -> bool {
+        self.mode.get() == Mode::Light
     }
 
     pub fn reseed(&self, seed: u64) -> RbResult<()> {
@@ -240,8 +269,11 @@ impl Collector {
         state.record_allocation(object as usize, info, frames, weight, admission);
         // Measuring costs a postponed job; samples of types that can be
         // sized at their free wait for a batch (a flush measures the rest).
-        let measure_now =
-            state.pending_count() >= MEASURE_BATCH || !heap::measurable_at_free(object);
+        // In light mode no free is seen and the object is pinned until its
+        // job runs, so every sample asks for one.
+        let measure_now = self.is_light()
+            || state.pending_count() >= MEASURE_BATCH
+            || !heap::measurable_at_free(object);
         drop(sampler);
         self.has_pending.store(true, Ordering::Relaxed);
         if measure_now && self.size_measurement.get() == SizeMeasurement::PostponedJob {
@@ -277,13 +309,111 @@ impl Collector {
 
     /// Sizes newly sampled objects (at a safe point where the allocating code
     /// has filled them in). Holds the lock but calls nothing that allocates.
+    /// In light mode, also gives them object ids and looks for dead samples
+    /// (`settle_light`).
     pub fn measure_pending(&self) {
+        if self.is_light() {
+            if self.settle_light().is_err() {
+                self.count_internal_error();
+            }
+            return;
+        }
         if let Ok(mut sampler) = self.sampler.try_lock() {
             self.has_pending.store(false, Ordering::Relaxed);
             sampler
                 .state
                 .measure_pending(|object| heap::object_size(object as VALUE));
         }
+    }
+
+    /// Light mode's upkeep, from the postponed job and before a flush (GVL
+    /// held, outside GC). In order:
+    /// 1. after GC.compact, finds moved samples again by their ids;
+    /// 2. gives new samples their object ids, then measures them (which
+    ///    unpins them);
+    /// 3. when due, forgets samples whose objects died.
+    ///
+    /// Ruby is called without the sampler lock (it may allocate, and so GC,
+    /// and the GC's mark callback takes the lock).
+    fn settle_light(&self) -> RbResult<()> {
+        self.settle_light_pruning(false)
+    }
+
+    /// Light mode: forgets every sample whose object died, now (a no-op in
+    /// exact mode, where the FREEOBJ hook already has).
+    pub fn forget_dead_samples(&self) -> RbResult<()> {
+        if self.is_light() {
+            self.settle_light_pruning(true)?;
+        }
+        Ok(())
+    }
+
+    /// `settle_light`; `prune`: look for dead samples even if not due.
+    fn settle_light_pruning(&self, prune: bool) -> RbResult<()> {
+        let (unresolved, epoch) =
+            self.with_sampler(|s| (s.state.unresolved(), s.state.compactions()))?;
+        if !unresolved.is_empty() {
+            // _id2ref raises (allocates) for a dead id: not this
+            // collector's allocations to sample.
+            let previous = self
+                .suppressed_thread
+                .swap(current_thread(), Ordering::Relaxed);
+            // No GC while looking (so no compaction can make what is found
+            // stale before it is placed); the exceptions _id2ref raises for
+            // dead ids are freed by the next GC.
+            // SAFETY: GVL held, outside GC; returns whether GC was disabled.
+            let was_disabled = unsafe { rb_gc_disable() } == Qtrue as VALUE;
+            let mut found = Vec::with_capacity(unresolved.len());
+            let mut failure = None;
+            for (id, object_id) in unresolved {
+                match heap::find_by_object_id(object_id) {
+                    Ok(object) => found.push((id, object.map(|o| o as usize))),
+                    Err(error) => {
+                        failure = Some(error);
+                        break;
+                    }
+                }
+            }
+            if !was_disabled {
+                // SAFETY: as above; only undoes this function's disable.
+                unsafe { rb_gc_enable() };
+            }
+            self.suppressed_thread.store(previous, Ordering::Relaxed);
+            // (Kept as a guard: a compaction cannot have run meanwhile.)
+            self.with_sampler(|s| {
+                if s.state.compactions() == epoch {
+                    s.state.resolve(&found);
+                }
+            })?;
+            if let Some(error) = failure {
+                return Err(error);
+            }
+        }
+        let pending = self.with_sampler(|s| s.state.pending_without_id())?;
+        let ids: Vec<_> = pending
+            .into_iter()
+            .map(|(id, object)| (id, object, heap::object_id(object as VALUE)))
+            .collect();
+        // SAFETY: reads a counter.
+        let gc_count = unsafe { rb_gc_count() } as u32;
+        let prune_due = self.with_sampler(|s| {
+            s.state.assign_object_ids(&ids);
+            s.state
+                .measure_pending(|object| heap::object_size(object as VALUE));
+            s.state.prune_due(gc_count)
+        })?;
+        if prune || prune_due {
+            // No Ruby allocation between listing the pages and the checks,
+            // so no GC can free a page in between. (Listing them finishes a
+            // lazy sweep, which runs no GC: the count stays.)
+            let pages = heap::HeapPages::now()?;
+            self.with_sampler(|s| {
+                s.state.forget_dead(gc_count, |object, object_id| {
+                    heap::is_same_object(&pages, object, object_id)
+                })
+            })?;
+        }
+        Ok(())
     }
 
     // ----- start / stop ------------------------------------------------------
@@ -343,7 +473,8 @@ impl Collector {
             self.newobj.set(false, data)?;
         }
         self.creturn.set(c_return, data)?;
-        self.freeobj.set(tracking && !paused, data)?;
+        let watch_frees = tracking && !paused && !self.is_light();
+        self.freeobj.set(watch_frees, data)?;
         if sample {
             self.newobj.set(true, data)?;
         }
@@ -459,7 +590,11 @@ impl Collector {
         //    are measured in chunks, with the lock released and (when asked)
         //    other threads let run in between, so that a flush of a large
         //    heap never holds the GVL for long.
+        let light = self.is_light();
         let mut measure = |object: usize| heap::object_size(object as VALUE);
+        if light {
+            self.settle_light()?;
+        }
         // SAFETY: reads a counter; no allocation, no raise.
         let gc_count = unsafe { rb_gc_count() } as u32;
         // The steps and their order: sampler/state/flush.rs. On an error (the
@@ -471,7 +606,23 @@ impl Collector {
             (s.state.begin_flush(), s.state.gaps.rate(), started_at)
         })?;
         loop {
+            // Light mode: which of the chunk's objects still live is found
+            // first, in the same hold of the lock (pages listed just before,
+            // no Ruby allocation in between).
+            let pages = if light {
+                // Objects a compaction moved meanwhile are found again first.
+                self.settle_light()?;
+                Some(heap::HeapPages::now()?)
+            } else {
+                None
+            };
             let done = self.with_sampler(|s| {
+                if let Some(pages) = &pages {
+                    s.state
+                        .forget_dead_in_flush(&measuring, LIVE_CHUNK, |object, object_id| {
+                            heap::is_same_object(pages, object, object_id)
+                        });
+                }
                 s.state
                     .measure_live(&measuring, gc_count, LIVE_CHUNK, &mut measure)
             })?;
@@ -482,8 +633,18 @@ impl Collector {
                 yield_to_other_threads()?;
             }
         }
+        // An allocation sample still unmeasured is sized here, if its
+        // object's free is watched (not in light mode: its address could be
+        // stale).
+        let mut measure_unmeasured = |object: usize| {
+            if light {
+                None
+            } else {
+                heap::object_size(object as VALUE)
+            }
+        };
         let (mut snapshot, naming, classes) = self.with_sampler(|s| {
-            let (snapshot, naming) = s.state.end_snapshot(measuring, &mut measure);
+            let (snapshot, naming) = s.state.end_snapshot(measuring, &mut measure_unmeasured);
             (snapshot, naming, s.state.flush_classes().to_vec())
         })?;
         snapshot.drops.nolock += self.nolock_drops.swap(0, Ordering::Relaxed);
@@ -580,6 +741,15 @@ impl Collector {
                     // SAFETY: as above.
                     unsafe { rb_gc_mark(class as VALUE) };
                 }
+                // Light mode: samples waiting for their id stay alive and in
+                // place until the postponed job (sampler/state/liveness.rs).
+                if self.is_light() {
+                    for object in sampler.state.pending_objects() {
+                        // SAFETY: as above; each is an object a NEWOBJ hook
+                        // received and this mark has kept alive since.
+                        unsafe { rb_gc_mark(object as VALUE) };
+                    }
+                }
             }
             Err(_) => self.count_internal_error(),
         }
@@ -587,6 +757,22 @@ impl Collector {
 
     /// After GC.compact: sampled objects may have moved.
     pub fn update_references(&self) {
+        if self.is_light() {
+            // Tracked addresses may be stale slots on freed pages, so none is
+            // read here; the postponed job finds the objects by id.
+            // SAFETY: reads a counter.
+            let gc_count = unsafe { rb_gc_count() } as u32;
+            match self.sampler.lock() {
+                Ok(mut sampler) => sampler.state.forget_addresses(gc_count, |object| {
+                    // SAFETY: called from dcompact, only for addresses
+                    // whose page is still there (see forget_addresses).
+                    unsafe { rb_gc_location(object as VALUE) as usize }
+                }),
+                Err(_) => self.count_internal_error(),
+            }
+            registry::request_measurement();
+            return;
+        }
         match self.sampler.lock() {
             Ok(mut sampler) => sampler.state.relocate_objects(|object| {
                 // SAFETY: called from dcompact; every tracked address is a live

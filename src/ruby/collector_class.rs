@@ -13,7 +13,7 @@ use rb_sys::{
     RTYPEDDATA_TYPE, TEST, VALUE,
 };
 
-use super::collector::{Collector, FlushOptions, FlushResult, SizeMeasurement};
+use super::collector::{Collector, FlushOptions, FlushResult, Mode, SizeMeasurement};
 use super::convert::count_arg;
 use super::errors::{method_entry, protect, RbError, RbResult};
 use super::method_table::{method_def, MethodDef, MethodKind};
@@ -254,6 +254,19 @@ unsafe extern "C" fn native_set_size_measurement(rb_self: VALUE, code: VALUE) ->
     })
 }
 
+/// mode as a small integer: 0 = :exact, 1 = :light.
+unsafe extern "C" fn native_set_mode(rb_self: VALUE, code: VALUE) -> VALUE {
+    method_entry(|| {
+        let mode = match count_arg(code, "mode code")? {
+            0 => Mode::Exact,
+            1 => Mode::Light,
+            n => return Err(RbError::argument(format!("unknown mode code {n}"))),
+        };
+        collector_of(rb_self)?.set_mode(mode)?;
+        Ok(code)
+    })
+}
+
 unsafe extern "C" fn native_start(rb_self: VALUE, paused_for_ractors: VALUE) -> VALUE {
     method_entry(|| {
         Ok(ruby_bool(
@@ -284,7 +297,11 @@ unsafe extern "C" fn running_p(rb_self: VALUE) -> VALUE {
 
 unsafe extern "C" fn live_heap_samples_count(rb_self: VALUE) -> VALUE {
     method_entry(|| {
-        let live = collector_of(rb_self)?.with_sampler(|s| s.state.live_count())?;
+        let collector = collector_of(rb_self)?;
+        // Light mode: samples whose objects died are found first, so that
+        // the count means what it does in exact mode.
+        collector.forget_dead_samples()?;
+        let live = collector.with_sampler(|s| s.state.live_count())?;
         ruby_uint(live as u64)
     })
 }
@@ -444,6 +461,7 @@ pub fn methods() -> Vec<MethodDef> {
             1,
             MethodKind::Private
         ),
+        method_def!(c"_native_set_mode", native_set_mode, 1, MethodKind::Private),
         method_def!(c"_native_start", native_start, 1, MethodKind::Private),
         method_def!(
             c"sampling_paused_for_ractors?",

@@ -13,9 +13,12 @@
 use std::ffi::{c_int, c_void, CStr};
 use std::sync::OnceLock;
 
-use rb_sys::{ruby_value_type, VALUE};
+use rb_sys::{
+    rb_funcall, rb_intern, rb_obj_id, rb_path2class, ruby_fl_type, ruby_value_type, Qnil, ID, VALUE,
+};
 
 use super::convert::builtin_type;
+use super::errors::{protect, RbError, RbResult};
 
 type MemsizeOf = unsafe extern "C" fn(VALUE) -> usize;
 type ObjectPredicate = unsafe extern "C" fn(VALUE) -> c_int;
@@ -157,4 +160,124 @@ pub fn size_at_free(object: VALUE) -> Option<u64> {
     api()
         .memsize_of
         .map(|memsize_of| unsafe { memsize_of(object) } as u64)
+}
+
+// ----- liveness through object ids (the collector's :light mode) -----------
+
+extern "C" {
+    // Exported by every Ruby from 2.x to 3.4 (gc.c), declared only in its
+    // internal headers: calls `callback(start, end, stride, data)` once per
+    // heap page region, after finishing any lazy sweep, with GC disabled.
+    fn rb_objspace_each_objects(
+        callback: unsafe extern "C" fn(*mut c_void, *mut c_void, usize, *mut c_void) -> c_int,
+        data: *mut c_void,
+    );
+}
+
+/// The heap's pages as they are now: where a slot may be read. Only valid
+/// until Ruby next runs a GC (a page may be freed then), so take one right
+/// before the checks it serves, with no Ruby allocation in between.
+pub struct HeapPages {
+    /// (start, end, stride) of each page region, sorted by start.
+    regions: Vec<(usize, usize, usize)>,
+}
+
+unsafe extern "C" fn collect_region(
+    start: *mut c_void,
+    end: *mut c_void,
+    stride: usize,
+    data: *mut c_void,
+) -> c_int {
+    // SAFETY: `data` is the Vec passed by `HeapPages::now`, alive for the
+    // whole rb_objspace_each_objects call. Pushing mallocs (Rust's
+    // allocator, not Ruby's), which cannot start a GC.
+    let regions = unsafe { &mut *data.cast::<Vec<(usize, usize, usize)>>() };
+    if stride > 0 && (start as usize) < (end as usize) {
+        regions.push((start as usize, end as usize, stride));
+    }
+    0
+}
+
+impl HeapPages {
+    /// Lists the heap's pages (GVL held, not during GC). Finishes Ruby's
+    /// lazy sweep first (rb_objspace_each_objects does), so every dead
+    /// object is a free slot by then. O(pages): about 16,000 for a 1 GB heap.
+    pub fn now() -> RbResult<Self> {
+        let mut regions: Vec<(usize, usize, usize)> = Vec::new();
+        let data = &mut regions as *mut Vec<(usize, usize, usize)>;
+        protect(|| {
+            // SAFETY: GVL held, outside GC; the callback only records the
+            // regions into `regions`, which outlives the call.
+            unsafe { rb_objspace_each_objects(collect_region, data.cast()) };
+            Qnil as VALUE
+        })?;
+        regions.sort_unstable();
+        Ok(HeapPages { regions })
+    }
+
+    /// True if `address` is the start of a slot of a heap page.
+    pub fn is_slot(&self, address: usize) -> bool {
+        let index = self
+            .regions
+            .partition_point(|&(start, _, _)| start <= address);
+        let Some(&(start, end, stride)) = index.checked_sub(1).and_then(|i| self.regions.get(i))
+        else {
+            return false;
+        };
+        address < end && (address - start) % stride == 0
+    }
+}
+
+/// The object id Ruby gives `object` (what `object_id` returns), as the raw
+/// Fixnum VALUE. Marks the object FL_SEEN_OBJ_ID and enters it into Ruby's
+/// id tables, which may allocate C memory (and so run a GC): call it with
+/// the GVL, outside GC and without holding the sampler lock.
+pub fn object_id(object: VALUE) -> u64 {
+    // SAFETY: `object` is a live heap object (a pending sample, pinned by
+    // the collector's mark); rb_obj_id raises for nothing of that kind.
+    unsafe { rb_obj_id(object) as u64 }
+}
+
+/// True if the object at `address` is still the one Ruby gave `object_id`.
+/// Ids are never reused, so a new object in a reused slot never passes.
+/// Needs `pages` taken since the last GC. Starts no GC: it asks Ruby for
+/// the id only of an object that already has one (a table lookup).
+pub fn is_same_object(pages: &HeapPages, address: usize, object_id: u64) -> bool {
+    if !pages.is_slot(address) {
+        return false;
+    }
+    let object = address as VALUE;
+    if !is_live_object(object) {
+        return false;
+    }
+    // SAFETY: a heap slot holding a live object (checked above).
+    let flags = unsafe { *(object as *const VALUE) };
+    if flags & (ruby_fl_type::RUBY_FL_SEEN_OBJ_ID as VALUE) == 0 {
+        return false;
+    }
+    // SAFETY: a live object that has an id: rb_obj_id only looks it up.
+    (unsafe { rb_obj_id(object) }) as u64 == object_id
+}
+
+/// The object whose id is `object_id` (`ObjectSpace._id2ref`), or None if
+/// it is gone. Raises inside Ruby for a dead id (caught here), so it is for
+/// the rare case of finding objects again after GC.compact. GVL held,
+/// outside GC, without the sampler lock (it allocates).
+pub fn find_by_object_id(object_id: u64) -> RbResult<Option<VALUE>> {
+    static ID2REF: OnceLock<ID> = OnceLock::new();
+    // SAFETY: interning a static name; GVL held.
+    let method = *ID2REF.get_or_init(|| unsafe { rb_intern(c"_id2ref".as_ptr()) });
+    match protect(|| {
+        // SAFETY: under protect, GVL held: ObjectSpace (a core module,
+        // never collected) is looked up by name, and its _id2ref is called
+        // with the Fixnum id Ruby gave the object.
+        unsafe {
+            let object_space = rb_path2class(c"ObjectSpace".as_ptr());
+            rb_funcall(object_space, method, 1, object_id as VALUE)
+        }
+    }) {
+        Ok(object) => Ok(Some(object)),
+        Err(RbError::Exception(_)) => Ok(None),
+        Err(other) => Err(other),
+    }
 }

@@ -126,6 +126,7 @@ impl SamplerState {
             self.stop_tracking(object);
         }
         self.forget_watched();
+        self.forget_unresolved();
     }
 
     pub(super) fn forget_watched(&mut self) {
@@ -196,6 +197,8 @@ impl SamplerState {
                 SampleId(slot)
             }
         };
+        // A reused record slot starts without an object id.
+        self.set_object_id(id, 0);
         match admission.allocation {
             AllocationSlot::Append => self.allocations.push(id),
             AllocationSlot::Replace(index) => {

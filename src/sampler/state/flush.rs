@@ -87,7 +87,7 @@ pub struct FlushedSample {
 pub(super) struct FlushInProgress {
     /// Live objects when the flush began, measured `next_live..` onwards.
     pub(super) live: Vec<(ObjectAddress, SampleId)>,
-    next_live: usize,
+    pub(super) next_live: usize,
     /// The detached allocation list (its entries still hold their records).
     allocations: Vec<SampleId>,
     allocations_seen: u64,
@@ -163,8 +163,13 @@ impl SamplerState {
             let Some(record) = self.records.get(id.0 as usize) else {
                 continue;
             };
-            // Freed (and the slot perhaps reused) since begin_flush.
-            if record.refs == 0 || record.object != object || record.liveness != Liveness::Live {
+            // Freed (and the slot perhaps reused) since begin_flush, or (0)
+            // its address unknown since a compaction (lazy liveness).
+            if record.refs == 0
+                || record.object != object
+                || object == 0
+                || record.liveness != Liveness::Live
+            {
                 continue;
             }
             let Some(size) = measure(object) else {

@@ -141,7 +141,10 @@ impl SamplerState {
         if let FlushPhase::Measuring(flush) = &mut self.phase {
             for (object, id) in &mut flush.live {
                 if let Some(record) = self.records.get(id.0 as usize) {
-                    if record.refs > 0 && record.liveness == Liveness::Live {
+                    // (0: lazy liveness lost its address to a compaction;
+                    // the entry keeps its old one, which the record no
+                    // longer matches, so the flush skips it.)
+                    if record.refs > 0 && record.liveness == Liveness::Live && record.object != 0 {
                         *object = record.object;
                     }
                 }

@@ -32,6 +32,9 @@ use crate::fast_hash::FastHashMap;
 mod admission;
 mod detach;
 mod flush;
+mod liveness;
+#[cfg(test)]
+mod liveness_tests;
 mod measure;
 #[cfg(test)]
 mod tests;
@@ -146,6 +149,20 @@ pub struct SamplerState {
     free_filter: Arc<AddressFilter>,
     /// Where the flush being read out in steps is (flush.rs).
     phase: FlushPhase,
+    /// Deaths are found through object ids, not the FREEOBJ hook
+    /// (liveness.rs).
+    lazy_liveness: bool,
+    /// Lazy liveness: each record's object id (0: none yet), by SampleId.
+    object_ids: Vec<u64>,
+    /// Lazy liveness: the live map's size at which to look for dead samples.
+    next_prune_at: usize,
+    /// Lazy liveness: tracked samples whose address compaction made
+    /// unknown, until their ids are looked up again.
+    unresolved: Vec<SampleId>,
+    /// Lazy liveness: compactions seen (see `compactions`).
+    compactions: u64,
+    /// Lazy liveness: the GC count at the last prune of the whole live map.
+    all_verified_at: Option<u32>,
 }
 
 impl SamplerState {
@@ -172,6 +189,12 @@ impl SamplerState {
             drops: DropCounters::default(),
             free_filter: Arc::new(AddressFilter::new(DEFAULT_BUCKETS_LOG2)),
             phase: FlushPhase::Idle,
+            lazy_liveness: false,
+            object_ids: Vec::new(),
+            next_prune_at: 0,
+            unresolved: Vec::new(),
+            compactions: 0,
+            all_verified_at: None,
         }
     }
 
@@ -213,6 +236,7 @@ impl SamplerState {
         for object in live {
             self.record_free(object);
         }
+        self.forget_unresolved();
         for id in std::mem::take(&mut self.allocations) {
             if id != TOMBSTONE {
                 self.release(id);
@@ -247,8 +271,10 @@ impl SamplerState {
         self.reseed(mix_seed(self.gaps.seed(), child_pid));
     }
 
+    /// Tracked live samples (with those whose address a compaction made
+    /// unknown in lazy mode).
     pub fn live_count(&self) -> usize {
-        self.live.len()
+        self.live.len() + self.unresolved.len()
     }
 
     /// Samples in the allocation list (not counting thinned-out ones).
@@ -299,6 +325,8 @@ impl SamplerState {
             + self.watched.capacity() * (size_of::<ObjectAddress>() + size_of::<SampleId>() + 8)
             + self.free_filter.memory_bytes()
             + self.named_classes.memory_bytes()
+            + self.object_ids.capacity() * size_of::<u64>()
+            + self.unresolved.capacity() * size_of::<SampleId>()
     }
 
     fn release(&mut self, id: SampleId) {

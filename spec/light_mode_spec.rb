@@ -1,0 +1,146 @@
+# frozen_string_literal: true
+
+# mode: :light finds deaths through object ids instead of the FREEOBJ hook
+# (src/sampler/state/liveness.rs). What could go wrong there: a new object
+# in a dead sample's slot taken for it, objects moved by compaction lost,
+# dead samples filling the live map, a user's object_id changed.
+RSpec.describe MemprofilerPprof::Collector, "mode: :light" do
+  let(:allocator) { Workload::Allocator.new }
+
+  def retained_inuse(collector)
+    total_through(parse_profile(collector.flush), "Workload::Allocator#retained", "inuse_objects")
+  end
+
+  it "never takes a new object in a dead sample's slot for the sample, even one with an object_id" do
+    # No cap on the live map: every sample is kept, so none may be missing.
+    collector = described_class.new(mode: :light, sample_rate: 1.0, max_allocation_samples: 10,
+                                     max_heap_samples: 10_000_000)
+    collector.start!
+    @kept = Array.new(30_000) { |i| allocator.retained(i) }
+    collector.stop!
+    # In place: a dropped copy of the array could stay on the machine stack,
+    # and Ruby's conservative stack scan would keep all 30,000 alive.
+    @kept.keep_if.with_index { |_, i| i < 1_000 }
+    GC.start
+    # Fills the freed slots again, unsampled; half the newcomers get ids.
+    @fill = Array.new(60_000) { |i| i.even? ? "fill".dup.tap(&:object_id) : "fill".dup }
+    # (A few more may stay reachable from the machine stack.)
+    expect(retained_inuse(collector)).to be_between(1_000, 1_050)
+    expect(collector.live_heap_samples_count).to be_between(1_000, 1_100)
+  ensure
+    collector&.stop!
+  end
+
+  it "gives a sampled object the id Ruby gives it, and keeps it" do
+    collector = described_class.new(mode: :light, sample_rate: 1.0)
+    collector.start!
+    objects = Array.new(100) { Object.new }
+    ids = objects.map(&:object_id)
+    collector.flush
+    GC.start
+    collector.flush
+    expect(objects.map(&:object_id)).to eq(ids)
+    expect(ids.uniq.size).to eq(100)
+    expect(objects.map { |o| ObjectSpace._id2ref(o.object_id) }).to eq(objects)
+  ensure
+    collector&.stop!
+  end
+
+  # Dead samples are found by prunes, not as they are swept: the live map
+  # must not fill (and thin) noticeably more often than in exact mode.
+  it "finds dead samples before they fill the live map, thinning no more than exact mode" do
+    drops = %i[exact light].to_h do |mode|
+      collector = described_class.new(mode: mode, sample_rate: 0.1, max_heap_samples: 4_000,
+                                       max_allocation_samples: 10, seed: 8)
+      collector.start!
+      kept = []
+      400_000.times do |i|
+        allocator.temporary(i)
+        kept << allocator.retained(i) if (i % 100).zero?
+      end
+      GC.start
+      data = collector.flush
+      collector.stop!
+      inuse = total_through(parse_profile(data), "Workload::Allocator#retained", "inuse_objects")
+      expect(inuse).to be_within(kept.size * 0.15).of(kept.size)
+      [mode, data.dropped_samples_heap_bufsize]
+    end
+    expect(drops[:light]).to be <= (drops[:exact] * 1.2) + 100
+  end
+
+  it "finds every live sample again after GC.compact, and lets the dead ones go" do
+    skip "GC.compact unsupported here" unless GC.respond_to?(:compact)
+    collector = described_class.new(mode: :light, sample_rate: 1.0, max_allocation_samples: 10)
+    collector.start!
+    @kept = Array.new(5_000) { |i| allocator.retained(i) }
+    @dropped = Array.new(5_000) { |i| allocator.retained(i) }
+    collector.stop!
+    @dropped = nil
+    GC.compact
+    GC.compact
+    expect(retained_inuse(collector)).to eq(5_000)
+    expect(collector.send(:_native_internal_error_count)).to eq(0)
+  end
+
+  it "survives auto-compaction and GC.stress while sampling, counting what stays alive" do
+    skip "GC.auto_compact unsupported here" unless GC.respond_to?(:auto_compact=)
+    code = <<~RUBY
+      require "memprofiler_pprof_rs"
+      collector = MemprofilerPprof::Collector.new(mode: :light, sample_rate: 0.5, seed: 3)
+      GC.auto_compact = true
+      collector.start!
+      kept = []
+      200_000.times { |i| s = "t\#{i}"; kept << s if (i % 50).zero? }
+      GC.stress = true
+      kept.concat(Array.new(300) { |i| "s\#{i}" })
+      GC.stress = false
+      GC.start
+      data = collector.flush
+      collector.stop!
+      puts [kept.size, data.heap_samples_count, collector.internal_error_count].join(" ")
+    RUBY
+    out, err, status = run_ruby(code)
+    expect(status).to be_success, err
+    kept, heap_samples, errors = out.split.map(&:to_i)
+    expect(kept).to eq(4_300)
+    # Half of the kept strings sampled, give or take (seeded), plus a few others.
+    expect(heap_samples).to be_within(200).of(2_150)
+    expect(errors).to eq(0)
+  end
+
+  it "keeps live samples true in a forked child" do
+    skip "fork unsupported" unless Process.respond_to?(:fork)
+    collector = described_class.new(mode: :light, sample_rate: 1.0, max_allocation_samples: 10)
+    collector.start!
+    @kept = Array.new(2_000) { |i| allocator.retained(i) }
+    reader, writer = IO.pipe
+    pid = fork do
+      reader.close
+      @kept.keep_if.with_index { |_, i| i < 500 }
+      GC.start
+      writer.puts retained_inuse(collector)
+      writer.close
+      exit!(0)
+    end
+    writer.close
+    child = reader.read.to_i
+    Process.wait(pid)
+    GC.start # the temporary Strings of the interpolations die too
+    expect(child).to be_between(500, 510)
+    expect(retained_inuse(collector)).to eq(2_000)
+  ensure
+    collector&.stop!
+  end
+
+  it "changes mode only while stopped, and names a bad mode" do
+    collector = described_class.new
+    expect(collector.mode).to eq(:exact)
+    collector.mode = :light
+    expect(collector.mode).to eq(:light)
+    collector.start!
+    expect { collector.mode = :exact }.to raise_error(RuntimeError, /stopped/)
+    collector.stop!
+    expect { collector.mode = :fast }.to raise_error(ArgumentError, /mode.*:fast/)
+    expect { described_class.new(mode: "light") }.to raise_error(ArgumentError, /mode.*"light"/)
+  end
+end
