@@ -49,6 +49,19 @@ RSpec.describe "lazy loading" do
     expect(out.lines.map(&:chomp)).to eq(["[]", "[]", '["autoload"]'])
   end
 
+  # Every library the require pulls in is paid for by every process that
+  # loads the gem (fileutils and securerandom alone were half of its cost).
+  it "loads no file from outside the gem on require" do
+    out, err, status = run_ruby(<<~RUBY)
+      before = $LOADED_FEATURES.dup
+      require "memprofiler_pprof_rs"
+      lib = #{File.expand_path('../lib/memprofiler_pprof_rs', __dir__).inspect}
+      puts ($LOADED_FEATURES - before).reject { |f| f.start_with?(lib) }.inspect
+    RUBY
+    expect(status).to be_success, err
+    expect(out.chomp).to eq("[]")
+  end
+
   it "resolves each autoloaded constant in a fresh process" do
     autoloaded.each do |name, library|
       out, err, status = run_ruby(<<~RUBY)

@@ -1,13 +1,16 @@
 # frozen_string_literal: true
 
-require "fileutils"
-require "securerandom"
-
 module MemprofilerPprof
   # How the gem writes files (profiles, flame graphs, merged profiles):
   # whole or not at all, never through a name another user can prepare,
   # readable by their owner only unless asked otherwise. Profiles hold code
   # paths and class names.
+  #
+  # Core Ruby only (Dir.mkdir, Random.urandom), no fileutils or
+  # securerandom: this file is loaded by every `require` of the gem, and
+  # those two libraries cost more than half of it (callgrind, see
+  # docs/api.md). A write may also be the first in a process and come from
+  # a signal trap, where loading them on first use is not safe.
   module FileOutput
     # Files and directories the gem creates: owner only.
     FILE_MODE = 0o600
@@ -29,9 +32,10 @@ module MemprofilerPprof
     # second copy to the file. Returns `path`.
     def write(path, data, mode: FILE_MODE, overwrite: true)
       directory = File.dirname(path)
-      FileUtils.mkdir_p(directory, mode: DIRECTORY_MODE) unless File.directory?(directory)
+      make_directories(directory) unless File.directory?(directory)
       check_directory(directory)
-      temporary = File.join(directory, ".#{File.basename(path)}.#{SecureRandom.hex(8)}.tmp")
+      # (SecureRandom.hex(8) reads the same source: 8 bytes from urandom.)
+      temporary = File.join(directory, ".#{File.basename(path)}.#{Random.urandom(8).unpack1('H*')}.tmp")
       created = false
       begin
         flags = File::WRONLY | File::CREAT | File::EXCL | File::NOFOLLOW
@@ -47,6 +51,25 @@ module MemprofilerPprof
         File.unlink(temporary) if created && File.exist?(temporary)
       end
       path
+    end
+
+    # `mkdir -p` with DIRECTORY_MODE for each directory made, as
+    # FileUtils.mkdir_p(directory, mode: DIRECTORY_MODE) does: the mode is
+    # set again after mkdir(2), which the umask may have narrowed; one made
+    # by another process meanwhile is fine.
+    def make_directories(directory)
+      missing = []
+      path = directory == "/" ? directory : directory.chomp("/")
+      until File.directory?(path) || File.dirname(path) == path
+        missing.push(path)
+        path = File.dirname(path)
+      end
+      missing.reverse_each do |dir|
+        Dir.mkdir(dir, DIRECTORY_MODE)
+        File.chmod(DIRECTORY_MODE, dir)
+      rescue SystemCallError
+        raise unless File.directory?(dir)
+      end
     end
 
     # Refuses a directory that another user owns (or a symlink to one), and
