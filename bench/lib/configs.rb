@@ -1,10 +1,22 @@
 # frozen_string_literal: true
 
 # The profiler configurations bench/run compares. Each `start` returns a
-# stopper lambda (which may return extra numbers to report).
+# stopper lambda (which may return extra numbers to report). The stopper
+# takes `report: false` where only the hooks' cost counts (bench/run
+# callgrind): it then stops without reading out what was recorded.
+#
+# A configuration of this gem with other Collector options is one line in
+# ALL, named after its options by gem_config:
+#
+#   **gem_config(0.01, mode: :something),  # "memprofiler_pprof_rs 0.01, mode: :something"
+#
+# and `bench/run WORKLOAD --config NAME` adds it to a run.
 module BenchConfigs
-  # The events the gem hooks (NEWOBJ + FREEOBJ), for the empty-hook floor.
-  GEM_EVENTS = 1 | 2
+  # EmptyHooks' event bits (src/ruby/empty_hooks.rs; 4 is C_RETURN): the
+  # gem hooks NEWOBJ and FREEOBJ, the single-hook floors one of them each.
+  NEWOBJ = 1
+  FREEOBJ = 2
+  GEM_EVENTS = NEWOBJ | FREEOBJ
   MECHANISMS = { tracepoint: 0, event_hook: 1 }.freeze
 
   def self.empty_hooks(mechanism, events)
@@ -13,14 +25,19 @@ module BenchConfigs
             "(or MEMPROFILER_PPROF_RS_BENCH_HOOKS=1 when installing the gem)"
     end
     MemprofilerPprof::EmptyHooks._native_enable(MECHANISMS.fetch(mechanism), events)
-    -> { MemprofilerPprof::EmptyHooks._native_disable && {} }
+    ->(**) { MemprofilerPprof::EmptyHooks._native_disable && {} }
   end
 
   def self.gem(rate, **options)
     collector = MemprofilerPprof::Collector.new(sample_rate: rate, **options)
     collector.start!
     $bench_collector = collector
-    lambda do
+    lambda do |report: true|
+      unless report
+        collector.stop!
+        next {}
+      end
+
       memsize = ObjectSpace.memsize_of(collector)
       data = collector.flush
       collector.stop!
@@ -32,11 +49,20 @@ module BenchConfigs
   def self.stackprof(interval)
     require "stackprof"
     StackProf.start(mode: :object, interval: interval, raw: true)
-    lambda do
+    lambda do |report: true|
       StackProf.stop
+      next {} unless report
+
       result = StackProf.results
       { samples: result[:samples] }
     end
+  end
+
+  # { name => starter } for this gem at `rate` with extra Collector options,
+  # named "memprofiler_pprof_rs RATE, OPTION: VALUE, ...".
+  def self.gem_config(rate, **options)
+    name = ["memprofiler_pprof_rs #{rate}", *options.map { |key, value| "#{key}: #{value.inspect}" }].join(", ")
+    { name => -> { gem(rate, **options) } }
   end
 
   ALL = {
@@ -52,8 +78,14 @@ module BenchConfigs
     "empty C_RETURN TracePoint" => -> { empty_hooks(:tracepoint, 4) },
     "memprofiler_pprof_rs 1.0, caps lifted" => lambda {
       gem(1.0, max_allocation_samples: 100_000_000, max_heap_samples: 100_000_000)
-    }
+    },
+    # What one of the gem's two hooks costs by itself (bench/run deep and
+    # callgrind): a profiler that hooked only NEWOBJ, or paid less for
+    # FREEOBJ, could get below the two-hook floor.
+    "floor: empty NEWOBJ event hook" => -> { empty_hooks(:event_hook, NEWOBJ) },
+    "floor: empty FREEOBJ event hook" => -> { empty_hooks(:event_hook, FREEOBJ) }
   }.freeze
 
   DEFAULT = ALL.keys.first(8).freeze
+  SINGLE_HOOK_FLOORS = ["floor: empty NEWOBJ event hook", "floor: empty FREEOBJ event hook"].freeze
 end

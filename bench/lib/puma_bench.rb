@@ -12,25 +12,39 @@ module PumaBench
   SECONDS = Integer(ENV.fetch("BENCH_PUMA_SECONDS", "5"))
   THREADS = 4
   CONNECTIONS = 8
+  # wrk's own default (2 s) would drop the slowest configurations' requests
+  # from the latencies (stackprof at interval 1 on the Rails-depth app).
+  TIMEOUT_SECONDS = 30
 
   module_function
 
-  def run(runs)
-    missing = %w[puma wrk].find { |tool| !system("command -v #{tool} >/dev/null 2>&1") }
-    if missing
-      puts "\n(4) puma: skipped, #{missing} is not installed (script/bootstrap --bench installs it)"
-      return
-    end
-    configs = BenchConfigs::DEFAULT
-    results = BenchReport.alternate(configs, runs) { |config| measure(config) }
-    base = summarize(results["no profiler"])
+  def run(runs, configs = BenchConfigs::DEFAULT)
+    results = compare(runs, configs, "(4) puma", "puma_app.ru", "/?page=3") or return
     puts
     puts "(4) puma #{puma_version}, #{THREADS} threads, Rack app of bench/lib/puma_app.ru (40 records as JSON " \
          "and HTML per request); wrk, #{CONNECTIONS} connections, #{SECONDS} s per run; " \
          "this gem with a FileFlusher writing every second"
+    report(results, configs)
+  end
+
+  # Each configuration `runs` times, alternating, each in a fresh puma
+  # serving `rackup` (in this directory) and loaded by wrk at `path`. Nil,
+  # after saying so under `label`, when puma or wrk is not installed.
+  def compare(runs, configs, label, rackup, path, connections: CONNECTIONS)
+    missing = %w[puma wrk].find { |tool| !system("command -v #{tool} >/dev/null 2>&1") }
+    if missing
+      puts "\n#{label}: skipped, #{missing} is not installed (script/bootstrap --bench installs it)"
+      return nil
+    end
+    BenchReport.alternate(configs, runs) { |config| measure(config, rackup, path, connections) }
+  end
+
+  # Requests/s, p50 and p99 per configuration, and their ratios to "no profiler".
+  def report(results, configs)
+    base = summarize(results["no profiler"])
     rows = configs.map do |config|
       s = summarize(results[config])
-      [config, format("%.0f", s[:rps]), BenchReport.ratio(s[:rps], base[:rps]),
+      [config, format(s[:rps] < 10 ? "%.1f" : "%.0f", s[:rps]), BenchReport.ratio(s[:rps], base[:rps]),
        format("%.2f ms", s[:p50] * 1000), format("%.2f ms", s[:p99] * 1000), BenchReport.ratio(s[:p99], base[:p99])]
     end
     BenchReport.table(["configuration", "requests/s", "vs none", "p50", "p99", "p99 vs none"], rows)
@@ -44,19 +58,26 @@ module PumaBench
     `puma --version 2>/dev/null`[/\d+\.\d+\.\d+/] || "?"
   end
 
-  def measure(config)
+  def measure(config, rackup = "puma_app.ru", path = "/?page=3", connections = CONNECTIONS)
+    serve(config, rackup) do |base_url|
+      wrk(base_url + path, 1, connections) # warm up
+      wrk(base_url + path, SECONDS, connections)
+    end
+  end
+
+  # Starts puma on `rackup` with the profiler `config`, yields its URL
+  # (http://127.0.0.1:PORT) once it accepts connections, then stops it.
+  def serve(config, rackup)
     Dir.mktmpdir("bench-puma") do |dir|
       port = free_port
       env = { "BENCH_PROFILER" => config, "BENCH_PROFILE_DIR" => dir,
               "RUBYLIB" => [File.join(BenchReport::ROOT, "lib"), ENV["RUBYLIB"]].compact.join(":") }
-      app = File.join(__dir__, "puma_app.ru")
+      app = File.join(__dir__, rackup)
       pid = Process.spawn(env, "puma", "-q", "-e", "production", "-t", "#{THREADS}:#{THREADS}",
                           "-b", "tcp://127.0.0.1:#{port}", app, out: File::NULL, err: File.join(dir, "puma.log"))
       begin
         wait_for(port, pid, dir)
-        url = "http://127.0.0.1:#{port}/?page=3"
-        wrk(url, 1) # warm up
-        wrk(url, SECONDS)
+        yield "http://127.0.0.1:#{port}"
       ensure
         Process.kill("TERM", pid)
         Process.wait(pid)
@@ -64,8 +85,8 @@ module PumaBench
     end
   end
 
-  def wrk(url, seconds)
-    out = `wrk -t2 -c#{CONNECTIONS} -d#{seconds}s --latency #{url}`
+  def wrk(url, seconds, connections = CONNECTIONS)
+    out = `wrk -t2 -c#{connections} -d#{seconds}s --timeout #{TIMEOUT_SECONDS}s --latency #{url}`
     raise "wrk failed:\n#{out}" unless Process.last_status.success? && out =~ %r{Requests/sec:\s+([\d.]+)}
 
     { rps: Regexp.last_match(1).to_f, p50: latency(out, "50%"), p99: latency(out, "99%") }

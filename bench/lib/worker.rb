@@ -3,7 +3,11 @@
 # Runs one workload under one profiler configuration in this (fresh)
 # process and prints the result as one JSON line. Started by bench/run:
 #
-#   ruby -Ilib bench/lib/worker.rb WORKLOAD "CONFIGURATION"
+#   ruby -Ilib bench/lib/worker.rb WORKLOAD "CONFIGURATION" [ITERATIONS]
+#
+# With ITERATIONS (bench/run callgrind, under valgrind) a loop workload runs
+# that many iterations and the profiler is stopped without reading out its
+# results, so that the instruction count is the workload's and the hooks'.
 
 require "json"
 require "objspace"
@@ -17,12 +21,14 @@ def rss_kb
   File.read("/proc/self/status")[/^VmRSS:\s+(\d+)/, 1].to_i
 end
 
-workload, config = ARGV
+workload, config, iterations = ARGV
+size = iterations ? [Integer(iterations)] : []
 BenchWorkloads::WARMUPS.fetch(workload).call
 GC.start
 peak = {}
 excluded = 0.0
 stop = BenchConfigs::ALL.fetch(config).call
+allocated_before = GC.stat(:total_allocated_objects)
 started = now
 if workload == "scenario"
   # At the retained set's peak: memory, and the cost of flushing that state
@@ -43,8 +49,9 @@ if workload == "scenario"
   end
   BenchWorkloads::Scenario.run(at_peak: at_peak)
 else
-  BenchWorkloads::ALL.fetch(workload).call
+  BenchWorkloads::ALL.fetch(workload).call(*size)
 end
 seconds = now - started - excluded
-extra = stop&.call || {}
-puts JSON.generate({ seconds: seconds, rss_kb: rss_kb, peak: peak }.merge(extra))
+allocated = GC.stat(:total_allocated_objects) - allocated_before
+extra = stop&.call(report: iterations.nil?) || {}
+puts JSON.generate({ seconds: seconds, rss_kb: rss_kb, peak: peak, allocated: allocated }.merge(extra))

@@ -1,7 +1,8 @@
 # frozen_string_literal: true
 
 # The workloads bench/run times. Each is a lambda run after a warm-up call;
-# its value is ignored.
+# its value is ignored. An optional argument sizes the loop workloads down
+# (iterations), for bench/run callgrind.
 module BenchWorkloads
   # (1) Allocation-heavy: 1M iterations x 4 small objects (a String from
   # interpolation and its to_s, an Array, a Hash) through 3 call levels.
@@ -30,6 +31,39 @@ module BenchWorkloads
         i += 1
       end
       sum
+    end
+  end
+
+  # (6) Allocation-heavy at depth: the alloc loop's objects (a String from
+  # interpolation and its to_s, an Array, a Hash), 100k iterations, each
+  # allocated DEPTH Ruby frames deep (counting C frames, as a backtrace
+  # does), below a recursion through three methods. A Rails request
+  # allocates 120+ frames deep; the alloc loop does it at ~8, where a
+  # sampled allocation's backtrace is cheap.
+  module DeepLoop
+    DEPTH = 65
+
+    def self.descend_a(levels, iterations) = levels.zero? ? loop_at_depth(iterations) : descend_b(levels - 1, iterations)
+    def self.descend_b(levels, iterations) = levels.zero? ? loop_at_depth(iterations) : descend_c(levels - 1, iterations)
+    def self.descend_c(levels, iterations) = levels.zero? ? loop_at_depth(iterations) : descend_a(levels - 1, iterations)
+
+    def self.loop_at_depth(iterations)
+      iterations.times { |i| leaf(i) }
+    end
+
+    def self.leaf(i) = ["s#{i}", { k: i }]
+
+    # Frames below run's own besides the recursion's `levels`: the last
+    # descend_*, loop_at_depth, Integer#times, its block, leaf.
+    FIXED_FRAMES = 5
+
+    # The recursion is sized from the caller's depth, so that leaf runs at
+    # DEPTH frames wherever run is called from (worker, warm-up, callgrind).
+    def self.run(iterations = 100_000, depth: DEPTH)
+      levels = depth - caller(0).size - FIXED_FRAMES
+      raise ArgumentError, "bench: already #{caller(0).size} frames deep" if levels.negative?
+
+      descend_a(levels, iterations)
     end
   end
 
@@ -131,14 +165,16 @@ module BenchWorkloads
   end
 
   ALL = {
-    "alloc" => -> { AllocLoop.run },
-    "compute" => -> { ComputeLoop.run },
-    "scenario" => -> { Scenario.run }
+    "alloc" => ->(*size) { AllocLoop.run(*size) },
+    "compute" => ->(*size) { ComputeLoop.run(*size) },
+    "scenario" => -> { Scenario.run },
+    "deep" => ->(*size) { DeepLoop.run(*size) }
   }.freeze
 
   WARMUPS = {
     "alloc" => -> { AllocLoop.run(10_000) },
     "compute" => -> { ComputeLoop.run(10_000) },
-    "scenario" => -> { Scenario.run(500, seed: 1) }
+    "scenario" => -> { Scenario.run(500, seed: 1) },
+    "deep" => -> { DeepLoop.run(2_500) }
   }.freeze
 end

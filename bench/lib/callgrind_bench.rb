@@ -1,0 +1,92 @@
+# frozen_string_literal: true
+
+require "json"
+require "open3"
+require "rbconfig"
+require_relative "report"
+require_relative "configs"
+
+# (8) Instructions instead of seconds: each configuration runs a loop
+# workload once under `valgrind --tool=callgrind`, which counts every
+# instruction the process executes. The counts do not depend on what else
+# the machine runs, so differences of a few percent, lost in wall-clock
+# noise on a shared machine, show, and one run per configuration is enough.
+# The counts are of the whole process (Ruby's start, the warm-up, the
+# profiler's start and stop without reading out its results): the
+# difference to "no profiler" is the profiler's.
+module CallgrindBench
+  TARGETS = %w[alloc deep require].freeze
+  # Iterations of each loop workload: callgrind runs Ruby ~50x slower, and
+  # one run should stay under ~3 minutes (stackprof at interval 1, the
+  # slowest, takes ~1 minute at these sizes).
+  ITERATIONS = { "alloc" => 100_000, "deep" => 100_000 }.freeze
+  LIB = File.join(BenchReport::ROOT, "lib")
+  # What loading a profiler costs a process that never starts it.
+  REQUIRES = {
+    "ruby -e 0" => ["-e", "0"],
+    "ruby -Ilib -e 'require \"memprofiler_pprof_rs\"'" => ["-I", LIB, "-e", 'require "memprofiler_pprof_rs"'],
+    "ruby -e 'require \"stackprof\"'" => ["-e", 'require "stackprof"']
+  }.freeze
+
+  module_function
+
+  def run(targets, configs)
+    unless system("command -v valgrind >/dev/null 2>&1")
+      puts "\n(8) callgrind: skipped, valgrind is not installed (script/bootstrap --bench installs it)"
+      return
+    end
+    targets.each do |target|
+      target == "require" ? requires : loop_workload(target, configs)
+      $stdout.flush
+    end
+  end
+
+  def loop_workload(name, configs)
+    worker = File.join(__dir__, "worker.rb")
+    iterations = ITERATIONS.fetch(name)
+    results = BenchReport.alternate(configs, 1) do |config|
+      instructions, out = callgrind("-I", LIB, worker, name, config, iterations.to_s)
+      { instructions: instructions, allocated: JSON.parse(out.lines.last, symbolize_names: true)[:allocated] }
+    end
+    base = results["no profiler"].first
+    puts
+    puts "(8) callgrind, #{name} workload at #{delimit(iterations)} iterations (#{delimit(base[:allocated])} " \
+         "allocations): instructions of the whole process, one run each; \"per allocation\": the " \
+         "instructions over \"no profiler\" divided by its allocations"
+    rows = configs.map do |config|
+      count = results[config].first[:instructions]
+      over = count - base[:instructions]
+      [config, millions(count), BenchReport.ratio(count.to_f, base[:instructions]),
+       config == "no profiler" ? "" : format("%+.1f M", over / 1e6),
+       config == "no profiler" ? "" : format("%.0f", over.to_f / base[:allocated])]
+    end
+    BenchReport.table(["configuration", "instructions", "vs none", "over none", "per allocation"], rows)
+  end
+
+  def requires
+    results = BenchReport.alternate(REQUIRES.keys, 1) { |label| callgrind(*REQUIRES.fetch(label)).first }
+    base = results["ruby -e 0"].first
+    puts
+    puts "(8) callgrind, loading a profiler: instructions of the whole process, one run each"
+    rows = REQUIRES.keys.map do |label|
+      count = results[label].first
+      [label, millions(count), label == "ruby -e 0" ? "" : format("%+.1f M", (count - base) / 1e6)]
+    end
+    BenchReport.table(["command", "instructions", "over bare ruby"], rows)
+  end
+
+  # Runs `ruby ARGS` under callgrind; returns the instructions it counted
+  # (its "Collected" line) and the program's stdout.
+  def callgrind(*args)
+    out, err, status = Open3.capture3("valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
+                                      RbConfig.ruby, *args)
+    count = err[/^==\d+== Collected\s*:\s*(\d+)/, 1]
+    raise "callgrind ruby #{args.join(' ')} failed:\n#{err}" unless status.success? && count
+
+    [Integer(count), out]
+  end
+
+  def millions(count) = format("%.1f M", count / 1e6)
+
+  def delimit(number) = number.to_s.reverse.scan(/\d{1,3}/).join(",").reverse
+end
