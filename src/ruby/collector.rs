@@ -28,6 +28,7 @@ use crate::sampler::address_filter::AddressFilter;
 use crate::sampler::gaps::{entropy_seed, GapSampler, SkipCountdown};
 use crate::sampler::lock::{LockError, SamplerLock};
 use crate::sampler::state::{DropCounters, SamplerState};
+use crate::sampler::windows::Windows;
 
 pub const DEFAULT_SAMPLE_RATE: f64 = 0.01;
 /// Stacks converted to named frames per step of a flush's last part (about
@@ -69,6 +70,8 @@ pub enum Mode {
 /// What lives behind the sampler lock.
 pub struct Sampler {
     pub state: SamplerState,
+    /// When the NEWOBJ hook is on (sampler/windows.rs).
+    pub windows: Windows,
     backtrace: BacktraceBuffer,
     interval_started_at: SystemTime,
 }
@@ -86,6 +89,9 @@ pub struct FlushResult {
     pub serialization_nanos: u64,
     /// Samples folded into "(other)" to respect max_profile_bytes.
     pub folded_samples: usize,
+    /// Share of the interval's allocations made while the NEWOBJ hook was
+    /// on (1.0 without sampling windows).
+    pub window_coverage: f64,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -126,6 +132,11 @@ pub struct Collector {
     newobj: Hook,
     freeobj: Hook,
     creturn: Hook,
+    /// Sampling windows are in use while sampling: each GC's mark
+    /// callback then asks for the job that throws the next window's coin.
+    /// (Not a GC event hook: any of those makes every allocation take
+    /// Ruby's slow path, which is the cost windows are there to avoid.)
+    windows_active: AtomicBool,
 }
 
 impl Collector {
@@ -141,6 +152,7 @@ impl Collector {
             free_filter,
             sampler: SamplerLock::new(Sampler {
                 state,
+                windows: Windows::new(1.0, seed.wrapping_add(2)),
                 backtrace: BacktraceBuffer::default(),
                 interval_started_at: SystemTime::now(),
             }),
@@ -158,6 +170,7 @@ impl Collector {
             newobj: Hook::new(RUBY_INTERNAL_EVENT_NEWOBJ, newobj_hook),
             freeobj: Hook::new(RUBY_INTERNAL_EVENT_FREEOBJ, freeobj_hook),
             creturn: Hook::new(RUBY_EVENT_C_RETURN, c_return_hook),
+            windows_active: AtomicBool::new(false),
         }
     }
 
@@ -201,8 +214,23 @@ impl Collector {
         self.mode.get() == Mode::Light
     }
 
+    /// Sets the probability that a GC cycle is a sampling window (1.0: the
+    /// NEWOBJ hook always on). Only while stopped.
+    pub fn set_window_probability(&self, probability: f64) -> RbResult<()> {
+        if self.is_running() {
+            return Err(RbError::runtime(
+                "window_probability can only be changed while the collector is stopped",
+            ));
+        }
+        self.with_sampler(|s| {
+            let seed = s.state.gaps.seed().wrapping_add(2);
+            s.windows = Windows::new(probability, seed);
+        })
+    }
+
     pub fn reseed(&self, seed: u64) -> RbResult<()> {
         let gap = self.with_sampler(|s| {
+            s.windows = Windows::new(s.windows.probability(), seed.wrapping_add(2));
             s.state.reseed(seed);
             s.state.gaps.next_gap()
         })?;
@@ -416,6 +444,30 @@ impl Collector {
         Ok(())
     }
 
+    /// With sampling windows, after a GC started (postponed job): throws
+    /// the next window's coin and switches the NEWOBJ hook to match.
+    fn next_window(&self) {
+        if !self.is_running() || self.is_paused_for_ractors() {
+            return;
+        }
+        // SAFETY: reads a counter.
+        let gc_count = unsafe { rb_gc_count() } as u32;
+        let counter = heap::allocation_counter();
+        let switched = self.with_sampler(|s| {
+            let was_on = s.windows.is_on();
+            s.windows.next_window(counter, gc_count) == Some(!was_on)
+        });
+        match switched {
+            Ok(true) => {
+                if self.apply_hooks().is_err() {
+                    self.count_internal_error();
+                }
+            }
+            Ok(false) => {}
+            Err(_) => self.count_internal_error(),
+        }
+    }
+
     // ----- start / stop ------------------------------------------------------
 
     /// Returns false if already running. `paused_for_ractors`: start with
@@ -424,8 +476,12 @@ impl Collector {
         if self.is_running() {
             return Ok(false);
         }
+        let counter = heap::allocation_counter();
+        // SAFETY: reads a counter.
+        let gc_count = unsafe { rb_gc_count() } as u32;
         let gap = self.with_sampler(|s| {
             s.state.clear();
+            s.windows.start(counter, gc_count);
             s.interval_started_at = SystemTime::now();
             s.state.gaps.next_gap()
         })?;
@@ -467,15 +523,20 @@ impl Collector {
         let live = self.with_sampler(|s| s.state.live_count())?;
         let tracking = running || live > 0;
         let sample = running && !paused;
+        let (windows, window_on) =
+            self.with_sampler(|s| (s.windows.enabled(), s.windows.is_on()))?;
         let c_return = sample && self.size_measurement.get() == SizeMeasurement::CReturn;
         let data = self.hook_data();
-        if !sample {
+        let sample_now = sample && window_on;
+        if !sample_now {
             self.newobj.set(false, data)?;
         }
+        self.windows_active
+            .store(sample && windows, Ordering::Relaxed);
         self.creturn.set(c_return, data)?;
         let watch_frees = tracking && !paused && !self.is_light();
         self.freeobj.set(watch_frees, data)?;
-        if sample {
+        if sample_now {
             self.newobj.set(true, data)?;
         }
         if tracking {
@@ -648,6 +709,19 @@ impl Collector {
             (snapshot, naming, s.state.flush_classes().to_vec())
         })?;
         snapshot.drops.nolock += self.nolock_drops.swap(0, Ordering::Relaxed);
+        // Sampling windows: each sample stands for its share of the
+        // allocations made while the hook was off too.
+        let counter = heap::allocation_counter();
+        let (scale, window_probability) =
+            self.with_sampler(|s| (s.windows.flush(counter), s.windows.probability()))?;
+        if window_probability < 1.0 {
+            for sample in &mut snapshot.samples {
+                sample.values[0] *= scale.allocations;
+                sample.values[1] *= scale.allocations;
+                sample.values[2] *= scale.live;
+                sample.values[3] *= scale.live;
+            }
+        }
         if options.proactively_yield_gvl {
             yield_to_other_threads()?;
         }
@@ -677,10 +751,22 @@ impl Collector {
                 .unwrap_or(0),
             sample_rate,
             program: program_path(),
-            comments: if heap::can_measure_sizes() {
-                Vec::new()
-            } else {
-                vec!["object sizes unavailable on this Ruby (no rb_obj_memsize_of)".into()]
+            comments: {
+                let mut comments = Vec::new();
+                if !heap::can_measure_sizes() {
+                    comments.push(
+                        "object sizes unavailable on this Ruby (no rb_obj_memsize_of)".into(),
+                    );
+                }
+                if window_probability < 1.0 {
+                    comments.push(format!(
+                        "sampling windows: each GC cycle sampled with probability {window_probability}; \
+                         the NEWOBJ hook was on for {:.1}% of this interval's allocations, \
+                         and values are scaled to all of them",
+                        scale.coverage * 100.0
+                    ));
+                }
+                comments
             },
             max_raw_bytes: options.max_profile_bytes,
         };
@@ -722,14 +808,23 @@ impl Collector {
             finished_at,
             flush_duration_nanos: began.elapsed().as_nanos() as u64,
             serialization_nanos: serialization_began.elapsed().as_nanos() as u64,
+            window_coverage: scale.coverage,
         })
     }
 
     // ----- GC callbacks --------------------------------------------------------
 
     /// Marks every frame a stored stack refers to (pinned: they are also
-    /// held as raw handles inside the stack table).
+    /// held as raw handles inside the stack table). Runs in every GC, minor
+    /// ones included (the collector's TypedData is not write-barrier
+    /// protected, so Ruby re-marks it each time), which makes it the GC
+    /// tick of sampling windows.
     pub fn mark(&self) {
+        if self.windows_active.load(Ordering::Relaxed) {
+            // Allocation-free and async-signal-safe: the job throws the next
+            // window's coin outside GC and outside any hook.
+            registry::request_measurement();
+        }
         match self.sampler.lock() {
             Ok(sampler) => {
                 for frame in sampler.state.stacks().live_frames() {
@@ -795,6 +890,7 @@ impl Collector {
 
 impl Registered for Collector {
     fn measure_pending(&self) {
+        self.next_window();
         Collector::measure_pending(self);
     }
 

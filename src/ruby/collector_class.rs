@@ -254,6 +254,19 @@ unsafe extern "C" fn native_set_size_measurement(rb_self: VALUE, code: VALUE) ->
     })
 }
 
+unsafe extern "C" fn native_set_window_probability(rb_self: VALUE, probability: VALUE) -> VALUE {
+    method_entry(|| {
+        let q = fraction_arg(probability, "window_probability")?;
+        if q == 0.0 {
+            return Err(RbError::argument(
+                "window_probability must be above 0.0 (1.0: no sampling windows), got 0.0",
+            ));
+        }
+        collector_of(rb_self)?.set_window_probability(q)?;
+        Ok(probability)
+    })
+}
+
 /// mode as a small integer: 0 = :exact, 1 = :light.
 unsafe extern "C" fn native_set_mode(rb_self: VALUE, code: VALUE) -> VALUE {
     method_entry(|| {
@@ -385,12 +398,13 @@ unsafe extern "C" fn native_flush(
         ];
         let pprof = &result.pprof;
         let rate = result.sample_rate;
+        let coverage = result.window_coverage;
         // Everything captured by reference: a raise inside skips no owner.
         protect(|| {
             // SAFETY: plain Ruby allocations with valid pointers and lengths;
             // under protect, so a NoMemoryError comes back as an RbError.
             unsafe {
-                let array = rb_ary_new_capa(12);
+                let array = rb_ary_new_capa(13);
                 rb_ary_push(
                     array,
                     rb_str_new(pprof.as_ptr().cast(), pprof.len() as c_long),
@@ -402,6 +416,7 @@ unsafe extern "C" fn native_flush(
                 for t in times {
                     rb_ary_push(array, rb_ull2inum(t));
                 }
+                rb_ary_push(array, rb_float_new(coverage));
                 array
             }
         })
@@ -462,6 +477,12 @@ pub fn methods() -> Vec<MethodDef> {
             MethodKind::Private
         ),
         method_def!(c"_native_set_mode", native_set_mode, 1, MethodKind::Private),
+        method_def!(
+            c"_native_set_window_probability",
+            native_set_window_probability,
+            1,
+            MethodKind::Private
+        ),
         method_def!(c"_native_start", native_start, 1, MethodKind::Private),
         method_def!(
             c"sampling_paused_for_ractors?",

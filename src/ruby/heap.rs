@@ -14,7 +14,8 @@ use std::ffi::{c_int, c_void, CStr};
 use std::sync::OnceLock;
 
 use rb_sys::{
-    rb_funcall, rb_intern, rb_obj_id, rb_path2class, ruby_fl_type, ruby_value_type, Qnil, ID, VALUE,
+    rb_funcall, rb_gc_stat, rb_id2sym, rb_intern, rb_obj_id, rb_path2class, ruby_fl_type,
+    ruby_value_type, Qnil, ID, VALUE,
 };
 
 use super::convert::builtin_type;
@@ -280,4 +281,17 @@ pub fn find_by_object_id(object_id: u64) -> RbResult<Option<VALUE>> {
         Err(RbError::Exception(_)) => Ok(None),
         Err(other) => Err(other),
     }
+}
+
+/// Ruby's count of objects allocated so far (GC.stat's
+/// total_allocated_objects). GVL held, outside GC; allocates nothing.
+pub fn allocation_counter() -> u64 {
+    static KEY: OnceLock<VALUE> = OnceLock::new();
+    // SAFETY: interning a static name gives a static Symbol, never
+    // collected, so caching the VALUE is fine; GVL held.
+    let key =
+        *KEY.get_or_init(|| unsafe { rb_id2sym(rb_intern(c"total_allocated_objects".as_ptr())) });
+    // SAFETY: a Symbol key makes rb_gc_stat return that one value, without
+    // allocating.
+    unsafe { rb_gc_stat(key) as u64 }
 }

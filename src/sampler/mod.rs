@@ -12,3 +12,4 @@ pub mod named_classes;
 pub mod stack_table;
 pub mod state;
 pub mod types;
+pub mod windows;
