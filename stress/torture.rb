@@ -337,8 +337,12 @@ module Torture
       @dir = Dir.mktmpdir("torture")
       @validator = options.go ? GoValidator.new(@failures, @stats, options.keep_dir) : nil
       @main = MemprofilerPprof::Collector.new(sample_rate: 0.01, seed: @random.rand(2**32), **MAIN_CAPS)
+      # The side collector in the cheaper modes: no FREEOBJ hook (deaths
+      # found by object id) and sampling windows (the NEWOBJ hook switched
+      # on and off at GC cycles).
       @side = MemprofilerPprof::Collector.new(sample_rate: 0.05, seed: @random.rand(2**32),
-                                              size_measurement: :c_return, **SIDE_CAPS)
+                                              size_measurement: :c_return, mode: :light,
+                                              window_probability: 0.5, **SIDE_CAPS)
       @collectors = { @main => MAIN_CAPS, @side => SIDE_CAPS }
       @collectors_lock = Mutex.new # the controller's stop!/start! and flushes of the same collector
       @rss_max_after_warmup = 0.0
@@ -534,10 +538,18 @@ module Torture
       if action < 15
         collector.stop!
         sleep random.rand * 0.05
+        switch_mode(collector, random) if action < 3
         collector.start!
       else
         collector.sample_rate = [0.0, 0.001, 0.01, 0.1, 0.5, 1.0].sample(random: random)
       end
+    end
+
+    # While stopped: another way of finding deaths (forgets the samples), or
+    # other sampling windows.
+    def switch_mode(collector, random)
+      collector.mode = %i[exact light].sample(random: random)
+      collector.window_probability = [1.0, 0.5, 0.1].sample(random: random)
     end
 
     # Children inherit both running collectors, profile on their own, flush
@@ -613,7 +625,9 @@ module Torture
           caps = { max_allocation_samples: random.rand(0..2_000), max_heap_samples: random.rand(0..5_000) }
           c = MemprofilerPprof::Collector.new(sample_rate: random.rand, seed: random.rand(2**32),
                                               size_measurement: random.rand < 0.3 ? :c_return : :postponed_job,
-                                              allocation_retain_rate: random.rand, **caps)
+                                              allocation_retain_rate: random.rand,
+                                              mode: %i[exact light].sample(random: random),
+                                              window_probability: [1.0, 0.3].sample(random: random), **caps)
           c.start!
           @stats.bump(:collectors_made)
           [c, caps]

@@ -83,9 +83,21 @@ module BenchConfigs
     # callgrind): a profiler that hooked only NEWOBJ, or paid less for
     # FREEOBJ, could get below the two-hook floor.
     "floor: empty NEWOBJ event hook" => -> { empty_hooks(:event_hook, NEWOBJ) },
-    "floor: empty FREEOBJ event hook" => -> { empty_hooks(:event_hook, FREEOBJ) }
+    "floor: empty FREEOBJ event hook" => -> { empty_hooks(:event_hook, FREEOBJ) },
+    # The cheaper modes (issue 19): no FREEOBJ hook, then also sampling
+    # windows (the NEWOBJ hook on in a quarter, or a tenth, of GC cycles).
+    **gem_config(0.01, mode: :light),
+    **gem_config(0.01, mode: :light, window_probability: 0.25),
+    **gem_config(0.01, mode: :light, window_probability: 0.1)
   }.freeze
 
-  DEFAULT = ALL.keys.first(8).freeze
+  LIGHT = "memprofiler_pprof_rs 0.01, mode: :light"
+  WINDOWED = "memprofiler_pprof_rs 0.01, mode: :light, window_probability: 0.25"
+
+  DEFAULT = [
+    "no profiler", "floor: empty NEWOBJ+FREEOBJ TracePoint", "floor: empty NEWOBJ+FREEOBJ event hook",
+    "memprofiler_pprof_rs 0.01", LIGHT, WINDOWED, "memprofiler_pprof_rs 0.1", "memprofiler_pprof_rs 1.0",
+    "stackprof object interval 100", "stackprof object interval 1"
+  ].freeze
   SINGLE_HOOK_FLOORS = ["floor: empty NEWOBJ event hook", "floor: empty FREEOBJ event hook"].freeze
 end
