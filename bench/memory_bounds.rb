@@ -4,6 +4,7 @@
 #
 #   ruby bench/memory_bounds.rb                     # 10 minutes at 1M objects/s
 #   ruby bench/memory_bounds.rb --duration 60 --csv curve.csv
+#   ruby bench/memory_bounds.rb --mode light --window-probability 0.25
 #
 # A Collector with the default options (sample_rate 0.01, caps of 10,000
 # allocation and 50,000 heap samples) profiles a process that allocates
@@ -37,6 +38,10 @@ OptionParser.new do |o|
   o.on("--rate N", Integer, "objects allocated per second (default 1,000,000)") { |v| options[:rate] = v }
   o.on("--interval SECONDS", Float, "flush and report interval (default 10)") { |v| options[:interval] = v }
   o.on("--csv FILE", "also write the curve as CSV") { |v| options[:csv] = v }
+  o.on("--mode MODE", %w[exact light], "the collector's mode (default exact)") { |v| options[:mode] = v.to_sym }
+  o.on("--window-probability Q", Float, "the collector's window_probability (default 1.0)") do |v|
+    options[:window_probability] = v
+  end
   o.on("--no-profiler", "the same run without the collector started (the app's own curve)") { options[:profile] = false }
 end.parse!
 
@@ -72,7 +77,8 @@ class CodeGenerations
   end
 end
 
-collector = MemprofilerPprof::Collector.new
+collector = MemprofilerPprof::Collector.new(mode: options.fetch(:mode, :exact),
+                                            window_probability: options.fetch(:window_probability, 1.0))
 collector.start! if options[:profile]
 code = CodeGenerations.new
 code.next_generation!

@@ -145,4 +145,16 @@ RSpec.describe MemprofilerPprof::Collector, "mode: :light" do
     expect { collector.mode = :fast }.to raise_error(ArgumentError, /mode.*:fast/)
     expect { described_class.new(mode: "light") }.to raise_error(ArgumentError, /mode.*"light"/)
   end
+
+  it "is chosen from the environment, as are sampling windows, and a bad value is reported, not raised" do
+    config = MemprofilerPprof::EnvConfig.new("MEMPROFILER_PPROF_RS_MODE" => "light",
+                                             "MEMPROFILER_PPROF_RS_WINDOW_PROBABILITY" => "0.25")
+    collector = described_class.new(**config.collector_options)
+    expect([collector.mode, collector.window_probability]).to eq([:light, 0.25])
+    bad = MemprofilerPprof::EnvConfig.new("MEMPROFILER_PPROF_RS_MODE" => "fast",
+                                          "MEMPROFILER_PPROF_RS_WINDOW_PROBABILITY" => "0")
+    expect([bad.mode, bad.window_probability]).to eq([:exact, 1.0])
+    expect(bad.warnings.join("\n")).to include("MEMPROFILER_PPROF_RS_MODE=\"fast\"",
+                                               "MEMPROFILER_PPROF_RS_WINDOW_PROBABILITY=\"0\"")
+  end
 end

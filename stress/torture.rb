@@ -46,6 +46,11 @@ end
 
 $LOAD_PATH.unshift(File.expand_path("../lib", __dir__))
 require "memprofiler_pprof_rs"
+# Loaded now, not on first use (autoload) in one of the threads: a fork
+# while another thread is inside an autoload leaves the child with the
+# constant half-defined (seen on 3.4: PprofReader without its StringIO).
+# That is Ruby's autoload-and-fork hazard, not what this test is after.
+MemprofilerPprof.const_get(:PprofReader)
 
 module Torture
   Options = Struct.new(:duration, :seed, :rss_margin_mb, :workers, :go, :keep_dir, :quiet, :profiler)

@@ -24,7 +24,9 @@ module MemprofilerPprof
       keep_files: [nil, :positive_count, "a whole number >= 1"],
       file_mode: [FileOutput::FILE_MODE, :file_mode, "an octal file permission such as 600 or 640"],
       flush_at_exit: [true, :flag, "1/0, true/false, yes/no or on/off"],
-      seed: [nil, :count, "a whole number >= 0"]
+      seed: [nil, :count, "a whole number >= 0"],
+      mode: [:exact, :mode, "exact or light"],
+      window_probability: [1.0, :window_probability, "a number above 0, up to 1"]
     }.freeze
 
     attr_reader :warnings
@@ -67,7 +69,8 @@ module MemprofilerPprof
     def collector_options
       options = {
         sample_rate: sample_rate, allocation_retain_rate: alloc_retain_rate,
-        max_allocation_samples: max_alloc_samples, max_heap_samples: max_heap_samples
+        max_allocation_samples: max_alloc_samples, max_heap_samples: max_heap_samples,
+        mode: mode, window_probability: window_probability
       }
       options[:seed] = seed unless seed.nil?
       options
@@ -135,6 +138,17 @@ module MemprofilerPprof
 
     def parse_count(raw)
       Validation.integer(Integer(raw, 10), :value, min: 0)
+    end
+
+    def parse_mode(raw)
+      Validation.one_of(raw.to_sym, Collector::MODES.keys, :value)
+    end
+
+    def parse_window_probability(raw)
+      value = Validation.fraction(Float(raw), :value)
+      raise ArgumentError, "" if value.zero?
+
+      value
     end
 
     def parse_positive_count(raw)
