@@ -7,14 +7,19 @@
 RSpec.describe MemprofilerPprof::Collector, "mode: :light" do
   let(:allocator) { Workload::Allocator.new }
 
+  # Every allocation sampled; the allocation list kept small (these specs
+  # look at live samples).
+  def light_collector(**options)
+    described_class.new(mode: :light, sample_rate: 1.0, max_allocation_samples: 10, **options)
+  end
+
   def retained_inuse(collector)
     total_through(parse_profile(collector.flush), "Workload::Allocator#retained", "inuse_objects")
   end
 
   it "never takes a new object in a dead sample's slot for the sample, even one with an object_id" do
     # No cap on the live map: every sample is kept, so none may be missing.
-    collector = described_class.new(mode: :light, sample_rate: 1.0, max_allocation_samples: 10,
-                                    max_heap_samples: 10_000_000)
+    collector = light_collector(max_heap_samples: 10_000_000)
     collector.start!
     @kept = Array.new(30_000) { |i| allocator.retained(i) }
     collector.stop!
@@ -72,7 +77,7 @@ RSpec.describe MemprofilerPprof::Collector, "mode: :light" do
 
   it "finds every live sample again after GC.compact, and lets the dead ones go" do
     skip "GC.compact unsupported here" unless GC.respond_to?(:compact)
-    collector = described_class.new(mode: :light, sample_rate: 1.0, max_allocation_samples: 10)
+    collector = light_collector
     collector.start!
     @kept = Array.new(5_000) { |i| allocator.retained(i) }
     @dropped = Array.new(5_000) { |i| allocator.retained(i) }
@@ -112,7 +117,7 @@ RSpec.describe MemprofilerPprof::Collector, "mode: :light" do
 
   it "keeps live samples true in a forked child" do
     skip "fork unsupported" unless Process.respond_to?(:fork)
-    collector = described_class.new(mode: :light, sample_rate: 1.0, max_allocation_samples: 10)
+    collector = light_collector
     collector.start!
     @kept = Array.new(2_000) { |i| allocator.retained(i) }
     reader, writer = IO.pipe
