@@ -93,7 +93,8 @@ RSpec.describe MemprofilerPprof::Collector, "mode: :light" do
     skip "GC.auto_compact unsupported here" unless GC.respond_to?(:auto_compact=)
     code = <<~RUBY
       require "memprofiler_pprof_rs"
-      collector = MemprofilerPprof::Collector.new(mode: :light, sample_rate: 0.5, seed: 3)
+      collector = MemprofilerPprof::Collector.new(mode: :light, sample_rate: 0.5, seed: 3,
+                                                  max_heap_samples: 1_000_000)
       GC.auto_compact = true
       collector.start!
       kept = []

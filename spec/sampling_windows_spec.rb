@@ -8,11 +8,12 @@ RSpec.describe MemprofilerPprof::Collector, "sampling windows" do
   let(:allocator) { Workload::Allocator.new }
   let(:unlimited) { { max_allocation_samples: 10_000_000, max_heap_samples: 10_000_000 } }
 
-  # 2.6M allocations span a few dozen GC cycles (about 35 in a process
-  # whose heap has grown, as rspec's has); the homogeneous loop makes
-  # every sampled cycle representative. Sample rate 0.04 in a quarter of
-  # the cycles samples as many objects as 0.01 does without windows: the
-  # spread of an estimate follows the number of samples.
+  # How many GC cycles 2.6M allocations span depends on how big the heap
+  # has grown (15 to 35 in an rspec run), so a minor GC every 50,000
+  # iterations makes sure of at least 50 windows; the homogeneous loop makes
+  # every sampled cycle representative. Sample rate 0.04 in a quarter of the
+  # cycles samples as many objects as 0.01 does without windows: the spread
+  # of an estimate follows the number of samples.
   [1, 2, 3].each do |seed|
     it "estimates allocations within 3% and a retained set within 10% at probability 0.25 (seed #{seed})" do
       collector = described_class.new(mode: :light, sample_rate: 0.04, window_probability: 0.25,
@@ -26,6 +27,7 @@ RSpec.describe MemprofilerPprof::Collector, "sampling windows" do
       2_500_000.times do |i|
         allocator.temporary(i)
         kept << allocator.retained(i) if (i % 25).zero?
+        GC.start(full_mark: false) if (i % 50_000).zero?
       end
       truth = GC.stat(:total_allocated_objects) - before
       cycles = GC.count - gcs
@@ -35,7 +37,7 @@ RSpec.describe MemprofilerPprof::Collector, "sampling windows" do
       profile = parse_profile(data)
       temporaries = total_through(profile, "Workload::Allocator#temporary", "alloc_objects")
       retained = total_through(profile, "Workload::Allocator#retained", "inuse_objects", leaf: "Workload::Allocator#retained")
-      expect(cycles).to be > 20
+      expect(cycles).to be >= 50
       expect(data.window_coverage).to be_between(0.05, 0.6)
       expect(temporaries).to be_within(2_500_000 * 0.03).of(2_500_000)
       expect(truth).to be >= 2_600_000
@@ -54,12 +56,20 @@ RSpec.describe MemprofilerPprof::Collector, "sampling windows" do
     skip "fork unsupported" unless Process.respond_to?(:fork)
     collector = described_class.new(mode: :light, sample_rate: 0.1, window_probability: 0.5, seed: 4)
     collector.start!
-    threads = Array.new(3) { |t| Thread.new { 100_000.times { |i| allocator.temporary(i + t) } } }
+    # Minor GCs every 10,000 allocations: a window lasts a GC cycle, and a
+    # process with a large heap may otherwise run none here.
+    work = lambda do |count, offset|
+      count.times do |i|
+        allocator.temporary(i + offset)
+        GC.start(full_mark: false) if (i % 10_000).zero?
+      end
+    end
+    threads = Array.new(3) { |t| Thread.new { work.call(100_000, t) } }
     threads.each(&:join)
     reader, writer = IO.pipe
     pid = fork do
       reader.close
-      200_000.times { |i| allocator.temporary(i) }
+      work.call(200_000, 0)
       writer.puts collector.flush.allocation_samples_count
       writer.close
       exit!(0)
