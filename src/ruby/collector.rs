@@ -418,10 +418,10 @@ impl Collector {
             }
         }
         let pending = self.with_sampler(|s| s.state.pending_without_id())?;
-        let ids: Vec<_> = pending
+        let ids = pending
             .into_iter()
-            .map(|(id, object)| (id, object, heap::object_id(object as VALUE)))
-            .collect();
+            .map(|(id, object)| Ok((id, object, heap::object_id(object as VALUE)?)))
+            .collect::<RbResult<Vec<_>>>()?;
         // SAFETY: reads a counter.
         let gc_count = unsafe { rb_gc_count() } as u32;
         let prune_due = self.with_sampler(|s| {

@@ -231,12 +231,13 @@ impl HeapPages {
 
 /// The object id Ruby gives `object` (what `object_id` returns), as the raw
 /// Fixnum VALUE. Marks the object FL_SEEN_OBJ_ID and enters it into Ruby's
-/// id tables, which may allocate C memory (and so run a GC): call it with
-/// the GVL, outside GC and without holding the sampler lock.
-pub fn object_id(object: VALUE) -> u64 {
+/// id tables, which may allocate C memory (and so run a GC, or raise
+/// NoMemoryError, hence `protect`): call it with the GVL, outside GC and
+/// without holding the sampler lock.
+pub fn object_id(object: VALUE) -> RbResult<u64> {
     // SAFETY: `object` is a live heap object (a pending sample, pinned by
-    // the collector's mark); rb_obj_id raises for nothing of that kind.
-    unsafe { rb_obj_id(object) as u64 }
+    // the collector's mark); under protect, GVL held.
+    protect(|| unsafe { rb_obj_id(object) })
 }
 
 /// True if the object at `address` is still the one Ruby gave `object_id`.
