@@ -447,7 +447,9 @@ impl Collector {
     /// With sampling windows, after a GC started (postponed job): throws
     /// the next window's coin and switches the NEWOBJ hook to match.
     fn next_window(&self) {
-        if !self.is_running() || self.is_paused_for_ractors() {
+        // (The job runs for every batch of samples too: nothing to do there
+        // without windows.)
+        if !self.windows_active.load(Ordering::Relaxed) || self.is_paused_for_ractors() {
             return;
         }
         // SAFETY: reads a counter.
