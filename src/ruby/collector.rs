@@ -10,9 +10,9 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use rb_sys::{
-    rb_gc_count, rb_gc_disable, rb_gc_enable, rb_gc_location, rb_gc_mark, rb_trace_arg_t,
-    rb_tracearg_lineno, rb_tracearg_object, Qtrue, RUBY_EVENT_C_RETURN,
-    RUBY_INTERNAL_EVENT_FREEOBJ, RUBY_INTERNAL_EVENT_NEWOBJ, VALUE,
+    rb_gc_count, rb_gc_location, rb_gc_mark, rb_trace_arg_t, rb_tracearg_lineno,
+    rb_tracearg_object, RUBY_EVENT_C_RETURN, RUBY_INTERNAL_EVENT_FREEOBJ,
+    RUBY_INTERNAL_EVENT_NEWOBJ, VALUE,
 };
 
 use super::classes::{is_class_value, object_info, resolve_classes};
@@ -381,41 +381,23 @@ impl Collector {
         let (unresolved, epoch) =
             self.with_sampler(|s| (s.state.unresolved(), s.state.compactions()))?;
         if !unresolved.is_empty() {
-            // _id2ref raises (allocates) for a dead id: not this
-            // collector's allocations to sample.
-            let previous = self
-                .suppressed_thread
-                .swap(current_thread(), Ordering::Relaxed);
-            // No GC while looking (so no compaction can make what is found
-            // stale before it is placed); the exceptions _id2ref raises for
-            // dead ids are freed by the next GC.
-            // SAFETY: GVL held, outside GC; returns whether GC was disabled.
-            let was_disabled = unsafe { rb_gc_disable() } == Qtrue as VALUE;
-            let mut found = Vec::with_capacity(unresolved.len());
-            let mut failure = None;
-            for (id, object_id) in unresolved {
-                match heap::find_by_object_id(object_id) {
-                    Ok(object) => found.push((id, object.map(|o| o as usize))),
-                    Err(error) => {
-                        failure = Some(error);
-                        break;
-                    }
-                }
-            }
-            if !was_disabled {
-                // SAFETY: as above; only undoes this function's disable.
-                unsafe { rb_gc_enable() };
-            }
-            self.suppressed_thread.store(previous, Ordering::Relaxed);
-            // (Kept as a guard: a compaction cannot have run meanwhile.)
+            // One walk over the heap finds them all (heap::find_objects_by_id).
+            let ids = unresolved
+                .iter()
+                .map(|&(id, object_id)| (object_id, id.index()))
+                .collect();
+            let found = heap::find_objects_by_id(&ids)?;
+            let placed: Vec<_> = unresolved
+                .iter()
+                .map(|&(id, _)| (id, found.get(&id.index()).copied()))
+                .collect();
+            // (Nothing in the walk allocates, so no compaction can have run
+            // meanwhile; the epoch check keeps that true if it ever does.)
             self.with_sampler(|s| {
                 if s.state.compactions() == epoch {
-                    s.state.resolve(&found);
+                    s.state.resolve(&placed);
                 }
             })?;
-            if let Some(error) = failure {
-                return Err(error);
-            }
         }
         let pending = self.with_sampler(|s| s.state.pending_without_id())?;
         let ids = pending

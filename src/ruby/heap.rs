@@ -14,12 +14,12 @@ use std::ffi::{c_int, c_void, CStr};
 use std::sync::OnceLock;
 
 use rb_sys::{
-    rb_funcall, rb_gc_stat, rb_id2sym, rb_intern, rb_obj_id, rb_path2class, ruby_fl_type,
-    ruby_value_type, Qnil, ID, VALUE,
+    rb_gc_stat, rb_id2sym, rb_intern, rb_obj_id, ruby_fl_type, ruby_value_type, Qnil, VALUE,
 };
 
 use super::convert::builtin_type;
-use super::errors::{protect, RbError, RbResult};
+use super::errors::{protect, RbResult};
+use crate::fast_hash::FastHashMap;
 
 type MemsizeOf = unsafe extern "C" fn(VALUE) -> usize;
 type ObjectPredicate = unsafe extern "C" fn(VALUE) -> c_int;
@@ -261,27 +261,63 @@ pub fn is_same_object(pages: &HeapPages, address: usize, object_id: u64) -> bool
     (unsafe { rb_obj_id(object) }) as u64 == object_id
 }
 
-/// The object whose id is `object_id` (`ObjectSpace._id2ref`), or None if
-/// it is gone. Raises inside Ruby for a dead id (caught here), so it is for
-/// the rare case of finding objects again after GC.compact. GVL held,
-/// outside GC, without the sampler lock (it allocates).
-pub fn find_by_object_id(object_id: u64) -> RbResult<Option<VALUE>> {
-    static ID2REF: OnceLock<ID> = OnceLock::new();
-    // SAFETY: interning a static name; GVL held.
-    let method = *ID2REF.get_or_init(|| unsafe { rb_intern(c"_id2ref".as_ptr()) });
-    match protect(|| {
-        // SAFETY: under protect, GVL held: ObjectSpace (a core module,
-        // never collected) is looked up by name, and its _id2ref is called
-        // with the Fixnum id Ruby gave the object.
-        unsafe {
-            let object_space = rb_path2class(c"ObjectSpace".as_ptr());
-            rb_funcall(object_space, method, 1, object_id as VALUE)
-        }
-    }) {
-        Ok(object) => Ok(Some(object)),
-        Err(RbError::Exception(_)) => Ok(None),
-        Err(other) => Err(other),
+/// Where the objects with these ids are now (after GC.compact), by one
+/// walk over the heap: a slot is asked for its id only if it has one
+/// (FL_SEEN_OBJ_ID; a table lookup, no allocation). Ids not found belong
+/// to objects that are gone. No Ruby method is called and nothing is
+/// allocated in Ruby, so no GC can move anything in between (an earlier
+/// version called ObjectSpace._id2ref, which raises for every dead id and
+/// crashed Ruby 3.1 in the torture when run right after a compaction).
+/// GVL held, outside GC. O(heap slots).
+pub fn find_objects_by_id(ids: &FastHashMap<u64, usize>) -> RbResult<FastHashMap<usize, usize>> {
+    struct Search<'a> {
+        ids: &'a FastHashMap<u64, usize>,
+        /// Caller's key (a sample) => the object's address.
+        found: FastHashMap<usize, usize>,
     }
+    unsafe extern "C" fn search_region(
+        start: *mut c_void,
+        end: *mut c_void,
+        stride: usize,
+        data: *mut c_void,
+    ) -> c_int {
+        // SAFETY: `data` is the Search below, alive for the whole walk.
+        let search = unsafe { &mut *data.cast::<Search>() };
+        if stride == 0 {
+            return 0;
+        }
+        let mut slot = start as usize;
+        while slot < end as usize {
+            // SAFETY: a slot of a heap page Ruby hands us (its sweep
+            // finished first): its first word is the flags word.
+            let flags = unsafe { *(slot as *const VALUE) };
+            let kind = builtin_type(flags);
+            let live = kind != ruby_value_type::RUBY_T_NONE as VALUE
+                && kind != ruby_value_type::RUBY_T_ZOMBIE as VALUE
+                && kind != ruby_value_type::RUBY_T_MOVED as VALUE;
+            if live && flags & (ruby_fl_type::RUBY_FL_SEEN_OBJ_ID as VALUE) != 0 {
+                // SAFETY: a live object that has an id: a lookup only.
+                let id = unsafe { rb_obj_id(slot as VALUE) };
+                if let Some(&key) = search.ids.get(&id) {
+                    search.found.insert(key, slot);
+                }
+            }
+            slot += stride;
+        }
+        0
+    }
+    let mut search = Search {
+        ids,
+        found: FastHashMap::default(),
+    };
+    let data = &mut search as *mut Search;
+    protect(|| {
+        // SAFETY: GVL held, outside GC; the callback reads slots and
+        // records into `search`, which outlives the call.
+        unsafe { rb_objspace_each_objects(search_region, data.cast()) };
+        Qnil as VALUE
+    })?;
+    Ok(search.found)
 }
 
 /// Ruby's count of objects allocated so far (GC.stat's

@@ -55,6 +55,14 @@ pub struct ObjectInfo {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct SampleId(u32);
 
+impl SampleId {
+    /// A plain number for the sample (its record's slot), to key it in maps
+    /// outside the state.
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
 #[derive(Debug, Clone)]
 struct SampleRecord {
     stack: StackId,
