@@ -152,7 +152,7 @@ impl Collector {
             free_filter,
             sampler: SamplerLock::new(Sampler {
                 state,
-                windows: Windows::new(1.0, seed.wrapping_add(2)),
+                windows: Windows::new(1.0, window_seed(seed)),
                 backtrace: BacktraceBuffer::default(),
                 interval_started_at: SystemTime::now(),
             }),
@@ -223,14 +223,13 @@ impl Collector {
             ));
         }
         self.with_sampler(|s| {
-            let seed = s.state.gaps.seed().wrapping_add(2);
-            s.windows = Windows::new(probability, seed);
+            s.windows = Windows::new(probability, window_seed(s.state.gaps.seed()));
         })
     }
 
     pub fn reseed(&self, seed: u64) -> RbResult<()> {
         let gap = self.with_sampler(|s| {
-            s.windows = Windows::new(s.windows.probability(), seed.wrapping_add(2));
+            s.windows = Windows::new(s.windows.probability(), window_seed(seed));
             s.state.reseed(seed);
             s.state.gaps.next_gap()
         })?;
@@ -504,11 +503,11 @@ impl Collector {
     fn apply_hooks(&self) -> RbResult<()> {
         let running = self.is_running();
         let paused = self.is_paused_for_ractors();
-        let live = self.with_sampler(|s| s.state.live_count())?;
+        // One hold of the lock for everything the hooks depend on.
+        let (live, windows, window_on) =
+            self.with_sampler(|s| (s.state.live_count(), s.windows.enabled(), s.windows.is_on()))?;
         let tracking = running || live > 0;
         let sample = running && !paused;
-        let (windows, window_on) =
-            self.with_sampler(|s| (s.windows.enabled(), s.windows.is_on()))?;
         let c_return = sample && self.size_measurement.get() == SizeMeasurement::CReturn;
         let data = self.hook_data();
         let sample_now = sample && window_on;
@@ -921,6 +920,12 @@ impl Drop for FlushEnd<'_> {
     fn drop(&mut self) {
         self.0.end_flush();
     }
+}
+
+/// The seed of the windows' coin: derived from the sampler's, so one
+/// `seed:` makes the whole run reproducible, windows included.
+fn window_seed(seed: u64) -> u64 {
+    seed.wrapping_add(2)
 }
 
 fn lock_failure(error: LockError) -> RbError {
