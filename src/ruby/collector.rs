@@ -377,6 +377,13 @@ impl Collector {
 
     /// `settle_light`; `prune`: look for dead samples even if not due.
     fn settle_light_pruning(&self, prune: bool) -> RbResult<()> {
+        // Once Ractors exist, nothing is tracked (pause_for_ractors), and
+        // walking the heap is unsafe: another Ractor may be allocating from
+        // the pages being swept (this corrupted malloc's heap in half the
+        // runs of the Ractor spec).
+        if self.is_paused_for_ractors() {
+            return Ok(());
+        }
         let (unresolved, epoch) =
             self.with_sampler(|s| (s.state.unresolved(), s.state.compactions()))?;
         if !unresolved.is_empty() {
@@ -653,7 +660,7 @@ impl Collector {
             // Light mode: which of the chunk's objects still live is found
             // first, in the same hold of the lock (pages listed just before,
             // no Ruby allocation in between).
-            let pages = if light {
+            let pages = if light && !self.is_paused_for_ractors() {
                 // Objects a compaction moved meanwhile are found again first.
                 self.settle_light()?;
                 Some(heap::HeapPages::now()?)
