@@ -30,23 +30,25 @@ module CallgrindBench
 
   module_function
 
-  def run(targets, configs)
+  # `iterations`: { workload => count } replacing ITERATIONS (bench/run
+  # --iterations): windows need a run long enough for many GC cycles.
+  def run(targets, configs, iterations = {})
     unless system("command -v valgrind >/dev/null 2>&1")
       puts "\n(8) callgrind: skipped, valgrind is not installed (script/bootstrap --bench installs it)"
       return
     end
     targets.each do |target|
-      target == "require" ? requires : loop_workload(target, configs)
+      target == "require" ? requires : loop_workload(target, configs, iterations.fetch(target, ITERATIONS[target]))
       $stdout.flush
     end
   end
 
-  def loop_workload(name, configs)
+  def loop_workload(name, configs, iterations)
     worker = File.join(__dir__, "worker.rb")
-    iterations = ITERATIONS.fetch(name)
     results = BenchReport.alternate(configs, 1) do |config|
       instructions, out = callgrind("-I", LIB, worker, name, config, iterations.to_s)
-      { instructions: instructions, allocated: JSON.parse(out.lines.last, symbolize_names: true)[:allocated] }
+      result = JSON.parse(out.lines.last, symbolize_names: true)
+      { instructions: instructions, allocated: result[:allocated], coverage: result[:window_coverage] }
     end
     base = results["no profiler"].first
     puts
@@ -58,9 +60,16 @@ module CallgrindBench
       over = count - base[:instructions]
       [config, millions(count), BenchReport.ratio(count.to_f, base[:instructions]),
        config == "no profiler" ? "" : format("%+.1f M", over / 1e6),
-       config == "no profiler" ? "" : format("%.0f", over.to_f / base[:allocated])]
+       config == "no profiler" ? "" : format("%.0f", over.to_f / base[:allocated]),
+       (coverage = results[config].first[:coverage]) ? format("%.2f", coverage) : ""]
     end
-    BenchReport.table(["configuration", "instructions", "vs none", "over none", "per allocation"], rows)
+    BenchReport.table(["configuration", "instructions", "vs none", "over none", "per allocation", "sampled share"],
+                      rows)
+    return unless rows.any? { |row| row.last != "" }
+
+    puts "(sampled share: the share of allocations made in sampling windows (ProfileData#window_coverage), read " \
+         "by one flush, which those rows' counts include; a run of few GC cycles samples a share far from " \
+         "window_probability, so use --iterations 1000000 for those rows)"
   end
 
   def requires

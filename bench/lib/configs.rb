@@ -34,8 +34,11 @@ module BenchConfigs
     $bench_collector = collector
     lambda do |report: true|
       unless report
+        # With windows, the share of allocations sampled tells what a
+        # count means (one flush: bench/run callgrind notes its cost).
+        coverage = options[:window_probability] ? collector.flush.window_coverage : nil
         collector.stop!
-        next {}
+        next coverage ? { window_coverage: coverage } : {}
       end
 
       memsize = ObjectSpace.memsize_of(collector)
@@ -93,10 +96,11 @@ module BenchConfigs
 
   LIGHT = "memprofiler_pprof_rs 0.01, mode: :light"
   WINDOWED = "memprofiler_pprof_rs 0.01, mode: :light, window_probability: 0.25"
+  WINDOWED_TENTH = "memprofiler_pprof_rs 0.01, mode: :light, window_probability: 0.1"
 
   DEFAULT = [
     "no profiler", "floor: empty NEWOBJ+FREEOBJ TracePoint", "floor: empty NEWOBJ+FREEOBJ event hook",
-    "memprofiler_pprof_rs 0.01", LIGHT, WINDOWED, "memprofiler_pprof_rs 0.1", "memprofiler_pprof_rs 1.0",
+    "memprofiler_pprof_rs 0.01", LIGHT, WINDOWED, WINDOWED_TENTH, "memprofiler_pprof_rs 0.1", "memprofiler_pprof_rs 1.0",
     "stackprof object interval 100", "stackprof object interval 1"
   ].freeze
   SINGLE_HOOK_FLOORS = ["floor: empty NEWOBJ event hook", "floor: empty FREEOBJ event hook"].freeze
