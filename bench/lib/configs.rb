@@ -45,7 +45,17 @@ module BenchConfigs
       data = collector.flush
       collector.stop!
       { collector_bytes: memsize, allocation_samples: data.allocation_samples_count,
-        heap_samples: data.heap_samples_count, dropped: data.dropped_samples_count }
+        heap_samples: data.heap_samples_count, dropped: data.dropped_samples_count,
+        allocated_by_class: allocated_by_class(data.pprof_data) }
+    end
+  end
+
+  # Estimated allocations by class (the profile's "class" label).
+  def self.allocated_by_class(pprof)
+    profile = MemprofilerPprof::PprofReader.parse(pprof)
+    profile.samples.each_with_object(Hash.new(0)) do |sample, totals|
+      klass = sample.labels.find { |label| label.key == "class" }&.str
+      totals[klass] += sample.value(profile, "alloc_objects") if klass
     end
   end
 

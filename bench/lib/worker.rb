@@ -54,4 +54,12 @@ end
 seconds = now - started - excluded
 allocated = GC.stat(:total_allocated_objects) - allocated_before
 extra = stop&.call(report: iterations.nil?) || {}
+# How far the gem's per-class estimates are from what the loop allocated:
+# the largest relative error over the classes it allocates.
+if (by_class = extra.delete(:allocated_by_class)) && (truth = BenchWorkloads::CLASS_COUNTS[workload])
+  extra[:estimate_error] = truth[:per_iteration].map do |klass, per_iteration|
+    expected = per_iteration * truth[:iterations]
+    (by_class[klass] - expected).abs / expected.to_f
+  end.max
+end
 puts JSON.generate({ seconds: seconds, rss_kb: rss_kb, peak: peak, allocated: allocated }.merge(extra))

@@ -164,6 +164,14 @@ module BenchWorkloads
     end
   end
 
+  # What one iteration of a loop workload allocates, by class, and its
+  # iterations when not sized down: the truth the gem's per-class
+  # estimates are checked against (bench/run's "estimate error").
+  CLASS_COUNTS = {
+    "alloc" => { iterations: 1_000_000, per_iteration: { "String" => 2, "Array" => 1, "Hash" => 1 } },
+    "deep" => { iterations: 100_000, per_iteration: { "String" => 2, "Array" => 1, "Hash" => 1 } }
+  }.freeze
+
   ALL = {
     "alloc" => ->(*size) { AllocLoop.run(*size) },
     "compute" => ->(*size) { ComputeLoop.run(*size) },
