@@ -180,4 +180,16 @@ RSpec.describe MemprofilerPprof::Collector, "mode: :light" do
     expect(bad.warnings.join("\n")).to include("MEMPROFILER_PPROF_RS_MODE=\"fast\"",
                                                "MEMPROFILER_PPROF_RS_WINDOW_PROBABILITY=\"0\"")
   end
+
+  it "takes a window budget from the environment, which wins over a window probability" do
+    config = MemprofilerPprof::EnvConfig.new("MEMPROFILER_PPROF_RS_WINDOW_BUDGET" => "50000",
+                                             "MEMPROFILER_PPROF_RS_WINDOW_PROBABILITY" => "0.25")
+    collector = described_class.new(**config.collector_options)
+    expect([collector.window_budget, collector.window_probability]).to eq([50_000, 1.0])
+    expect(config.warnings).to eq(["ignoring MEMPROFILER_PPROF_RS_WINDOW_PROBABILITY=\"0.25\": " \
+                                   "a window budget is set; using 1.0"])
+    bad = MemprofilerPprof::EnvConfig.new("MEMPROFILER_PPROF_RS_WINDOW_BUDGET" => "lots")
+    expect(bad.window_budget).to be_nil
+    expect(bad.warnings.join).to include("MEMPROFILER_PPROF_RS_WINDOW_BUDGET=\"lots\"")
+  end
 end

@@ -36,7 +36,7 @@ module BenchConfigs
       unless report
         # With windows, the share of allocations sampled tells what a
         # count means (one flush: bench/run callgrind notes its cost).
-        coverage = options[:window_probability] ? collector.flush.window_coverage : nil
+        coverage = options[:window_probability] || options[:window_budget] ? collector.flush.window_coverage : nil
         collector.stop!
         next coverage ? { window_coverage: coverage } : {}
       end
@@ -101,16 +101,20 @@ module BenchConfigs
     # windows (the NEWOBJ hook on in a quarter, or a tenth, of GC cycles).
     **gem_config(0.01, mode: :light),
     **gem_config(0.01, mode: :light, window_probability: 0.25),
-    **gem_config(0.01, mode: :light, window_probability: 0.1)
+    **gem_config(0.01, mode: :light, window_probability: 0.1),
+    # Or q chosen to hook about 100,000 allocations a second.
+    **gem_config(0.01, mode: :light, window_budget: 100_000)
   }.freeze
 
   LIGHT = "memprofiler_pprof_rs 0.01, mode: :light"
   WINDOWED = "memprofiler_pprof_rs 0.01, mode: :light, window_probability: 0.25"
   WINDOWED_TENTH = "memprofiler_pprof_rs 0.01, mode: :light, window_probability: 0.1"
+  BUDGETED = "memprofiler_pprof_rs 0.01, mode: :light, window_budget: 100000"
 
   DEFAULT = [
     "no profiler", "floor: empty NEWOBJ+FREEOBJ TracePoint", "floor: empty NEWOBJ+FREEOBJ event hook",
-    "memprofiler_pprof_rs 0.01", LIGHT, WINDOWED, WINDOWED_TENTH, "memprofiler_pprof_rs 0.1", "memprofiler_pprof_rs 1.0",
+    "memprofiler_pprof_rs 0.01", LIGHT, WINDOWED, WINDOWED_TENTH, BUDGETED,
+    "memprofiler_pprof_rs 0.1", "memprofiler_pprof_rs 1.0",
     "stackprof object interval 100", "stackprof object interval 1"
   ].freeze
   SINGLE_HOOK_FLOORS = ["floor: empty NEWOBJ event hook", "floor: empty FREEOBJ event hook"].freeze

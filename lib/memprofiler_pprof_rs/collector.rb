@@ -31,7 +31,7 @@ module MemprofilerPprof
     # (see docs/performance.md); the profile's numbers are the same kind.
     MODES = { exact: 0, light: 1 }.freeze
 
-    attr_reader :bt_method, :size_measurement, :mode, :window_probability
+    attr_reader :bt_method, :size_measurement, :mode, :window_probability, :window_budget
 
     private_class_method :_native_pause_all_for_ractors
 
@@ -40,7 +40,8 @@ module MemprofilerPprof
     # Defaults: MemprofilerPprof::DEFAULTS (defined by the extension).
     def initialize(sample_rate: DEFAULTS[:sample_rate], max_allocation_samples: DEFAULTS[:max_allocation_samples],
                    max_heap_samples: DEFAULTS[:max_heap_samples], bt_method: :cfp, allocation_retain_rate: 1.0,
-                   size_measurement: :postponed_job, mode: :exact, window_probability: 1.0, seed: nil)
+                   size_measurement: :postponed_job, mode: :exact, window_probability: 1.0, window_budget: nil,
+                   seed: nil)
       _native_configure(
         self.class.validate_fraction(sample_rate, :sample_rate),
         self.class.validate_count(max_allocation_samples, :max_allocation_samples),
@@ -51,6 +52,7 @@ module MemprofilerPprof
       self.size_measurement = size_measurement
       self.mode = mode
       self.window_probability = window_probability
+      self.window_budget = window_budget
       _native_set_seed(self.class.validate_seed(seed)) unless seed.nil?
       @flush_lock = Mutex.new
     end
@@ -105,8 +107,36 @@ module MemprofilerPprof
     # need more GC cycles to settle (see docs/performance.md). Only while
     # stopped.
     def window_probability=(probability)
-      _native_set_window_probability(self.class.validate_fraction(probability, :window_probability))
+      q = self.class.validate_fraction(probability, :window_probability)
+      if window_budget && q < 1.0
+        raise ArgumentError, "window_probability #{probability.inspect} and window_budget #{window_budget} " \
+                             "exclude each other (set window_budget = nil first)"
+      end
+      _native_set_window_probability(q) unless window_budget
       @window_probability = probability
+    end
+
+    # Sampling windows whose probability is chosen for you: at most about
+    # this many allocations a second go through the NEWOBJ hook. At each GC,
+    # the probability becomes this over the process's recent allocation
+    # rate (at most 1.0, at least 0.01), so a process that allocates less
+    # keeps the hook on all the time, and a busy server pays for about this
+    # many (at the 80-300 ns per hooked allocation measured in bench/, 100,000
+    # a second is 1-3% of a core). Each sample is weighted by
+    # its window's probability. nil (default): no budget. Excludes a
+    # window_probability below 1.0. Only while stopped.
+    def window_budget=(per_second)
+      Validation.integer(per_second, :window_budget, min: 1, nil_ok: true)
+      if per_second && window_probability.to_f < 1.0
+        raise ArgumentError, "window_budget #{per_second} and window_probability #{window_probability} " \
+                             "exclude each other (set window_probability = 1.0 first)"
+      end
+      if per_second
+        _native_set_window_budget(per_second)
+      else
+        _native_set_window_probability(self.class.validate_fraction(window_probability || 1.0, :window_probability))
+      end
+      @window_budget = per_second
     end
 
     # Starts sampling. Clears samples and drop counters of any earlier run.

@@ -26,7 +26,8 @@ module MemprofilerPprof
       flush_at_exit: [true, :flag, "1/0, true/false, yes/no or on/off"],
       seed: [nil, :count, "a whole number >= 0"],
       mode: [:exact, :mode, "exact or light"],
-      window_probability: [1.0, :window_probability, "a number above 0, up to 1"]
+      window_probability: [1.0, :window_probability, "a number above 0, up to 1"],
+      window_budget: [nil, :positive_count, "a whole number >= 1"]
     }.freeze
 
     attr_reader :warnings
@@ -55,6 +56,7 @@ module MemprofilerPprof
           [name, default]
         end
       end
+      exclude_window_probability_under_budget
     end
 
     SETTINGS.each_key do |name|
@@ -72,6 +74,7 @@ module MemprofilerPprof
         max_allocation_samples: max_alloc_samples, max_heap_samples: max_heap_samples,
         mode: mode, window_probability: window_probability
       }
+      options[:window_budget] = window_budget unless window_budget.nil?
       options[:seed] = seed unless seed.nil?
       options
     end
@@ -142,6 +145,15 @@ module MemprofilerPprof
 
     def parse_mode(raw)
       Validation.one_of(raw.to_sym, Collector::MODES.keys, :value)
+    end
+
+    # The collector takes one of the two: the budget, which adapts, wins.
+    def exclude_window_probability_under_budget
+      return unless @values[:window_budget] && @values[:window_probability] < 1.0
+
+      variable, raw = lookup(@env, :window_probability)
+      @warnings << "ignoring #{variable}=#{raw.strip.inspect}: a window budget is set; using 1.0"
+      @values[:window_probability] = 1.0
     end
 
     def parse_window_probability(raw)

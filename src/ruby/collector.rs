@@ -6,7 +6,7 @@ use std::cell::Cell;
 use std::ffi::c_int;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use rb_sys::{
@@ -28,7 +28,7 @@ use crate::sampler::address_filter::AddressFilter;
 use crate::sampler::gaps::{entropy_seed, GapSampler, SkipCountdown};
 use crate::sampler::lock::{LockError, SamplerLock};
 use crate::sampler::state::{DropCounters, SamplerState};
-use crate::sampler::windows::Windows;
+use crate::sampler::windows::{WindowPolicy, Windows};
 
 pub const DEFAULT_SAMPLE_RATE: f64 = 0.01;
 /// Stacks converted to named frames per step of a flush's last part (about
@@ -152,7 +152,7 @@ impl Collector {
             free_filter,
             sampler: SamplerLock::new(Sampler {
                 state,
-                windows: Windows::new(1.0, window_seed(seed)),
+                windows: Windows::new(WindowPolicy::Fixed(1.0), window_seed(seed)),
                 backtrace: BacktraceBuffer::default(),
                 interval_started_at: SystemTime::now(),
             }),
@@ -214,22 +214,23 @@ impl Collector {
         self.mode.get() == Mode::Light
     }
 
-    /// Sets the probability that a GC cycle is a sampling window (1.0: the
-    /// NEWOBJ hook always on). Only while stopped.
-    pub fn set_window_probability(&self, probability: f64) -> RbResult<()> {
+    /// Sets how sampling windows are chosen: a fixed probability that a GC
+    /// cycle is one (1.0: the NEWOBJ hook always on), or a budget of
+    /// hooked allocations per second. Only while stopped.
+    pub fn set_window_policy(&self, policy: WindowPolicy) -> RbResult<()> {
         if self.is_running() {
             return Err(RbError::runtime(
-                "window_probability can only be changed while the collector is stopped",
+                "sampling windows (window_probability, window_budget) can only be changed while the collector is stopped",
             ));
         }
         self.with_sampler(|s| {
-            s.windows = Windows::new(probability, window_seed(s.state.gaps.seed()));
+            s.windows = Windows::new(policy, window_seed(s.state.gaps.seed()));
         })
     }
 
     pub fn reseed(&self, seed: u64) -> RbResult<()> {
         let gap = self.with_sampler(|s| {
-            s.windows = Windows::new(s.windows.probability(), window_seed(seed));
+            s.windows = Windows::new(s.windows.policy(), window_seed(seed));
             s.state.reseed(seed);
             s.state.gaps.next_gap()
         })?;
@@ -280,7 +281,10 @@ impl Collector {
             }
         };
         let Sampler {
-            state, backtrace, ..
+            state,
+            backtrace,
+            windows,
+            ..
         } = &mut *sampler;
         self.countdown.set(state.gaps.next_gap());
         let admission = state.admission();
@@ -289,7 +293,9 @@ impl Collector {
             state.record_free(object as usize);
             return;
         }
-        let weight = state.gaps.weight();
+        // (With a window budget, a sample also stands for the windows that
+        // were off: sampler/windows.rs.)
+        let weight = state.gaps.weight() * windows.sample_weight();
         // SAFETY: we are in the NEWOBJ hook for `object`, on a Ruby thread
         // with the GVL.
         let (info, frames) = unsafe { (object_info(object), backtrace.capture(top_line)) };
@@ -445,7 +451,7 @@ impl Collector {
         let counter = heap::allocation_counter();
         let switched = self.with_sampler(|s| {
             let was_on = s.windows.is_on();
-            s.windows.next_window(counter, gc_count) == Some(!was_on)
+            s.windows.next_window(counter, gc_count, monotonic_ns()) == Some(!was_on)
         });
         match switched {
             Ok(true) => {
@@ -471,7 +477,7 @@ impl Collector {
         let gc_count = unsafe { rb_gc_count() } as u32;
         let gap = self.with_sampler(|s| {
             s.state.clear();
-            s.windows.start(counter, gc_count);
+            s.windows.start(counter, gc_count, monotonic_ns());
             s.interval_started_at = SystemTime::now();
             s.state.gaps.next_gap()
         })?;
@@ -702,9 +708,10 @@ impl Collector {
         // Sampling windows: each sample stands for its share of the
         // allocations made while the hook was off too.
         let counter = heap::allocation_counter();
-        let (scale, window_probability) =
-            self.with_sampler(|s| (s.windows.flush(counter), s.windows.probability()))?;
-        if window_probability < 1.0 {
+        let (scale, window_policy) =
+            self.with_sampler(|s| (s.windows.flush(counter), s.windows.policy()))?;
+        let windows = window_policy != WindowPolicy::Fixed(1.0);
+        if windows {
             for sample in &mut snapshot.samples {
                 sample.values[0] *= scale.allocations;
                 sample.values[1] *= scale.allocations;
@@ -748,9 +755,15 @@ impl Collector {
                         "object sizes unavailable on this Ruby (no rb_obj_memsize_of)".into(),
                     );
                 }
-                if window_probability < 1.0 {
+                if windows {
+                    let chosen = match window_policy {
+                        WindowPolicy::Fixed(q) => format!("each GC cycle sampled with probability {q}"),
+                        WindowPolicy::Budget(budget) => format!(
+                            "each GC cycle sampled with a probability chosen to hook about {budget} allocations a second"
+                        ),
+                    };
                     comments.push(format!(
-                        "sampling windows: each GC cycle sampled with probability {window_probability}; \
+                        "sampling windows: {chosen}; \
                          the NEWOBJ hook was on for {:.1}% of this interval's allocations, \
                          and values are scaled to all of them",
                         scale.coverage * 100.0
@@ -927,6 +940,13 @@ impl Drop for FlushEnd<'_> {
     fn drop(&mut self) {
         self.0.end_flush();
     }
+}
+
+/// Nanoseconds on a monotonic clock (from the first call): what a window
+/// budget measures allocation rates against.
+fn monotonic_ns() -> u64 {
+    static BASE: OnceLock<Instant> = OnceLock::new();
+    BASE.get_or_init(Instant::now).elapsed().as_nanos() as u64
 }
 
 /// The seed of the windows' coin: derived from the sampler's, so one

@@ -18,6 +18,7 @@ use super::convert::count_arg;
 use super::errors::{method_entry, protect, RbError, RbResult};
 use super::method_table::{method_def, MethodDef, MethodKind};
 use super::registry;
+use crate::sampler::windows::WindowPolicy;
 
 struct DataType(rb_data_type_t);
 
@@ -262,8 +263,22 @@ unsafe extern "C" fn native_set_window_probability(rb_self: VALUE, probability: 
                 "window_probability must be above 0.0 (1.0: no sampling windows), got 0.0",
             ));
         }
-        collector_of(rb_self)?.set_window_probability(q)?;
+        collector_of(rb_self)?.set_window_policy(WindowPolicy::Fixed(q))?;
         Ok(probability)
+    })
+}
+
+/// Sampling windows chosen from a budget of hooked allocations per second.
+unsafe extern "C" fn native_set_window_budget(rb_self: VALUE, budget: VALUE) -> VALUE {
+    method_entry(|| {
+        let per_second = count_arg(budget, "window_budget")?;
+        if per_second == 0 {
+            return Err(RbError::argument(
+                "window_budget must be at least 1 allocation a second (nil: no budget), got 0",
+            ));
+        }
+        collector_of(rb_self)?.set_window_policy(WindowPolicy::Budget(per_second as f64))?;
+        Ok(budget)
     })
 }
 
@@ -480,6 +495,12 @@ pub fn methods() -> Vec<MethodDef> {
         method_def!(
             c"_native_set_window_probability",
             native_set_window_probability,
+            1,
+            MethodKind::Private
+        ),
+        method_def!(
+            c"_native_set_window_budget",
+            native_set_window_budget,
             1,
             MethodKind::Private
         ),

@@ -19,27 +19,64 @@
 //! on-windows (both read from Ruby's allocation counter), rather than by
 //! 1 / q: the same expectation, but the total allocation count comes out
 //! exact, and the variance left is only in how stacks share it.
+//!
+//! With a budget (`WindowPolicy::Budget`), q is chosen at each GC from the
+//! allocation rate so far: budget / rate, between `MIN_BUDGET_PROBABILITY`
+//! and 1. A process that allocates less than its budget keeps the hook on
+//! all the time; a busy server samples a share that keeps the hooked
+//! allocations near the budget. Since q then varies, each window's samples
+//! weigh 1 / q (`sample_weight`), and the ratio above counts each
+//! on-window's allocations divided by its q: with one q for every window
+//! it is the fixed policy's ratio. A window's q depends only on earlier
+//! windows, never on what its own allocations are, so nothing is biased.
 
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 
+/// How the probability that a window is on is chosen.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum WindowPolicy {
+    /// The same for every window (1.0: always on, no windows).
+    Fixed(f64),
+    /// Allocations per second the hook may see: each window's probability
+    /// is this over the allocation rate so far, at most 1.
+    Budget(f64),
+}
+
+/// The lowest probability a budget chooses: below it, windows would be so
+/// rare that a flush interval of a busy server held only a handful.
+pub const MIN_BUDGET_PROBABILITY: f64 = 0.01;
+
+/// The allocation rate's estimate is an exponential average over about
+/// this many nanoseconds: a busy server's GC cycles last milliseconds, and
+/// one cycle should not swing q; a quiet process's cycle can last minutes,
+/// and should count fully.
+const RATE_TIME_CONSTANT_NS: f64 = 1e9;
+
 #[derive(Debug)]
 pub struct Windows {
-    /// Probability that a window is on (1.0: always, no windows).
-    probability: f64,
+    policy: WindowPolicy,
     rng: SmallRng,
-    /// Whether the current window is on.
+    /// Whether the current window is on, and the probability it had.
     on: bool,
+    probability: f64,
     /// Ruby's allocation counter when the current on-window began.
     on_since: u64,
     /// The GC count of the last decision (one decision per GC).
     decided_at_gc: Option<u32>,
-    /// Allocations in on-windows, and the counter, since the interval
-    /// began (the last flush or start).
+    /// Budget: the counter and clock (ns) at the last decision, and the
+    /// smoothed allocation rate (per second).
+    last_tick: Option<(u64, u64)>,
+    rate: Option<f64>,
+    /// Allocations in on-windows, each divided by its window's probability
+    /// (weighted), and unweighted; the counter when the interval began
+    /// (the last flush or start).
+    interval_on_weighted: f64,
     interval_on: u64,
     interval_began: u64,
-    /// The same since start: live samples may come from any interval.
-    run_on: u64,
+    /// The weighted sum since start: live samples may come from any
+    /// interval.
+    run_on_weighted: f64,
     run_began: u64,
 }
 
@@ -56,67 +93,127 @@ pub struct WindowScale {
 }
 
 impl Windows {
-    pub fn new(probability: f64, seed: u64) -> Self {
+    pub fn new(policy: WindowPolicy, seed: u64) -> Self {
+        let policy = match policy {
+            WindowPolicy::Fixed(q) => WindowPolicy::Fixed(q.clamp(0.0, 1.0)),
+            budget => budget,
+        };
         Windows {
-            probability: probability.clamp(0.0, 1.0),
+            policy,
             rng: SmallRng::seed_from_u64(seed),
             on: true,
+            probability: 1.0,
             on_since: 0,
             decided_at_gc: None,
+            last_tick: None,
+            rate: None,
+            interval_on_weighted: 0.0,
             interval_on: 0,
             interval_began: 0,
-            run_on: 0,
+            run_on_weighted: 0.0,
             run_began: 0,
         }
     }
 
-    pub fn probability(&self) -> f64 {
-        self.probability
+    pub fn policy(&self) -> WindowPolicy {
+        self.policy
     }
 
     /// Whether windows are in use at all.
     pub fn enabled(&self) -> bool {
-        self.probability < 1.0
+        match self.policy {
+            WindowPolicy::Fixed(q) => q < 1.0,
+            WindowPolicy::Budget(_) => true,
+        }
     }
 
     pub fn is_on(&self) -> bool {
         self.on
     }
 
-    /// At start: the first window's coin is thrown like every other.
-    /// `counter`: Ruby's allocation counter; `gc_count`: its GC count.
-    pub fn start(&mut self, counter: u64, gc_count: u32) -> bool {
+    /// What a sample taken now weighs for the window it is in: 1 / its
+    /// probability (1.0 without windows).
+    pub fn sample_weight(&self) -> f64 {
+        1.0 / self.probability
+    }
+
+    /// At start: the first window's coin is thrown like every other (with
+    /// a budget, the rate is not known yet: the first window is on).
+    /// `counter`: Ruby's allocation counter; `gc_count`: its GC count;
+    /// `now_ns`: a monotonic clock.
+    pub fn start(&mut self, counter: u64, gc_count: u32, now_ns: u64) -> bool {
+        self.interval_on_weighted = 0.0;
         self.interval_on = 0;
         self.interval_began = counter;
-        self.run_on = 0;
+        self.run_on_weighted = 0.0;
         self.run_began = counter;
+        self.last_tick = Some((counter, now_ns));
+        self.rate = None;
+        self.probability = self.next_probability();
         self.on = self.throw();
         self.on_since = counter;
         self.decided_at_gc = Some(gc_count);
         self.on
     }
 
+    fn next_probability(&self) -> f64 {
+        match (self.policy, self.rate) {
+            (WindowPolicy::Fixed(q), _) => q,
+            (WindowPolicy::Budget(_), None) => 1.0,
+            (WindowPolicy::Budget(budget), Some(rate)) => {
+                if rate <= budget {
+                    1.0
+                } else {
+                    (budget / rate).max(MIN_BUDGET_PROBABILITY)
+                }
+            }
+        }
+    }
+
     fn throw(&mut self) -> bool {
-        !self.enabled() || self.rng.random::<f64>() < self.probability
+        self.probability >= 1.0 || self.rng.random::<f64>() < self.probability
     }
 
     fn close_on_window(&mut self, counter: u64) {
         if self.on {
             let made = counter.saturating_sub(self.on_since);
+            let weighted = made as f64 / self.probability;
             self.interval_on += made;
-            self.run_on += made;
+            self.interval_on_weighted += weighted;
+            self.run_on_weighted += weighted;
         }
         self.on_since = counter;
     }
 
+    /// Budget: folds the allocation rate since the last decision into the
+    /// estimate.
+    fn observe_rate(&mut self, counter: u64, now_ns: u64) {
+        if let Some((last_counter, last_ns)) = self.last_tick {
+            let elapsed = now_ns.saturating_sub(last_ns);
+            if elapsed > 0 {
+                let rate = counter.saturating_sub(last_counter) as f64 * 1e9 / elapsed as f64;
+                let share = 1.0 - (-(elapsed as f64) / RATE_TIME_CONSTANT_NS).exp();
+                self.rate = Some(match self.rate {
+                    Some(old) => old + share * (rate - old),
+                    None => rate,
+                });
+            }
+        }
+        self.last_tick = Some((counter, now_ns));
+    }
+
     /// After a GC started (from the postponed job): a new window, on or
     /// off. Returns the new state, or None if this GC was decided already.
-    pub fn next_window(&mut self, counter: u64, gc_count: u32) -> Option<bool> {
+    pub fn next_window(&mut self, counter: u64, gc_count: u32, now_ns: u64) -> Option<bool> {
         if !self.enabled() || self.decided_at_gc == Some(gc_count) {
             return None;
         }
         self.close_on_window(counter);
         self.decided_at_gc = Some(gc_count);
+        if matches!(self.policy, WindowPolicy::Budget(_)) {
+            self.observe_rate(counter, now_ns);
+        }
+        self.probability = self.next_probability();
         self.on = self.throw();
         Some(self.on)
     }
@@ -124,12 +221,14 @@ impl Windows {
     /// At a flush: the scales for its samples; starts the next interval.
     pub fn flush(&mut self, counter: u64) -> WindowScale {
         self.close_on_window(counter);
-        let ratio = |all: u64, on: u64| if on == 0 { 0.0 } else { all as f64 / on as f64 };
+        // Samples already weigh 1 / q: scaled by all allocations over the
+        // on-windows' allocations weighted the same way.
+        let ratio = |all: u64, on: f64| if on <= 0.0 { 0.0 } else { all as f64 / on };
         let interval_all = counter.saturating_sub(self.interval_began);
         let scale = if self.enabled() {
             WindowScale {
-                allocations: ratio(interval_all, self.interval_on),
-                live: ratio(counter.saturating_sub(self.run_began), self.run_on),
+                allocations: ratio(interval_all, self.interval_on_weighted),
+                live: ratio(counter.saturating_sub(self.run_began), self.run_on_weighted),
                 coverage: if interval_all == 0 {
                     0.0
                 } else {
@@ -143,6 +242,7 @@ impl Windows {
                 coverage: 1.0,
             }
         };
+        self.interval_on_weighted = 0.0;
         self.interval_on = 0;
         self.interval_began = counter;
         scale
@@ -153,11 +253,18 @@ impl Windows {
 mod tests {
     use super::*;
 
+    const MS: u64 = 1_000_000;
+
+    fn fixed(q: f64, seed: u64) -> Windows {
+        Windows::new(WindowPolicy::Fixed(q), seed)
+    }
+
     #[test]
     fn without_windows_nothing_is_scaled_and_no_gc_switches() {
-        let mut w = Windows::new(1.0, 1);
-        assert!(w.start(100, 0));
-        assert_eq!(w.next_window(200, 1), None);
+        let mut w = fixed(1.0, 1);
+        assert!(w.start(100, 0, 0));
+        assert_eq!(w.next_window(200, 1, MS), None);
+        assert_eq!(w.sample_weight(), 1.0);
         let scale = w.flush(300);
         assert_eq!(
             (scale.allocations, scale.live, scale.coverage),
@@ -167,32 +274,37 @@ mod tests {
 
     #[test]
     fn one_decision_per_gc() {
-        let mut w = Windows::new(0.5, 1);
-        w.start(0, 0);
-        assert_eq!(w.next_window(10, 0), None, "GC 0 was decided at start");
-        assert!(w.next_window(10, 1).is_some());
-        assert_eq!(w.next_window(20, 1), None);
+        let mut w = fixed(0.5, 1);
+        w.start(0, 0, 0);
+        assert_eq!(w.next_window(10, 0, MS), None, "GC 0 was decided at start");
+        assert!(w.next_window(10, 1, MS).is_some());
+        assert_eq!(w.next_window(20, 1, 2 * MS), None);
     }
 
     #[test]
     fn scales_by_all_allocations_over_those_in_on_windows() {
         // Drive the coin until we see on and off windows, tracking truth.
-        let mut w = Windows::new(0.3, 7);
+        let mut w = fixed(0.3, 7);
         let mut counter = 0;
         let mut on_allocations = 0;
-        let mut on = w.start(counter, 0);
+        let mut on = w.start(counter, 0, 0);
         for gc in 1..=1_000u32 {
             let cycle = 1_000 + u64::from(gc % 7) * 100;
             if on {
                 on_allocations += cycle;
             }
             counter += cycle;
-            on = w.next_window(counter, gc).expect("a new GC");
+            on = w
+                .next_window(counter, gc, u64::from(gc) * MS)
+                .expect("a new GC");
         }
         let scale = w.flush(counter);
+        // What a sample is multiplied by in all: its weight, then the scale.
+        let weight = w.sample_weight();
+        let per_sample = |scale: f64| scale * weight;
         let expected = counter as f64 / on_allocations as f64;
-        assert!((scale.allocations - expected).abs() < 1e-9);
-        assert!((scale.live - expected).abs() < 1e-9);
+        assert!((per_sample(scale.allocations) - expected).abs() < 1e-9);
+        assert!((per_sample(scale.live) - expected).abs() < 1e-9);
         assert!(
             (scale.coverage - 0.3).abs() < 0.05,
             "coverage {}",
@@ -202,20 +314,115 @@ mod tests {
         on_allocations = if on { 500 } else { 0 };
         let next = w.flush(counter + 500);
         if on {
-            assert!((next.allocations - 1.0).abs() < 1e-9);
+            assert!((per_sample(next.allocations) - 1.0).abs() < 1e-9);
         } else {
             assert_eq!(next.allocations, 0.0);
         }
-        assert!(next.live > 1.0 && on_allocations <= 500);
+        assert!(per_sample(next.live) > 1.0 && on_allocations <= 500);
     }
 
     #[test]
     fn the_share_of_on_windows_is_the_probability() {
-        let mut w = Windows::new(0.25, 42);
-        w.start(0, 0);
+        let mut w = fixed(0.25, 42);
+        w.start(0, 0, 0);
         let on = (1..=100_000u32)
-            .filter(|&gc| w.next_window(u64::from(gc) * 10, gc) == Some(true))
+            .filter(|&gc| w.next_window(u64::from(gc) * 10, gc, u64::from(gc) * MS) == Some(true))
             .count();
         assert!((on as f64 / 100_000.0 - 0.25).abs() < 0.01, "{on}");
+    }
+
+    #[test]
+    fn under_its_budget_a_process_keeps_the_hook_on() {
+        // 10,000 allocations per 100 ms: 100,000/s, under a 200,000/s budget.
+        let mut w = Windows::new(WindowPolicy::Budget(200_000.0), 3);
+        assert!(w.start(0, 0, 0), "the first window is on: no rate yet");
+        for gc in 1..=100u32 {
+            let now = u64::from(gc) * 100 * MS;
+            assert_eq!(w.next_window(u64::from(gc) * 10_000, gc, now), Some(true));
+            assert_eq!(w.sample_weight(), 1.0);
+        }
+        let scale = w.flush(1_000_000);
+        assert_eq!((scale.allocations, scale.coverage), (1.0, 1.0));
+    }
+
+    #[test]
+    fn over_its_budget_the_share_sampled_is_budget_over_rate() {
+        // 1M allocations/s against a 100,000/s budget: q = 0.1.
+        let mut w = Windows::new(WindowPolicy::Budget(100_000.0), 5);
+        w.start(0, 0, 0);
+        let mut on = 0;
+        for gc in 1..=20_000u32 {
+            let now = u64::from(gc) * 10 * MS;
+            if w.next_window(u64::from(gc) * 10_000, gc, now) == Some(true) {
+                on += 1;
+                assert!((w.sample_weight() - 10.0).abs() < 1e-6);
+            }
+        }
+        assert!((f64::from(on) / 20_000.0 - 0.1).abs() < 0.01, "{on}");
+        // Far over budget, q stops at its floor.
+        let mut w = Windows::new(WindowPolicy::Budget(1.0), 5);
+        w.start(0, 0, 0);
+        w.next_window(1_000_000, 1, 1_000 * MS);
+        assert!((w.sample_weight() - 1.0 / MIN_BUDGET_PROBABILITY).abs() < 1e-6);
+    }
+
+    #[test]
+    fn a_quiet_spell_after_a_busy_one_turns_the_hook_back_on_within_seconds() {
+        let mut w = Windows::new(WindowPolicy::Budget(100_000.0), 9);
+        w.start(0, 0, 0);
+        let (mut counter, mut now, mut gc) = (0u64, 0u64, 0u32);
+        // 2 s at 5M allocations/s, a GC every 10 ms.
+        for _ in 0..200 {
+            (counter, now, gc) = (counter + 50_000, now + 10 * MS, gc + 1);
+            w.next_window(counter, gc, now);
+        }
+        assert!(
+            w.sample_weight() > 40.0,
+            "q about 0.02: {}",
+            w.sample_weight()
+        );
+        // Then 1,000 allocations a second, a GC every 2 s: on after 3.
+        for _ in 0..3 {
+            (counter, now, gc) = (counter + 2_000, now + 2_000 * MS, gc + 1);
+            w.next_window(counter, gc, now);
+        }
+        assert_eq!(w.sample_weight(), 1.0);
+        assert!(w.is_on());
+    }
+
+    /// Two call sites whose mix changes with the allocation rate, so that
+    /// q (chosen from the rate) is lower exactly where one site dominates.
+    /// Weighting each window by 1 / q keeps both sites' estimates right on
+    /// average; without the weights the busy site would be undercounted.
+    #[test]
+    fn a_budget_keeps_estimates_unbiased_when_the_mix_follows_the_rate() {
+        let (mut estimate, mut truth) = ([0.0f64; 2], [0.0f64; 2]);
+        for seed in 0..200 {
+            let mut w = Windows::new(WindowPolicy::Budget(100_000.0), seed);
+            let (mut counter, mut now) = (0u64, 0u64);
+            w.start(counter, 0, now);
+            let mut sampled = [0.0f64; 2];
+            for gc in 1..=400u32 {
+                // Busy phases (1M/s, site 0) and quiet ones (50,000/s, site 1).
+                let busy = (gc / 50) % 2 == 0;
+                let cycle = 10_000u64;
+                let site = usize::from(!busy);
+                if w.is_on() {
+                    sampled[site] += cycle as f64 * w.sample_weight();
+                }
+                truth[site] += cycle as f64;
+                counter += cycle;
+                now += if busy { 10 * MS } else { 200 * MS };
+                w.next_window(counter, gc, now);
+            }
+            let scale = w.flush(counter);
+            for site in 0..2 {
+                estimate[site] += sampled[site] * scale.allocations;
+            }
+        }
+        for site in 0..2 {
+            let error = (estimate[site] - truth[site]).abs() / truth[site];
+            assert!(error < 0.02, "site {site}: {estimate:?} vs {truth:?}");
+        }
     }
 }
