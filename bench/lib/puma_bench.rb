@@ -2,6 +2,7 @@
 
 require "socket"
 require "tmpdir"
+require "zlib"
 require_relative "report"
 require_relative "configs"
 
@@ -44,10 +45,16 @@ module PumaBench
     base = summarize(results["no profiler"])
     rows = configs.map do |config|
       s = summarize(results[config])
+      shares = results[config].filter_map { |r| r[:window_share] }
       [config, format(s[:rps] < 10 ? "%.1f" : "%.0f", s[:rps]), BenchReport.ratio(s[:rps], base[:rps]),
-       format("%.2f ms", s[:p50] * 1000), format("%.2f ms", s[:p99] * 1000), BenchReport.ratio(s[:p99], base[:p99])]
+       format("%.2f ms", s[:p50] * 1000), format("%.2f ms", s[:p99] * 1000), BenchReport.ratio(s[:p99], base[:p99]),
+       shares.empty? ? "" : format("%.2f", BenchReport.median(shares))]
     end
-    BenchReport.table(["configuration", "requests/s", "vs none", "p50", "p99", "p99 vs none"], rows)
+    BenchReport.table(["configuration", "requests/s", "vs none", "p50", "p99", "p99 vs none", "sampled share"], rows)
+    return unless rows.any? { |row| row.last != "" }
+
+    puts "(sampled share: with sampling windows, the share of allocations made while the hook was on, from the " \
+         "profiles' comments; median over the runs of each run's median over its one-second profiles)"
   end
 
   def summarize(list)
@@ -59,10 +66,23 @@ module PumaBench
   end
 
   def measure(config, rackup = "puma_app.ru", path = "/?page=3", connections = CONNECTIONS)
-    serve(config, rackup) do |base_url|
+    serve(config, rackup) do |base_url, dir|
       wrk(base_url + path, 1, connections) # warm up
-      wrk(base_url + path, SECONDS, connections)
+      result = wrk(base_url + path, SECONDS, connections)
+      share = window_share(dir)
+      share ? result.merge(window_share: share) : result
     end
+  end
+
+  # With sampling windows: the median share of allocations sampled over
+  # the profiles written so far (their comment says it; see Collector#flush).
+  def window_share(dir)
+    shares = Dir.glob(File.join(dir, "mem-*.pprof")).filter_map do |file|
+      Zlib.gunzip(File.binread(file))[/hook was on for ([\d.]+)% /n, 1]&.to_f&./(100)
+    rescue Zlib::Error, SystemCallError
+      nil # a file being replaced as we read
+    end
+    BenchReport.median(shares) unless shares.empty?
   end
 
   # Starts puma on `rackup` with the profiler `config`, yields its URL
@@ -77,7 +97,7 @@ module PumaBench
                           "-b", "tcp://127.0.0.1:#{port}", app, out: File::NULL, err: File.join(dir, "puma.log"))
       begin
         wait_for(port, pid, dir)
-        yield "http://127.0.0.1:#{port}"
+        yield "http://127.0.0.1:#{port}", dir
       ensure
         Process.kill("TERM", pid)
         Process.wait(pid)
