@@ -102,8 +102,9 @@ module BenchConfigs
     **gem_config(0.01, mode: :light),
     **gem_config(0.01, mode: :light, window_probability: 0.25),
     **gem_config(0.01, mode: :light, window_probability: 0.1),
-    # Or q chosen to hook about 100,000 allocations a second.
-    **gem_config(0.01, mode: :light, window_budget: 100_000)
+    # Or q chosen to hook about 100,000 (or 50,000) allocations a second.
+    **gem_config(0.01, mode: :light, window_budget: 100_000),
+    **gem_config(0.01, mode: :light, window_budget: 50_000)
   }.freeze
 
   LIGHT = "memprofiler_pprof_rs 0.01, mode: :light"

@@ -54,7 +54,7 @@ module PumaBench
     return unless rows.any? { |row| row.last != "" }
 
     puts "(sampled share: with sampling windows, the share of allocations made while the hook was on, from the " \
-         "profiles' comments; median over the runs of each run's median over its one-second profiles)"
+         "profiles' comments; median over the runs of each run's mean over its one-second profiles)"
   end
 
   def summarize(list)
@@ -74,15 +74,17 @@ module PumaBench
     end
   end
 
-  # With sampling windows: the median share of allocations sampled over
-  # the profiles written so far (their comment says it; see Collector#flush).
+  # With sampling windows: the mean share of allocations sampled over the
+  # profiles written so far (their comment says it; see Collector#flush).
+  # A mean, not a median: a second can span few GC cycles, so many seconds
+  # sample none and a few sample all.
   def window_share(dir)
     shares = Dir.glob(File.join(dir, "mem-*.pprof")).filter_map do |file|
       Zlib.gunzip(File.binread(file))[/hook was on for ([\d.]+)% /n, 1]&.to_f&./(100)
     rescue Zlib::Error, SystemCallError
       nil # a file being replaced as we read
     end
-    BenchReport.median(shares) unless shares.empty?
+    shares.sum / shares.size unless shares.empty?
   end
 
   # Starts puma on `rackup` with the profiler `config`, yields its URL

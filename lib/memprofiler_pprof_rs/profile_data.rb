@@ -22,7 +22,8 @@ module MemprofilerPprof
     # Samples folded into one "(other)" sample to respect max_profile_bytes.
     attr_reader :folded_samples_count
     # Share of the interval's allocations made while the NEWOBJ hook was on:
-    # 1.0 without sampling windows (Collector's window_probability).
+    # 1.0 without sampling windows (Collector's window_probability and
+    # window_budget).
     attr_reader :window_coverage
 
     def self.from_native(values)
