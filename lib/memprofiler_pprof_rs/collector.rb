@@ -112,7 +112,13 @@ module MemprofilerPprof
         raise ArgumentError, "window_probability #{probability.inspect} and window_budget #{window_budget} " \
                              "exclude each other (set window_budget = nil first)"
       end
-      _native_set_window_probability(q) unless window_budget
+      if window_budget
+        # (The budget stays; only the rule that nothing changes while
+        # running is checked.)
+        raise "window_probability can only be changed while the collector is stopped" if running?
+      else
+        _native_set_window_probability(q)
+      end
       @window_probability = probability
     end
 

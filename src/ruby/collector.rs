@@ -25,7 +25,7 @@ use super::hooks::Hook;
 use super::registry::{self, Registered};
 use crate::pprof::heap_profile::{build_profile_gzipped, ProfileMeta};
 use crate::sampler::address_filter::AddressFilter;
-use crate::sampler::gaps::{entropy_seed, GapSampler, SkipCountdown};
+use crate::sampler::gaps::{entropy_seed, mix_seed, GapSampler, SkipCountdown};
 use crate::sampler::lock::{LockError, SamplerLock};
 use crate::sampler::state::{DropCounters, SamplerState};
 use crate::sampler::windows::{WindowPolicy, Windows};
@@ -504,6 +504,7 @@ impl Collector {
         self.running.store(false, Ordering::Relaxed);
         // Size what was sampled just before stopping, while it is alive.
         self.measure_pending();
+        self.freeze_windows();
         self.apply_hooks()?;
         Ok(true)
     }
@@ -562,8 +563,18 @@ impl Collector {
             Ok(mut sampler) => sampler.state.stop_tracking_live(),
             Err(_) => self.count_internal_error(),
         }
+        self.freeze_windows();
         self.paused_for_ractors.store(true, Ordering::Relaxed);
         if self.apply_hooks().is_err() {
+            self.count_internal_error();
+        }
+    }
+
+    /// Sampling has stopped: a later flush must not scale its samples by
+    /// allocations made since (sampler/windows.rs).
+    fn freeze_windows(&self) {
+        let counter = heap::allocation_counter();
+        if self.with_sampler(|s| s.windows.freeze(counter)).is_err() {
             self.count_internal_error();
         }
     }
@@ -628,8 +639,12 @@ impl Collector {
         if self.flushing.load(Ordering::Relaxed) {
             self.end_flush();
         }
+        let counter = heap::allocation_counter();
         let gap = self.with_sampler(|s| {
-            s.state.start_child_interval(u64::from(std::process::id()));
+            let pid = u64::from(std::process::id());
+            s.state.start_child_interval(pid);
+            let seed = mix_seed(window_seed(s.state.gaps.seed()), pid);
+            s.windows.start_child_interval(counter, seed);
             s.interval_started_at = SystemTime::now();
             s.state.gaps.next_gap()
         });

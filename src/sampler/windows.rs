@@ -78,6 +78,9 @@ pub struct Windows {
     /// interval.
     run_on_weighted: f64,
     run_began: u64,
+    /// The counter when sampling stopped (stop, or paused for Ractors):
+    /// later allocations were not sampled, so no flush counts them.
+    frozen_at: Option<u64>,
 }
 
 /// What a flush multiplies its samples' values by.
@@ -112,6 +115,7 @@ impl Windows {
             interval_began: 0,
             run_on_weighted: 0.0,
             run_began: 0,
+            frozen_at: None,
         }
     }
 
@@ -149,6 +153,7 @@ impl Windows {
         self.run_began = counter;
         self.last_tick = Some((counter, now_ns));
         self.rate = None;
+        self.frozen_at = None;
         self.probability = self.next_probability();
         self.on = self.throw();
         self.on_since = counter;
@@ -202,10 +207,32 @@ impl Windows {
         self.last_tick = Some((counter, now_ns));
     }
 
+    /// Sampling stopped at `counter` (stop, or paused for Ractors): what
+    /// is allocated from here on is in no window.
+    pub fn freeze(&mut self, counter: u64) {
+        if self.frozen_at.is_none() {
+            self.close_on_window(counter);
+            self.frozen_at = Some(counter);
+        }
+    }
+
+    /// In a forked child: its own coins (else every worker forked from one
+    /// parent would sample the same cycles), and an interval starting now,
+    /// as its allocation samples do.
+    pub fn start_child_interval(&mut self, counter: u64, seed: u64) {
+        self.rng = SmallRng::seed_from_u64(seed);
+        if self.frozen_at.is_none() {
+            self.on_since = counter;
+            self.interval_on_weighted = 0.0;
+            self.interval_on = 0;
+            self.interval_began = counter;
+        }
+    }
+
     /// After a GC started (from the postponed job): a new window, on or
     /// off. Returns the new state, or None if this GC was decided already.
     pub fn next_window(&mut self, counter: u64, gc_count: u32, now_ns: u64) -> Option<bool> {
-        if !self.enabled() || self.decided_at_gc == Some(gc_count) {
+        if !self.enabled() || self.frozen_at.is_some() || self.decided_at_gc == Some(gc_count) {
             return None;
         }
         self.close_on_window(counter);
@@ -220,6 +247,7 @@ impl Windows {
 
     /// At a flush: the scales for its samples; starts the next interval.
     pub fn flush(&mut self, counter: u64) -> WindowScale {
+        let counter = self.frozen_at.map_or(counter, |frozen| frozen.min(counter));
         self.close_on_window(counter);
         // Samples already weigh 1 / q: scaled by all allocations over the
         // on-windows' allocations weighted the same way.
@@ -332,6 +360,57 @@ mod tests {
     }
 
     #[test]
+    fn allocations_after_a_stop_are_in_no_window() {
+        for on_at_stop in [true, false] {
+            let mut w = fixed(0.5, 11);
+            let mut on = w.start(0, 0, 0);
+            let mut gc = 0;
+            while on != on_at_stop {
+                gc += 1;
+                on = w
+                    .next_window(u64::from(gc) * 100, gc, u64::from(gc) * MS)
+                    .unwrap();
+            }
+            let stopped_at = u64::from(gc) * 100 + 50;
+            w.freeze(stopped_at);
+            assert_eq!(w.next_window(stopped_at + 1_000, gc + 1, MS), None);
+            let late = w.flush(stopped_at + 1_000_000);
+            let truth = w.flush(stopped_at);
+            assert_eq!(truth.coverage, 0.0, "the second flush has no allocations");
+            let mut again = fixed(0.5, 11);
+            let mut on = again.start(0, 0, 0);
+            for gc in 1..=gc {
+                on = again
+                    .next_window(u64::from(gc) * 100, gc, u64::from(gc) * MS)
+                    .unwrap();
+            }
+            assert_eq!(on, on_at_stop);
+            let expected = again.flush(stopped_at);
+            assert_eq!(late, expected, "a flush after stop counts up to the stop");
+        }
+    }
+
+    #[test]
+    fn a_forked_child_throws_its_own_coins_from_a_fresh_interval() {
+        let mut parent = fixed(0.5, 3);
+        parent.start(0, 0, 0);
+        let mut child = fixed(0.5, 3);
+        child.start(0, 0, 0);
+        child.start_child_interval(1_000, 99);
+        let coins = |w: &mut Windows| -> Vec<bool> {
+            (1..=64u32)
+                .map(|gc| w.next_window(1_000 + u64::from(gc), gc, 0).unwrap())
+                .collect()
+        };
+        assert_ne!(coins(&mut parent), coins(&mut child));
+        let scale = child.flush(1_064);
+        assert!(
+            scale.coverage <= 1.0,
+            "only the child's 64 allocations count"
+        );
+    }
+
+    #[test]
     fn under_its_budget_a_process_keeps_the_hook_on() {
         // 10,000 allocations per 100 ms: 100,000/s, under a 200,000/s budget.
         let mut w = Windows::new(WindowPolicy::Budget(200_000.0), 3);
@@ -393,15 +472,19 @@ mod tests {
     /// Two call sites whose mix changes with the allocation rate, so that
     /// q (chosen from the rate) is lower exactly where one site dominates.
     /// Weighting each window by 1 / q keeps both sites' estimates right on
-    /// average; without the weights the busy site would be undercounted.
+    /// average; without the weights the busy site is undercounted.
     #[test]
     fn a_budget_keeps_estimates_unbiased_when_the_mix_follows_the_rate() {
         let (mut estimate, mut truth) = ([0.0f64; 2], [0.0f64; 2]);
+        // The same sampled windows without the weights, scaled by the
+        // plain ratio of all allocations to sampled ones.
+        let mut unweighted = [0.0f64; 2];
         for seed in 0..200 {
             let mut w = Windows::new(WindowPolicy::Budget(100_000.0), seed);
             let (mut counter, mut now) = (0u64, 0u64);
             w.start(counter, 0, now);
             let mut sampled = [0.0f64; 2];
+            let (mut plain, mut on_allocations) = ([0.0f64; 2], 0.0f64);
             for gc in 1..=400u32 {
                 // Busy phases (1M/s, site 0) and quiet ones (50,000/s, site 1).
                 let busy = (gc / 50) % 2 == 0;
@@ -409,6 +492,8 @@ mod tests {
                 let site = usize::from(!busy);
                 if w.is_on() {
                     sampled[site] += cycle as f64 * w.sample_weight();
+                    plain[site] += cycle as f64;
+                    on_allocations += cycle as f64;
                 }
                 truth[site] += cycle as f64;
                 counter += cycle;
@@ -418,8 +503,15 @@ mod tests {
             let scale = w.flush(counter);
             for site in 0..2 {
                 estimate[site] += sampled[site] * scale.allocations;
+                unweighted[site] += plain[site] * counter as f64 / on_allocations;
             }
         }
+        // (By a third here: the rate's average lags the half-second phases,
+        // so q only partly follows them.)
+        assert!(
+            unweighted[0] < truth[0] * 0.8,
+            "without weights the busy site is undercounted: {unweighted:?} vs {truth:?}"
+        );
         for site in 0..2 {
             let error = (estimate[site] - truth[site]).abs() / truth[site];
             assert!(error < 0.02, "site {site}: {estimate:?} vs {truth:?}");
