@@ -2,13 +2,10 @@
 
 require_relative "memprofiler_pprof_rs/version"
 
-# The native extension: lib/memprofiler_pprof_rs/memprofiler_pprof_rs.so
-# during development (`rake compile`), or wherever `gem install` put it.
-begin
-  require_relative "memprofiler_pprof_rs/memprofiler_pprof_rs"
-rescue LoadError
-  require "memprofiler_pprof_rs/memprofiler_pprof_rs"
-end
+# The native extension: the platform gem's build for this Ruby, a
+# checkout's (`rake compile`), or the one `gem install` built from source.
+require_relative "memprofiler_pprof_rs/native_extension"
+MemprofilerPprof::NativeExtension.load
 
 # Loaded now: what the collector needs while it samples, flushes and forks.
 # Nothing here may be left to autoload: MethodBlocks is called by the
