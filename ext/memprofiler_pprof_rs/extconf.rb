@@ -55,6 +55,9 @@ use_rb_sys = false
 if builder != "cargo"
   begin
     require "rb_sys/mkmf"
+    # create_rust_makefile builds on mkmf's helpers (dummy_makefile), which
+    # rb_sys/mkmf expects the caller to have loaded.
+    require "mkmf"
     use_rb_sys = true
   rescue LoadError
     abort "MEMPROFILER_PPROF_RS_BUILDER=rb_sys but the rb_sys gem is not installed" if builder == "rb_sys"
@@ -70,7 +73,10 @@ target_dir = File.expand_path(ENV["MEMPROFILER_PPROF_RS_TARGET_DIR"] || Dir.mktm
 
 if use_rb_sys
   create_rust_makefile(TARGET) do |config|
-    config.ext_dir = CRATE_DIR
+    # CRATE_DIR, relative to this file's directory ($(srcdir)), to which
+    # rb-sys joins it after stripping a leading "." or "./" ("../.." would
+    # lose a dot).
+    config.ext_dir = "./../.."
     config.profile = :release
     config.target_dir = target_dir
     config.clean_after_install = !keep_target_dir
