@@ -18,10 +18,13 @@ Gem::Specification.new do |spec|
 
   # Everything cargo needs to build the crate, plus the Ruby code. Listed
   # explicitly (not from git) so the gem also builds from an unpacked tarball.
+  # vendor/crates (gitignored) exists only while `rake build` runs: the crates
+  # cargo needs (script/vendor-crates), so that installing the gem needs no network.
   spec.files = Dir.chdir(__dir__) do
     Dir["{Cargo.toml,Cargo.lock,build.rs,README.md,ARCHITECTURE.md,LICENSE}"] + Dir["docs/*.md"] +
       Dir["proto/**/*.proto"] + Dir["src/**/*.{rs,js,css}"] +
-      Dir["ext/**/*.rb"] + Dir["lib/**/*.rb"] + Dir["exe/*"]
+      Dir["ext/**/*.rb"] + Dir["lib/**/*.rb"] + Dir["exe/*"] +
+      Dir.glob("vendor/crates/**/*", File::FNM_DOTMATCH).select { |f| File.file?(f) }
   end
   spec.bindir = "exe"
   spec.executables = ["memprofiler_pprof_rs", "memprofiler_pprof_rs_profile"]

@@ -9,6 +9,12 @@
 # `make install`, so the installed gem does not keep hundreds of MB of build
 # output; set MEMPROFILER_PPROF_RS_TARGET_DIR to build into (and keep) a
 # directory of your choice instead.
+#
+# A source gem made by `rake build` carries the crates cargo needs in
+# vendor/crates (script/vendor-crates): cargo then builds from them with
+# --offline, needing no network. A git checkout has no vendor/crates and
+# fetches from crates.io as usual; MEMPROFILER_PPROF_RS_VENDOR=0 ignores
+# vendor/crates (rake compile sets it).
 
 require "rbconfig"
 require "tmpdir"
@@ -55,6 +61,9 @@ use_rb_sys = false
 if builder != "cargo"
   begin
     require "rb_sys/mkmf"
+    # create_rust_makefile builds on mkmf's helpers (dummy_makefile), which
+    # rb_sys/mkmf expects the caller to have loaded.
+    require "mkmf"
     use_rb_sys = true
   rescue LoadError
     abort "MEMPROFILER_PPROF_RS_BUILDER=rb_sys but the rb_sys gem is not installed" if builder == "rb_sys"
@@ -68,15 +77,34 @@ features = ENV["MEMPROFILER_PPROF_RS_BENCH_HOOKS"] == "1" ? ["bench-hooks"] : []
 keep_target_dir = ENV.key?("MEMPROFILER_PPROF_RS_TARGET_DIR")
 target_dir = File.expand_path(ENV["MEMPROFILER_PPROF_RS_TARGET_DIR"] || Dir.mktmpdir("memprofiler_pprof_rs-cargo-"))
 
+q = ->(s) { Shellwords.escape(s.to_s) }
+toml_string = ->(s) { %("#{s.gsub(/[\\"]/) { |c| "\\#{c}" }}") }
+
+# Source replacement through --config: cargo reads .cargo/config.toml from
+# the current directory, which during gem install is not CRATE_DIR.
+vendor_dir = File.join(CRATE_DIR, "vendor", "crates")
+cargo_args = []
+if File.directory?(vendor_dir) && ENV["MEMPROFILER_PPROF_RS_VENDOR"] != "0"
+  cargo_args = ["--offline",
+                "--config", %(source.crates-io.replace-with="vendored-sources"),
+                "--config", "source.vendored-sources.directory=#{toml_string[vendor_dir]}"]
+  puts "memprofiler_pprof_rs: building offline from the crates in #{vendor_dir}"
+end
+
 if use_rb_sys
   create_rust_makefile(TARGET) do |config|
-    config.ext_dir = CRATE_DIR
+    # CRATE_DIR, relative to this file's directory ($(srcdir)), to which
+    # rb-sys joins it after stripping a leading "." or "./" ("../.." would
+    # lose a dot).
+    config.ext_dir = "./../.."
     config.profile = :release
     config.target_dir = target_dir
     config.clean_after_install = !keep_target_dir
     config.auto_install_rust_toolchain = false
     config.env = { "RUBY" => RbConfig.ruby, "CARGO" => cargo }
     config.features = features
+    # rb-sys joins these into the cargo command line unquoted.
+    config.extra_cargo_args = cargo_args.map(&q)
   end
   exit
 end
@@ -90,12 +118,12 @@ cargo_output = case RbConfig::CONFIG["host_os"]
                else "lib#{LIB_NAME}.so"
                end
 sitearchdir = RbConfig::CONFIG["sitearchdir"]
-q = ->(s) { Shellwords.escape(s.to_s) }
 
 File.write("Makefile", <<~MAKEFILE)
   # Written by #{__FILE__}: builds the Rust crate with cargo.
   SHELL = /bin/sh
   CARGO = #{q[cargo]}
+  CARGO_ARGS = #{cargo_args.map(&q).join(' ')}
   RUBY = #{q[RbConfig.ruby]}
   CRATE_DIR = #{q[CRATE_DIR]}
   TARGET_DIR = #{q[target_dir]}
@@ -108,7 +136,7 @@ File.write("Makefile", <<~MAKEFILE)
   all: $(DLLIB)
 
   $(DLLIB): FORCE
-  \tRUBY=$(RUBY) $(CARGO) build --release --lib --locked --manifest-path $(CRATE_DIR)/Cargo.toml --target-dir $(TARGET_DIR)#{features.map { |f| " --features #{f}" }.join}
+  \tRUBY=$(RUBY) $(CARGO) build $(CARGO_ARGS) --release --lib --locked --manifest-path $(CRATE_DIR)/Cargo.toml --target-dir $(TARGET_DIR)#{features.map { |f| " --features #{f}" }.join}
   \tcp $(TARGET_DIR)/release/#{cargo_output} $(DLLIB)
 
   install: all
