@@ -26,7 +26,7 @@ module MemprofilerPprof
       if precompiled.include?(ruby_minor)
         load_precompiled(ruby_minor)
       elsif precompiled.any?
-        raise LoadError, "memprofiler_pprof_rs #{VERSION} (#{platform}) has precompiled extensions for Ruby " \
+        raise LoadError, "memprofiler_pprof_rs #{VERSION}#{gem_platform} has precompiled extensions for Ruby " \
                          "#{precompiled.join(', ')}, not for Ruby #{RUBY_VERSION}.\n#{SOURCE_INSTALL}"
       else
         load_built
@@ -62,10 +62,10 @@ module MemprofilerPprof
       end
     end
 
-    def platform
-      Gem::Platform.local.to_s
-    rescue NameError # Ruby started with --disable-gems
-      RUBY_PLATFORM
+    # " (x86_64-linux)" when RubyGems loaded the gem, "" otherwise.
+    def gem_platform
+      spec = defined?(Gem.loaded_specs) && Gem.loaded_specs["memprofiler_pprof_rs"]
+      spec ? " (#{spec.platform})" : ""
     end
   end
 end
