@@ -10,6 +10,12 @@
 #
 # script/test uses it to run the 2-minute torture once more after such a
 # crash instead of failing CI on a Ruby bug; any other crash still fails.
+#
+# Where Ruby's own report crashed too (a second SIGSEGV in rb_bug's
+# rb_source_location_cstr over the corrupted heap: the process dies with no
+# [BUG] line), script/test appends a report gdb made from the core dump
+# (GDB_MARKER, then the crashing thread's `bt` and `info proc mappings`),
+# and the same signature is read from that.
 
 # Debian 12's build of 3.1.2; the offsets below are for exactly this build.
 DEBIAN_LIBRUBY = "3.1.7+really3.1.2-0+deb12u1"
@@ -22,9 +28,15 @@ KNOWN = {
   %w[c8528 1e2c2b cb6ff] => "RubyVM::FrozenCore's unmarked __classpath__, followed by GC.compact into a freed page"
 }.freeze
 
+GDB_MARKER = "== gdb report of the core dump"
+
 log = File.binread(ARGV.fetch(0)).force_encoding(Encoding::BINARY)
-unless log.include?("[BUG]")
-  puts "no Ruby [BUG] report in #{ARGV[0]}"
+gdb = log.split(GDB_MARKER, 2)[1]
+# The crashing thread's frames: `bt`'s, the first run of "#N" lines (the
+# mappings and `thread apply all` come after).
+gdb_crashing = gdb && gdb.lines.drop_while { |l| !l.start_with?("#") }.take_while { |l| l.start_with?("#") }
+unless log.include?("[BUG]") || gdb
+  puts "no Ruby [BUG] report nor core dump report in #{ARGV[0]}"
   exit 1
 end
 installed = `dpkg-query -W -f='${Version}' libruby3.1 2>/dev/null`
@@ -32,14 +44,24 @@ unless log.include?("ruby 3.1.2p20") && installed == DEBIAN_LIBRUBY
   puts "not Debian 12's Ruby 3.1.2 (libruby3.1 #{installed.empty? ? 'not installed' : installed})"
   exit 1
 end
-if log.include?("memprofiler_pprof_rs.so(")
+if log.include?("memprofiler_pprof_rs.so(") || gdb_crashing&.any? { |l| l.include?("memprofiler_pprof_rs") }
   puts "a frame of this gem is on the crashing stack"
   exit 1
 end
 
-base = log[/^(\h+)-\h+ r--p 00000000 \S+ \d+\s+\S*libruby-3\.1\.so[^\n]*$/, 1]&.to_i(16)
-frames = log.lines.drop_while { |l| !l.include?("__restore_rt") }.drop(1).first(3)
-offsets = frames.map { |l| (a = l[/\[0x(\h+)\]/, 1]) ? (a.to_i(16) - base).to_s(16) : "?" } if base
+if log.include?("[BUG]")
+  # Ruby's report: its memory map, and its C backtrace past the signal frame.
+  base = log[/^(\h+)-\h+ r--p 00000000 \S+ \d+\s+\S*libruby-3\.1\.so[^\n]*$/, 1]&.to_i(16)
+  frames = log.lines.drop_while { |l| !l.include?("__restore_rt") }.drop(1).first(3)
+  addresses = frames.map { |l| l[/\[0x(\h+)\]/, 1] }
+else
+  # gdb's: `info proc mappings` (start, end, size, file offset, path), then
+  # the crashing thread's frames past the first "<signal handler called>".
+  base = gdb[/^\s*0x(\h+)\s+0x\h+\s+0x\h+\s+0x0\s+\S*libruby-3\.1\.so\S*\s*$/, 1]&.to_i(16)
+  frames = gdb_crashing.drop_while { |l| !l.include?("<signal handler called>") }.drop(1).first(3)
+  addresses = frames.map { |l| l[/^#\d+\s+0x(\h+) in /, 1] }
+end
+offsets = addresses.map { |a| a ? (a.to_i(16) - base).to_s(16) : "?" } if base
 bug = offsets && KNOWN[offsets]
 if bug
   puts "known Ruby 3.1.2 bug: #{bug} (faulting frames libruby+0x#{offsets.join(', +0x')})"
