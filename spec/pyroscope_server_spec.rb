@@ -1,0 +1,89 @@
+# frozen_string_literal: true
+
+require "json"
+require "net/http"
+require "securerandom"
+
+# Against a real Grafana Pyroscope (v1.12.0, built from its Go module):
+# `script/pyroscope run -- rspec spec/pyroscope_server_spec.rb`, which
+# script/test runs. Without PYROSCOPE_URL these examples are not defined.
+# spec/support/fake_pyroscope.rb stays for fault injection.
+RSpec.describe "a real Grafana Pyroscope server", if: ENV.fetch("PYROSCOPE_URL", nil) do
+  url = ENV.fetch("PYROSCOPE_URL", nil)
+  memory_types = %w[memory:alloc_objects:count:space:bytes memory:alloc_space:bytes:space:bytes
+                    memory:inuse_objects:count:space:bytes memory:inuse_space:bytes:space:bytes].freeze
+
+  # A querier call (Connect protocol, JSON). Times in milliseconds.
+  def query(url, method, body)
+    uri = URI("#{url}/querier.v1.QuerierService/#{method}")
+    response = Net::HTTP.post(uri, JSON.generate(body), "Content-Type" => "application/json")
+    expect(response.code).to eq("200"), "#{method}: #{response.code} #{response.body}"
+    JSON.parse(response.body)
+  end
+
+  def allocate_widgets_for_pyroscope = Array.new(2_000) { |i| "widget #{i}" * 2 }
+
+  # A profile of this process allocating widgets, some of them kept.
+  def widget_profile
+    kept = nil
+    data = MemprofilerPprof::Collector.new(sample_rate: 1.0).profile { kept = allocate_widgets_for_pyroscope }
+    expect(kept.size).to eq(2_000)
+    data
+  end
+
+  # The merged profile the server returns for one type (SelectMergeProfile,
+  # as JSON): its total, and the function its largest leaf frames name.
+  def merged(url, type, selector, range)
+    profile = query(url, "SelectMergeProfile",
+                    { profileTypeID: type, labelSelector: selector, start: range.first, end: range.last })
+    strings = profile.fetch("stringTable")
+    functions = profile.fetch("function", []).to_h { |f| [f["id"], strings[f["name"].to_i]] }
+    leaf = profile.fetch("location", []).to_h { |l| [l["id"], functions[l.dig("line", 0, "functionId")]] }
+    by_leaf = Hash.new(0)
+    profile.fetch("sample", []).each { |s| by_leaf[leaf[s["locationId"].first]] += s["value"].first.to_i }
+    [by_leaf.values.sum, by_leaf.max_by { |_, v| v }&.first]
+  end
+
+  def time_range(data) = [(data.started_at.to_f * 1000).floor - 1000, (data.finished_at.to_f * 1000).ceil + 60_000]
+
+  %i[push ingest].each do |api|
+    context "through the #{api} API" do
+      let(:app) { "memprofiler-e2e-#{api}-#{SecureRandom.hex(4)}" }
+
+      it "stores the four memory types under service_name, with the user's labels" do
+        data = widget_profile
+        uploader = MemprofilerPprof::PyroscopeUploader.new(server_address: url, application_name: app, api: api,
+                                                           labels: { env: "e2e", region: "local" })
+        result = uploader.upload(data)
+        expect(result).to be_ok, result.inspect
+        range = time_range(data)
+
+        types = query(url, "ProfileTypes", { start: range.first, end: range.last }).fetch("profileTypes", [])
+        expect(types.map { |t| t["ID"] }).to include(*memory_types)
+        names = query(url, "LabelNames", { matchers: ["{service_name=\"#{app}\"}"], start: range.first, end: range.last })
+        expect(names.fetch("names")).to include("service_name", "env", "region")
+        values = query(url, "LabelValues", { name: "service_name", start: range.first, end: range.last })
+        expect(values.fetch("names")).to include(app)
+        envs = query(url, "LabelValues", { name: "env", matchers: ["{service_name=\"#{app}\"}"],
+                                           start: range.first, end: range.last })
+        expect(envs.fetch("names")).to eq(["e2e"])
+      end
+
+      it "gives back what was pushed: the totals of every type, and the allocating method on top" do
+        data = widget_profile
+        ours = MemprofilerPprof::PprofReader.parse(data.pprof_data)
+        uploader = MemprofilerPprof::PyroscopeUploader.new(server_address: url, application_name: app, api: api)
+        expect(uploader.upload(data)).to be_ok
+        range = time_range(data)
+        selector = "{service_name=\"#{app}\"}"
+
+        { "alloc_objects" => memory_types[0], "alloc_space" => memory_types[1],
+          "inuse_objects" => memory_types[2], "inuse_space" => memory_types[3] }.each do |name, type|
+          total, top = merged(url, type, selector, range)
+          expect(total).to eq(ours.total(name)), "#{type}: server #{total}, ours #{ours.total(name)}"
+          expect(top).to include("allocate_widgets_for_pyroscope"), "#{type}: top leaf #{top.inspect}"
+        end
+      end
+    end
+  end
+end
