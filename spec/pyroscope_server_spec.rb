@@ -5,18 +5,21 @@ require "net/http"
 require "securerandom"
 
 # Against a real Grafana Pyroscope (v1.12.0, built from its Go module):
-# `script/pyroscope run -- rspec spec/pyroscope_server_spec.rb`, which
-# script/test runs. Without PYROSCOPE_URL these examples are not defined.
-# spec/support/fake_pyroscope.rb stays for fault injection.
-RSpec.describe "a real Grafana Pyroscope server", if: ENV.fetch("PYROSCOPE_URL", nil) do
-  url = ENV.fetch("PYROSCOPE_URL", nil)
-  memory_types = %w[memory:alloc_objects:count:space:bytes memory:alloc_space:bytes:space:bytes
-                    memory:inuse_objects:count:space:bytes memory:inuse_space:bytes:space:bytes].freeze
+# `script/pyroscope run [--multitenant] -- rspec spec/pyroscope_server_spec.rb`,
+# both of which script/test runs. Without PYROSCOPE_URL these examples are
+# not defined; PYROSCOPE_MULTITENANT=1 (set by --multitenant) chooses the
+# tenant examples. spec/support/fake_pyroscope.rb stays for fault injection.
+url = ENV.fetch("PYROSCOPE_URL", nil)
+multitenant = ENV.fetch("PYROSCOPE_MULTITENANT", "0") == "1"
 
-  # A querier call (Connect protocol, JSON). Times in milliseconds.
-  def query(url, method, body)
+# Querying the server, and the profile the examples push.
+module PyroscopeServerHelpers
+  # A querier call (Connect protocol, JSON); times in milliseconds.
+  def query(url, method, body, tenant: nil)
     uri = URI("#{url}/querier.v1.QuerierService/#{method}")
-    response = Net::HTTP.post(uri, JSON.generate(body), "Content-Type" => "application/json")
+    headers = { "Content-Type" => "application/json" }
+    headers["X-Scope-OrgID"] = tenant if tenant
+    response = Net::HTTP.post(uri, JSON.generate(body), headers)
     expect(response.code).to eq("200"), "#{method}: #{response.code} #{response.body}"
     JSON.parse(response.body)
   end
@@ -31,20 +34,27 @@ RSpec.describe "a real Grafana Pyroscope server", if: ENV.fetch("PYROSCOPE_URL",
     data
   end
 
+  def time_range(data) = [(data.started_at.to_f * 1000).floor - 1000, (data.finished_at.to_f * 1000).ceil + 60_000]
+end
+
+RSpec.describe "a real Grafana Pyroscope server", if: url && !multitenant do
+  memory_types = %w[memory:alloc_objects:count:space:bytes memory:alloc_space:bytes:space:bytes
+                    memory:inuse_objects:count:space:bytes memory:inuse_space:bytes:space:bytes].freeze
+
+  include PyroscopeServerHelpers
+
   # The merged profile the server returns for one type (SelectMergeProfile,
-  # as JSON): its total, and the function its largest leaf frames name.
+  # as JSON): its total, and the function names of its heaviest stack.
   def merged(url, type, selector, range)
     profile = query(url, "SelectMergeProfile",
                     { profileTypeID: type, labelSelector: selector, start: range.first, end: range.last })
     strings = profile.fetch("stringTable")
     functions = profile.fetch("function", []).to_h { |f| [f["id"], strings[f["name"].to_i]] }
-    leaf = profile.fetch("location", []).to_h { |l| [l["id"], functions[l.dig("line", 0, "functionId")]] }
-    by_leaf = Hash.new(0)
-    profile.fetch("sample", []).each { |s| by_leaf[leaf[s["locationId"].first]] += s["value"].first.to_i }
-    [by_leaf.values.sum, by_leaf.max_by { |_, v| v }&.first]
+    names = profile.fetch("location", []).to_h { |l| [l["id"], functions[l.dig("line", 0, "functionId")]] }
+    by_stack = Hash.new(0)
+    profile.fetch("sample", []).each { |s| by_stack[s["locationId"].map { |id| names[id] }] += s["value"].first.to_i }
+    [by_stack.values.sum, by_stack.max_by { |_, v| v }&.first]
   end
-
-  def time_range(data) = [(data.started_at.to_f * 1000).floor - 1000, (data.finished_at.to_f * 1000).ceil + 60_000]
 
   %i[push ingest].each do |api|
     context "through the #{api} API" do
@@ -69,7 +79,7 @@ RSpec.describe "a real Grafana Pyroscope server", if: ENV.fetch("PYROSCOPE_URL",
         expect(envs.fetch("names")).to eq(["e2e"])
       end
 
-      it "gives back what was pushed: the totals of every type, and the allocating method on top" do
+      it "gives back what was pushed: the totals of every type, and the allocating method in the heaviest stack" do
         data = widget_profile
         ours = MemprofilerPprof::PprofReader.parse(data.pprof_data)
         uploader = MemprofilerPprof::PyroscopeUploader.new(server_address: url, application_name: app, api: api)
@@ -79,11 +89,40 @@ RSpec.describe "a real Grafana Pyroscope server", if: ENV.fetch("PYROSCOPE_URL",
 
         { "alloc_objects" => memory_types[0], "alloc_space" => memory_types[1],
           "inuse_objects" => memory_types[2], "inuse_space" => memory_types[3] }.each do |name, type|
-          total, top = merged(url, type, selector, range)
+          total, stack = merged(url, type, selector, range)
           expect(total).to eq(ours.total(name)), "#{type}: server #{total}, ours #{ours.total(name)}"
-          expect(top).to include("allocate_widgets_for_pyroscope"), "#{type}: top leaf #{top.inspect}"
+          expect(stack.grep(/allocate_widgets_for_pyroscope/)).not_to be_empty, "#{type}: heaviest stack #{stack.inspect}"
         end
       end
     end
+  end
+end
+
+RSpec.describe "a real Grafana Pyroscope server with tenants (--multitenant)", if: url && multitenant do
+  include PyroscopeServerHelpers
+
+  let(:app) { "memprofiler-e2e-tenant-#{SecureRandom.hex(4)}" }
+
+  %i[push ingest].each do |api|
+    it "lands a #{api} in the tenant given (X-Scope-OrgID) and nowhere else" do
+      data = widget_profile
+      uploader = MemprofilerPprof::PyroscopeUploader.new(server_address: url, application_name: app, api: api,
+                                                         tenant_id: "team-a")
+      expect(uploader.upload(data)).to be_ok
+      range = time_range(data)
+      body = { name: "service_name", start: range.first, end: range.last }
+      expect(query(url, "LabelValues", body, tenant: "team-a").fetch("names")).to include(app)
+      expect(query(url, "LabelValues", body, tenant: "team-b").fetch("names", [])).not_to include(app)
+    end
+  end
+
+  it "gets the server's 401 without a tenant, and does not retry it" do
+    messages = []
+    logger = Object.new.tap { |l| l.define_singleton_method(:error) { |text| messages << text } }
+    uploader = MemprofilerPprof::PyroscopeUploader.new(server_address: url, application_name: app, logger: logger)
+    result = uploader.upload(widget_profile)
+    expect(result).not_to be_ok
+    expect([result.status, result.attempts]).to eq([401, 1])
+    expect(messages.join).to include("401", "no org id")
   end
 end
