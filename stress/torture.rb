@@ -683,7 +683,9 @@ module Torture
   end
 
   def self.parse(argv)
-    options = Options.new(120, Random.new_seed % (2**32), 200, 3, true, "tmp/torture-failures", false, true)
+    # Failures go beside the checkout's tmp/, wherever the run's directory is.
+    failures_dir = File.expand_path("../tmp/torture-failures", __dir__)
+    options = Options.new(120, Random.new_seed % (2**32), 200, 3, true, failures_dir, false, true)
     OptionParser.new do |o|
       o.banner = "usage: ruby stress/torture.rb [options]"
       o.on("--duration SECONDS", Float, "how long to run (default 120)") { |v| options.duration = v }

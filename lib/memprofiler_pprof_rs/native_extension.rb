@@ -12,10 +12,15 @@ module MemprofilerPprof
   module NativeExtension
     DIR = __dir__
     NAME = "memprofiler_pprof_rs"
+    # "so" on Linux, "bundle" on macOS (a checkout's build there).
+    DLEXT = defined?(RbConfig) ? RbConfig::CONFIG["DLEXT"] : "so"
+    # RubyGems prefers a platform gem to the source gem of the same version,
+    # so installing the latter beside it is not enough: this one must go.
     SOURCE_INSTALL = <<~TEXT.chomp
-      Install the source gem instead, which builds the extension (it needs Rust's cargo 1.85+,
-      libclang, Ruby's headers and a C compiler): gem install memprofiler_pprof_rs --platform ruby
-      (Bundler: BUNDLE_FORCE_RUBY_PLATFORM=1, or force_ruby_platform: true on the gem's line).
+      Use the source gem instead, which builds the extension (it needs Rust's cargo 1.85+, libclang,
+      Ruby's headers and a C compiler): gem uninstall memprofiler_pprof_rs --platform x86_64-linux
+      && gem install memprofiler_pprof_rs --platform ruby (Bundler: BUNDLE_FORCE_RUBY_PLATFORM=1, or
+      force_ruby_platform: true on the gem's line).
     TEXT
 
     module_function
@@ -27,7 +32,7 @@ module MemprofilerPprof
         load_precompiled(ruby_minor)
       elsif precompiled.any?
         raise LoadError, "memprofiler_pprof_rs #{VERSION}#{gem_platform} has precompiled extensions for Ruby " \
-                         "#{precompiled.join(', ')}, not for Ruby #{RUBY_VERSION}.\n#{SOURCE_INSTALL}"
+                         "#{precompiled.join(', ')}, not for Ruby #{RUBY_VERSION}.\n#{SOURCE_INSTALL}", cause: nil
       else
         load_built
       end
@@ -50,7 +55,7 @@ module MemprofilerPprof
     end
 
     def load_built
-      checkout = File.join(DIR, "#{NAME}.so")
+      checkout = File.join(DIR, "#{NAME}.#{DLEXT}")
       return require(checkout) if File.file?(checkout)
 
       begin
