@@ -395,19 +395,22 @@ mod tests {
         let mut parent = fixed(0.5, 3);
         parent.start(0, 0, 0);
         let mut child = fixed(0.5, 3);
-        child.start(0, 0, 0);
+        let on_at_fork = child.start(0, 0, 0);
         child.start_child_interval(1_000, 99);
         let coins = |w: &mut Windows| -> Vec<bool> {
             (1..=64u32)
                 .map(|gc| w.next_window(1_000 + u64::from(gc), gc, 0).unwrap())
                 .collect()
         };
-        assert_ne!(coins(&mut parent), coins(&mut child));
+        let child_coins = coins(&mut child);
+        assert_ne!(coins(&mut parent), child_coins);
+        // Allocation 1_000 + k is in the window decided at GC k (the one
+        // before GC 1 is the state at the fork); the parent's 1_000
+        // allocations before the fork are in none of the child's.
+        let on =
+            u32::from(on_at_fork) + child_coins[..63].iter().map(|&c| u32::from(c)).sum::<u32>();
         let scale = child.flush(1_064);
-        assert!(
-            scale.coverage <= 1.0,
-            "only the child's 64 allocations count"
-        );
+        assert_eq!(scale.coverage, f64::from(on) / 64.0);
     }
 
     #[test]
