@@ -100,6 +100,25 @@ RSpec.describe MemprofilerPprof::PyroscopeFlusher do
     expect { flusher(max_profile_bytes: -1) }.to raise_error(ArgumentError, /max_profile_bytes.*-1/)
   end
 
+  it "sends the allocated class as each stack's leaf, not as a label (a series per class on Pyroscope)" do
+    collector.start!
+    flusher(interval: 30).run(flush: true) { PyroscopePhases.first }
+    flusher(interval: 30, sample_labels: :keep).run(flush: true) { PyroscopePhases.second }
+    flusher(interval: 30, sample_labels: :drop).run(flush: true) { PyroscopePhases.second }
+    collector.stop!
+    class_frame, keep, drop = @server.all_requests.map { |r| r.profiles.first }
+
+    first = class_frame.samples.select { |s| s.frames.map(&:name).include?("PyroscopePhases.first") }
+    expect(first.map { |s| s.frames.first.name }).to include("String")
+    expect(class_frame.samples.map(&:labels)).to all(be_empty)
+    expect(keep.samples.map { |s| s.labels.find { |l| l.key == "class" }&.str }).to all(be_a(String))
+    expect(keep.samples.map { |s| s.frames.first.name }).not_to include("String")
+    expect(drop.samples.map(&:labels)).to all(be_empty)
+    expect(drop.samples.flat_map { |s| s.frames.map(&:name) }).not_to include("String", "Array")
+    expect(through(drop, "PyroscopePhases.second", "alloc_objects")).to be >= 300
+    expect { flusher(sample_labels: :series) }.to raise_error(ArgumentError, /sample_labels.*:series/)
+  end
+
   it "can be configured from PYROSCOPE_* variables (for an initializer)" do
     env = { "PYROSCOPE_SERVER_ADDRESS" => @server.url, "PYROSCOPE_APPLICATION_NAME" => "from_env",
             "PYROSCOPE_LABELS" => "env=staging", "PYROSCOPE_TENANT_ID" => "t1" }

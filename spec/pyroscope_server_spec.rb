@@ -12,6 +12,9 @@ require "securerandom"
 url = ENV.fetch("PYROSCOPE_URL", nil)
 multitenant = ENV.fetch("PYROSCOPE_MULTITENANT", "0") == "1"
 
+# Home of the classes the cardinality example makes.
+module PyroscopeCardinality; end
+
 # Querying the server, and the profile the examples push.
 module PyroscopeServerHelpers
   # A querier call (Connect protocol, JSON); times in milliseconds.
@@ -114,6 +117,32 @@ RSpec.describe "a real Grafana Pyroscope server with tenants (--multitenant)", i
       expect(query(url, "LabelValues", body, tenant: "team-a").fetch("names")).to include(app)
       expect(query(url, "LabelValues", body, tenant: "team-b").fetch("names", [])).not_to include(app)
     end
+  end
+
+  # In tenants of their own: the active series limit (5,000) is per tenant.
+  it "keeps a service at 4 series with class frames, where class labels make a series per class" do
+    classes = Array.new(400) { |i| Class.new.tap { |c| PyroscopeCardinality.const_set(:"Widget#{i}", c) } }
+    selector = { matchers: ["{service_name=\"#{app}\"}"] }
+    series = {}
+    %i[keep class_frame].each do |sample_labels|
+      tenant = "labels-#{sample_labels}-#{SecureRandom.hex(3)}"
+      kept = []
+      data = MemprofilerPprof::Collector.new(sample_rate: 1.0).profile(sample_labels: sample_labels) do
+        classes.each { |c| kept << c.new }
+      end
+      uploader = MemprofilerPprof::PyroscopeUploader.new(server_address: url, application_name: app, tenant_id: tenant)
+      expect(uploader.upload(data)).to be_ok
+      range = time_range(data)
+      found = query(url, "Series", selector.merge(start: range.first, end: range.last), tenant: tenant)
+      series[sample_labels] = found.fetch("labelsSet", []).map { |set| set["labels"].to_h { |l| l.values_at("name", "value") } }
+    end
+    # A series per (profile type, class): every Widget and the classes of
+    # everything else the block allocated.
+    widgets = series[:keep].map { |labels| labels["class"] }.grep(/PyroscopeCardinality::Widget/).uniq
+    expect(widgets.size).to eq(400)
+    expect(series[:keep].size).to be >= 4 * 400
+    expect(series[:class_frame].size).to eq(4)
+    expect(series[:class_frame].flat_map(&:keys)).not_to include("class")
   end
 
   it "gets the server's 401 without a tenant, and does not retry it" do

@@ -31,6 +31,9 @@ module MemprofilerPprof
     # (see docs/performance.md); the profile's numbers are the same kind.
     MODES = { exact: 0, light: 1 }.freeze
 
+    # flush's sample_labels choices, in the native code's order.
+    SAMPLE_LABELS = %i[keep class_frame drop].freeze
+
     attr_reader :bt_method, :size_measurement, :mode, :window_probability, :window_budget
 
     private_class_method :_native_pause_all_for_ractors
@@ -176,18 +179,29 @@ module MemprofilerPprof
     # (totals unchanged) until it fits; ProfileData#folded_samples_count
     # says how many, and a profile comment says so too.
     #
+    # sample_labels: where each sample's class and GC age go.
+    # - :keep (the default): a `class` label and, on live samples, a
+    #   `gc_age` label (`go tool pprof -tagfocus`, the CLI's `--by class`).
+    # - :class_frame: the class as the stack's leaf frame, and no labels.
+    #   For Grafana Pyroscope (PyroscopeFlusher's default): it makes every
+    #   distinct label value a series of its own, and 3,000 classes exceed
+    #   its default limit of 5,000 active series.
+    # - :drop: neither; samples differ by stack only, as in Go's heap
+    #   profiles.
+    #
     # Flushes of one collector from several threads run one after another.
-    def flush(yield_gvl: true, proactively_yield_gvl: true, max_profile_bytes: nil)
+    def flush(yield_gvl: true, proactively_yield_gvl: true, max_profile_bytes: nil, sample_labels: :keep)
       self.class.validate_flag(yield_gvl, :yield_gvl)
       self.class.validate_flag(proactively_yield_gvl, :proactively_yield_gvl)
       Validation.integer(max_profile_bytes, :max_profile_bytes, min: 1) unless max_profile_bytes.nil?
+      labels = SAMPLE_LABELS.index(sample_labels) || Validation.one_of(sample_labels, SAMPLE_LABELS, :sample_labels)
 
       # (No extra method call on the common path: the first call of each
       # call site allocates an inline cache, which the flush would sample.)
       lock = @flush_lock || flush_lock
       begin
         lock.synchronize do
-          ProfileData.from_native(_native_flush(yield_gvl, proactively_yield_gvl, max_profile_bytes))
+          ProfileData.from_native(_native_flush(yield_gvl, proactively_yield_gvl, max_profile_bytes, labels))
         end
       rescue ThreadError => e
         # A flush interrupted by a finalizer or a signal trap on its own
@@ -203,7 +217,8 @@ module MemprofilerPprof
         # Mutex#synchronize refuses to run in a signal trap handler; another
         # thread may, and the handler waits for it.
         Thread.new do
-          flush(yield_gvl: yield_gvl, proactively_yield_gvl: proactively_yield_gvl, max_profile_bytes: max_profile_bytes)
+          flush(yield_gvl: yield_gvl, proactively_yield_gvl: proactively_yield_gvl,
+                max_profile_bytes: max_profile_bytes, sample_labels: sample_labels)
         end.value
       end
     end

@@ -32,6 +32,23 @@ pub struct ProfileMeta {
     /// If set, the smallest samples are folded into one "(other)" sample
     /// until the uncompressed profile fits in this many bytes.
     pub max_raw_bytes: Option<usize>,
+    pub sample_labels: SampleLabels,
+}
+
+/// Where a sample's class and GC age go.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum SampleLabels {
+    /// A `class` string label and, on live samples, a `gc_age` number
+    /// label: `go tool pprof -tagfocus`, the CLI's `--by class`.
+    #[default]
+    Keep,
+    /// The class as the stack's leaf frame (as async-profiler shows the
+    /// allocated class in Java allocation profiles), and no labels.
+    /// Grafana Pyroscope makes each distinct string label value a series of
+    /// its own: 3,000 classes exceed its default 5,000 active series.
+    ClassFrame,
+    /// Neither: samples differ by stack only, as in Go's heap profiles.
+    Drop,
 }
 
 /// Go's heap-profile sample types, in the C gem's slot order.
@@ -43,6 +60,9 @@ pub const SAMPLE_TYPES: [(&str, &str); 4] = [
 ];
 
 const MAPPING_ID: u64 = 1;
+
+/// The class of samples merged without one (`SampleLabels::Drop`).
+const NO_CLASS: ClassRef = 0;
 
 /// Label keys (no '-': Pyroscope rejects it).
 pub const CLASS_LABEL: &str = "class";
@@ -254,10 +274,14 @@ impl<'a> ProfileBuilder<'a> {
         merged: &mut Vec<MergedSample>,
         snapshot: &FlushSnapshot,
         max: usize,
+        sample_labels: SampleLabels,
     ) -> Option<(usize, [f64; 4])> {
+        // A class frame is one more location id, and its function and
+        // location are counted with the class names below.
+        let class_frame = usize::from(sample_labels == SampleLabels::ClassFrame);
         let sample_bytes = |stack: &StackId| {
             let frames = snapshot.stacks.get(stack).map_or(1, |f| f.len().max(1));
-            3 * frames + 72
+            3 * (frames + class_frame) + 72
         };
         // Every (frame, line) may be a location, and for a C frame also a
         // function of its own (C frames take their caller's file).
@@ -281,7 +305,7 @@ impl<'a> ProfileBuilder<'a> {
             + self
                 .classes
                 .values()
-                .map(|name| 8 + name.len())
+                .map(|name| 8 + name.len() + class_frame * 76)
                 .sum::<usize>()
             + 4_096;
         let mut total: usize = tables
@@ -344,7 +368,11 @@ impl<'a> ProfileBuilder<'a> {
         // deterministic profile.
         let mut merged: FastHashMap<SampleKey, [f64; 4]> = FastHashMap::default();
         for sample in &snapshot.samples {
-            let key = (sample.stack, sample.class, sample.gc_age);
+            let key = match meta.sample_labels {
+                SampleLabels::Keep => (sample.stack, sample.class, sample.gc_age),
+                SampleLabels::ClassFrame => (sample.stack, sample.class, None),
+                SampleLabels::Drop => (sample.stack, NO_CLASS, None),
+            };
             let sums = merged.entry(key).or_insert([0.0; 4]);
             for (sum, value) in sums.iter_mut().zip(sample.values) {
                 *sum += value;
@@ -353,28 +381,43 @@ impl<'a> ProfileBuilder<'a> {
         let mut merged: Vec<_> = merged.into_iter().collect();
         merged.sort_by_key(|(key, _)| *key);
         let folded = match fold_target {
-            Some(max) => self.fold_to_fit(&mut merged, snapshot, max),
+            Some(max) => self.fold_to_fit(&mut merged, snapshot, max, meta.sample_labels),
             None => None,
         };
-        let class_key = self.strings.intern(CLASS_LABEL);
-        let age_key = self.strings.intern(GC_AGE_LABEL);
-        let age_unit = self.strings.intern(GC_AGE_UNIT);
+        // Interned only when used: a profile without labels names none.
+        let (class_key, age_key, age_unit) = if meta.sample_labels == SampleLabels::Keep {
+            (
+                self.strings.intern(CLASS_LABEL),
+                self.strings.intern(GC_AGE_LABEL),
+                self.strings.intern(GC_AGE_UNIT),
+            )
+        } else {
+            (0, 0, 0)
+        };
         for ((stack, class, gc_age), sums) in merged {
             let Some(frames) = snapshot.stacks.get(&stack) else {
                 continue;
             };
-            let location_id = self.stack_locations(frames);
+            let mut location_id = self.stack_locations(frames);
             let class_name = self
                 .classes
                 .get(&class)
                 .map(String::as_str)
                 .unwrap_or("(unknown class)");
-            let mut label = vec![pprof::Label {
-                key: class_key,
-                str: self.strings.intern(class_name),
-                num: 0,
-                num_unit: 0,
-            }];
+            let mut label = Vec::new();
+            match meta.sample_labels {
+                SampleLabels::Keep => label.push(pprof::Label {
+                    key: class_key,
+                    str: self.strings.intern(class_name),
+                    num: 0,
+                    num_unit: 0,
+                }),
+                SampleLabels::ClassFrame => {
+                    let function = self.function_id(class_name, "", 0);
+                    location_id.insert(0, self.location_id(function, 0));
+                }
+                SampleLabels::Drop => {}
+            }
             if let Some(age) = gc_age {
                 label.push(pprof::Label {
                     key: age_key,
@@ -393,12 +436,15 @@ impl<'a> ProfileBuilder<'a> {
         if let Some((count, sums)) = folded {
             let function = self.function_id("(other)", "", 0);
             let location_id = vec![self.location_id(function, 0)];
-            let label = vec![pprof::Label {
-                key: class_key,
-                str: self.strings.intern("(other)"),
-                num: 0,
-                num_unit: 0,
-            }];
+            let mut label = Vec::new();
+            if meta.sample_labels == SampleLabels::Keep {
+                label.push(pprof::Label {
+                    key: class_key,
+                    str: self.strings.intern("(other)"),
+                    num: 0,
+                    num_unit: 0,
+                });
+            }
             emit(pprof::Sample {
                 location_id,
                 value: sums.iter().map(|v| v.round() as i64).collect(),
@@ -589,7 +635,46 @@ mod tests {
             sample_rate: 1.0,
             program: "ruby".into(),
             comments: vec![],
+            sample_labels: SampleLabels::Keep,
         }
+    }
+
+    /// One stack; two Strings and an Array allocated there, the Array and
+    /// one String still alive, at different GC ages.
+    fn two_classes() -> (
+        FlushSnapshot,
+        FastHashMap<FrameRef, FrameInfo>,
+        FastHashMap<ClassRef, String>,
+    ) {
+        let mut state = SamplerState::new(GapSampler::new(1.0, 1), 100, 100);
+        let stack = [frame(8, 12), frame(16, 30)];
+        for (i, (class, gc_count)) in [(1, 0), (1, 3), (2, 5)].into_iter().enumerate() {
+            let admission = state.admission();
+            let info = ObjectInfo { class, gc_count };
+            state.record_allocation(0x1000 + i * 40, info, &stack, 1.0, admission);
+        }
+        state.measure_pending(|_| Some(40));
+        // The first String is freed.
+        assert!(state.record_free(0x1000));
+        let snapshot = state.take_snapshot(9, |_| Some(40));
+        let mut frames = FastHashMap::default();
+        frames.insert(8, info("Foo#bar", Some("app.rb"), 10));
+        frames.insert(16, info("<main>", Some("app.rb"), 1));
+        let classes = [(1, "String".to_string()), (2, "Array".to_string())]
+            .into_iter()
+            .collect();
+        (snapshot, frames, classes)
+    }
+
+    /// (stack as function names, values, label count) of each sample.
+    fn samples_of(profile: &pprof::Profile) -> Vec<(Vec<String>, Vec<i64>, usize)> {
+        let mut samples: Vec<_> = profile
+            .sample
+            .iter()
+            .map(|s| (function_names(profile, s), s.value.clone(), s.label.len()))
+            .collect();
+        samples.sort();
+        samples
     }
 
     fn string(profile: &pprof::Profile, index: i64) -> &str {
@@ -741,6 +826,62 @@ mod tests {
     }
 
     #[test]
+    fn sample_labels_keep_gives_a_sample_per_class_and_age() {
+        let (snapshot, frames, classes) = two_classes();
+        let profile = build_profile(&snapshot, &frames, &classes, &meta());
+        // Allocations: String, Array; live: String aged 6, Array aged 4.
+        let mut labels: Vec<usize> = samples_of(&profile).iter().map(|s| s.2).collect();
+        labels.sort();
+        assert_eq!(labels, vec![1, 1, 2, 2]);
+    }
+
+    #[test]
+    fn sample_labels_class_frame_puts_the_class_at_the_leaf_without_labels() {
+        let (snapshot, frames, classes) = two_classes();
+        let meta = ProfileMeta {
+            sample_labels: SampleLabels::ClassFrame,
+            ..meta()
+        };
+        let profile = build_profile(&snapshot, &frames, &classes, &meta);
+        let stack = |class: &str| {
+            vec![
+                format!("{class}@:0"),
+                "Foo#bar@app.rb:12".into(),
+                "<main>@app.rb:30".into(),
+            ]
+        };
+        // The two Strings (one still alive) are one sample, and the live
+        // ones' ages are gone.
+        assert_eq!(
+            samples_of(&profile),
+            vec![
+                (stack("Array"), vec![1, 40, 1, 40], 0),
+                (stack("String"), vec![2, 80, 1, 40], 0),
+            ]
+        );
+        let strings = &profile.string_table;
+        assert!(!strings
+            .iter()
+            .any(|s| s == CLASS_LABEL || s == GC_AGE_LABEL));
+    }
+
+    #[test]
+    fn sample_labels_drop_merges_by_stack_alone() {
+        let (snapshot, frames, classes) = two_classes();
+        let meta = ProfileMeta {
+            sample_labels: SampleLabels::Drop,
+            ..meta()
+        };
+        let profile = build_profile(&snapshot, &frames, &classes, &meta);
+        let stack = vec!["Foo#bar@app.rb:12".to_string(), "<main>@app.rb:30".into()];
+        assert_eq!(samples_of(&profile), vec![(stack, vec![3, 120, 2, 80], 0)]);
+        assert!(!profile
+            .string_table
+            .iter()
+            .any(|s| s == "String" || s == CLASS_LABEL));
+    }
+
+    #[test]
     fn label_keys_and_sample_types_have_no_dash() {
         let (snapshot, frames) = example();
         let profile = build_profile(&snapshot, &frames, &classes(), &meta());
@@ -830,40 +971,68 @@ mod tests {
         ignore = "thousands of samples through gzip, no unsafe code; too slow under Miri"
     )]
     fn samples_are_folded_into_other_to_fit_a_size_limit_with_totals_kept() {
+        for sample_labels in [
+            SampleLabels::Keep,
+            SampleLabels::ClassFrame,
+            SampleLabels::Drop,
+        ] {
+            folding_keeps_the_limit_and_totals(sample_labels);
+        }
+    }
+
+    fn folding_keeps_the_limit_and_totals(sample_labels: SampleLabels) {
         let mut state = SamplerState::new(GapSampler::new(1.0, 1), 10_000, 10_000);
         let mut frames = FastHashMap::default();
         for i in 0..2_000u64 {
             let stack: Vec<Frame> = (0..40)
                 .map(|d| frame(8 * (1 + (i * 40 + d) % 3_000), d as i32))
                 .collect();
-            record(&mut state, 0x10_0000 + i as usize * 40, &stack);
+            let admission = state.admission();
+            let object = ObjectInfo {
+                class: i,
+                gc_count: 0,
+            };
+            state.record_allocation(0x10_0000 + i as usize * 40, object, &stack, 1.0, admission);
         }
         for f in 1..=3_000u64 {
             frames.insert(8 * f, info(&format!("M{f}#m"), Some("app.rb"), 1));
         }
         state.measure_pending(|object| Some(40 + (object as u64 % 1_000)));
         let snapshot = state.take_snapshot(0, |object| Some(40 + (object as u64 % 1_000)));
-        let unlimited = build_profile(&snapshot, &frames, &classes(), &meta());
+        // Each stack's object of its own class: with a class frame, every
+        // sample has a location more and a function of its own.
+        let classes: FastHashMap<ClassRef, String> =
+            (0..2_000).map(|c| (c, format!("Widget{c}"))).collect();
+        let meta = ProfileMeta {
+            sample_labels,
+            ..meta()
+        };
+        let unlimited = build_profile(&snapshot, &frames, &classes, &meta);
         let raw_unlimited = unlimited.encode_to_vec().len();
         let limit = raw_unlimited / 3;
         let limited_meta = ProfileMeta {
             max_raw_bytes: Some(limit),
-            ..meta()
+            ..meta.clone()
         };
-        let (gz, folded) = build_profile_gzipped(&snapshot, &frames, &classes(), &limited_meta);
+        let (gz, folded) = build_profile_gzipped(&snapshot, &frames, &classes, &limited_meta);
         let mut raw = Vec::new();
         GzDecoder::new(&gz[..])
             .read_to_end(&mut raw)
             .expect("gunzip");
-        assert!(folded > 0);
-        assert!(raw.len() <= limit, "{} > {}", raw.len(), limit);
+        assert!(folded > 0, "{sample_labels:?}");
+        assert!(
+            raw.len() <= limit,
+            "{sample_labels:?}: {} > {}",
+            raw.len(),
+            limit
+        );
         let profile = pprof::Profile::decode(&raw[..]).expect("decode");
         let total = |p: &pprof::Profile, i: usize| p.sample.iter().map(|s| s.value[i]).sum::<i64>();
         for i in 0..4 {
             let difference = (total(&profile, i) - total(&unlimited, i)).abs();
             assert!(
                 difference <= folded as i64,
-                "sample type {i}: totals differ by {difference}"
+                "{sample_labels:?}, sample type {i}: totals differ by {difference}"
             );
         }
         let names: Vec<String> = profile

@@ -23,7 +23,7 @@ use super::gvl::{current_thread, without_gvl, yield_to_other_threads};
 use super::heap;
 use super::hooks::Hook;
 use super::registry::{self, Registered};
-use crate::pprof::heap_profile::{build_profile_gzipped, ProfileMeta};
+use crate::pprof::heap_profile::{build_profile_gzipped, ProfileMeta, SampleLabels};
 use crate::sampler::address_filter::AddressFilter;
 use crate::sampler::gaps::{entropy_seed, mix_seed, GapSampler, SkipCountdown};
 use crate::sampler::lock::{LockError, SamplerLock};
@@ -103,6 +103,8 @@ pub struct FlushOptions {
     /// Fold the smallest samples into "(other)" to stay under this many
     /// uncompressed bytes.
     pub max_profile_bytes: Option<usize>,
+    /// Class and GC age as labels, the class as a leaf frame, or neither.
+    pub sample_labels: SampleLabels,
 }
 
 pub struct Collector {
@@ -787,6 +789,7 @@ impl Collector {
                 comments
             },
             max_raw_bytes: options.max_profile_bytes,
+            sample_labels: options.sample_labels,
         };
         let build = || build_profile_gzipped(&snapshot, &frames, &class_names, &meta);
         let (pprof, folded_samples) = if options.yield_gvl {

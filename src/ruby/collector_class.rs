@@ -18,6 +18,7 @@ use super::convert::count_arg;
 use super::errors::{method_entry, protect, RbError, RbResult};
 use super::method_table::{method_def, MethodDef, MethodKind};
 use super::registry;
+use crate::pprof::heap_profile::SampleLabels;
 use crate::sampler::windows::WindowPolicy;
 
 struct DataType(rb_data_type_t);
@@ -379,8 +380,18 @@ unsafe extern "C" fn native_flush(
     yield_gvl: VALUE,
     proactively_yield_gvl: VALUE,
     max_profile_bytes: VALUE,
+    sample_labels: VALUE,
 ) -> VALUE {
     method_entry(|| {
+        // SAFETY: FIXNUM_P and FIX2LONG read the VALUE's bits only; the Ruby
+        // side passes 0, 1 or 2 (Collector::SAMPLE_LABELS' index).
+        let sample_labels = match unsafe { FIXNUM_P(sample_labels) && FIX2LONG(sample_labels) > 0 }
+        {
+            false => SampleLabels::Keep,
+            // SAFETY: as above, a Fixnum.
+            true if unsafe { FIX2LONG(sample_labels) } == 1 => SampleLabels::ClassFrame,
+            true => SampleLabels::Drop,
+        };
         // SAFETY: NIL_P and FIXNUM checks read the VALUE's bits only; the
         // Ruby side passes nil or a positive Integer (a Bignum means "no
         // practical limit").
@@ -395,6 +406,7 @@ unsafe extern "C" fn native_flush(
             yield_gvl: TEST(yield_gvl),
             proactively_yield_gvl: TEST(proactively_yield_gvl),
             max_profile_bytes,
+            sample_labels,
         };
         let result: FlushResult = collector_of(rb_self)?.flush(options)?;
         let numbers = [
@@ -525,7 +537,7 @@ pub fn methods() -> Vec<MethodDef> {
             0,
             MethodKind::Private
         ),
-        method_def!(c"_native_flush", native_flush, 3, MethodKind::Private),
+        method_def!(c"_native_flush", native_flush, 4, MethodKind::Private),
         method_def!(c"_native_table_sizes", table_sizes, 0, MethodKind::Private),
     ]
 }
