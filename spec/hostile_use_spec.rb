@@ -203,6 +203,15 @@ RSpec.describe "Hostile and careless use" do
         end
       end
 
+      it "sample_labels takes only :keep, :class_frame or :drop" do
+        [nil, "keep", :class, 0, 1, Object.new].each do |value|
+          expect_refusal(ArgumentError, :sample_labels, value) { collector.flush(sample_labels: value) }
+        end
+        %i[keep class_frame drop].each do |value|
+          expect(parse_profile(collector.flush(sample_labels: value)).sample_type_names.size).to eq(4)
+        end
+      end
+
       it "max_profile_bytes: 1 (impossible to meet) gives the smallest profile it can, still valid" do
         collector = described_class.new(sample_rate: 1.0)
         data = collector.profile(max_profile_bytes: 1) { Array.new(200) { |i| "x#{i}" } }
