@@ -145,6 +145,43 @@ RSpec.describe "a real Grafana Pyroscope server with tenants (--multitenant)", i
     expect(series[:class_frame].flat_map(&:keys)).not_to include("class")
   end
 
+  context "behind a gateway that checks Basic auth (as Grafana Cloud's does; Pyroscope has none)" do
+    # A token as Grafana Cloud's are: base64, with '/', '+' and '='.
+    let(:token) { "glc_ey+Jv/IjoiMTIz=" }
+    let(:gateway) { AuthGateway.new(url, "123456" => token) }
+    after { gateway.stop }
+
+    it "lands in the tenant the credentials name, given as keywords or in the URL" do
+      data = widget_profile
+      range = time_range(data)
+      body = { name: "service_name", start: range.first, end: range.last }
+      keywords = MemprofilerPprof::PyroscopeUploader.new(server_address: gateway.url, application_name: app,
+                                                         basic_auth_username: "123456", basic_auth_password: token)
+      expect(keywords.upload(data)).to be_ok
+      expect(query(url, "LabelValues", body, tenant: "123456").fetch("names")).to include(app)
+
+      in_url = gateway.url.sub("//", "//123456:#{token.gsub('/', '%2F')}@")
+      other_app = "#{app}-url"
+      uploader = MemprofilerPprof::PyroscopeUploader.new(server_address: in_url, application_name: other_app,
+                                                         api: :ingest)
+      expect(uploader.upload(data)).to be_ok
+      expect(query(url, "LabelValues", body, tenant: "123456").fetch("names")).to include(other_app)
+    end
+
+    it "gets the gateway's 401 for a wrong token, does not retry it, and never logs the token" do
+      messages = []
+      logger = Object.new.tap { |l| l.define_singleton_method(:error) { |text| messages << text } }
+      uploader = MemprofilerPprof::PyroscopeUploader.new(server_address: gateway.url, application_name: app,
+                                                         basic_auth_username: "123456",
+                                                         basic_auth_password: "#{token}x", logger: logger)
+      result = uploader.upload(widget_profile)
+      expect([result.ok?, result.status, result.attempts]).to eq([false, 401, 1])
+      expect(messages.join).to include("401", "invalid credentials")
+      expect(messages.join).not_to include(token)
+      expect(gateway.seen.size).to eq(1)
+    end
+  end
+
   it "gets the server's 401 without a tenant, and does not retry it" do
     messages = []
     logger = Object.new.tap { |l| l.define_singleton_method(:error) { |text| messages << text } }
