@@ -96,6 +96,37 @@ RSpec.describe MemprofilerPprof::PyroscopeUploader do
     expect(@server.all_requests.map(&:status)).to eq([429, 429, 429])
   end
 
+  # The words of a real Pyroscope v1.12.0 (docs/pyroscope-protocol.md, "Limits of a real server").
+  it "retries /ingest's 422 for the rate limit like a 429, but no other 422" do
+    rate_limited = '{"code":"unknown","message":"pushing IngestInput-pprof failed resource_exhausted: ' \
+                   'push rate limit (4.0 MiB) exceeded while adding 1.4 MiB"}'
+    @server.fail_next(422, body: rate_limited)
+    result = uploader(api: :ingest).upload(data)
+    expect([result.ok?, result.attempts]).to eq([true, 2])
+    expect(@server.all_requests.map(&:status)).to eq([422, 200])
+
+    @server.fail_next(422, body: '{"code":"unknown","message":"pushing IngestInput-pprof failed invalid_argument: ' \
+                                 'the profile with labels \'{}\' exceeds the samples count limit"}')
+    expect(uploader(api: :ingest).upload(data).attempts).to eq(1)
+    # Push answers its rate limit with 429 itself: a 422 there is final whatever it says.
+    @server.fail_next(422, body: rate_limited)
+    expect(uploader.upload(data).attempts).to eq(1)
+  end
+
+  it "does not retry the active-series limit (429, but no retry within the backoff can pass it)" do
+    series_limited = '{"code":"resource_exhausted","message":"Maximum active series limit exceeded (5000/5000), ' \
+                     "reduce the number of active streams (reduce labels or reduce label values), or contact " \
+                     'your administrator to see if the limit can be increased"}'
+    @server.fail_next(429, body: series_limited)
+    result = uploader.upload(data)
+    expect([result.ok?, result.status, result.attempts]).to eq([false, 429, 1])
+    expect(logger.errors.pop).to include("answered 429", "Maximum active series limit exceeded")
+    @server.fail_next(422, body: series_limited.sub('"resource_exhausted","message":"',
+                                                    '"unknown","message":"pushing IngestInput-pprof failed ' \
+                                                    "resource_exhausted: "))
+    expect(uploader(api: :ingest).upload(data).attempts).to eq(1)
+  end
+
   it "does not retry a 400 and logs the server's message" do
     result = uploader(labels: {}).upload("not a profile".b)
     expect(result).not_to be_ok
