@@ -96,6 +96,37 @@ RSpec.describe MemprofilerPprof::PyroscopeUploader do
     expect(@server.all_requests.map(&:status)).to eq([429, 429, 429])
   end
 
+  # The words of a real Pyroscope v1.12.0 (docs/pyroscope-protocol.md, "Limits of a real server").
+  it "retries /ingest's 422 for the rate limit like a 429, but no other 422" do
+    rate_limited = '{"code":"unknown","message":"pushing IngestInput-pprof failed resource_exhausted: ' \
+                   'push rate limit (4.0 MiB) exceeded while adding 1.4 MiB"}'
+    @server.fail_next(422, body: rate_limited)
+    result = uploader(api: :ingest).upload(data)
+    expect([result.ok?, result.attempts]).to eq([true, 2])
+    expect(@server.all_requests.map(&:status)).to eq([422, 200])
+
+    @server.fail_next(422, body: '{"code":"unknown","message":"pushing IngestInput-pprof failed invalid_argument: ' \
+                                 'the profile with labels \'{}\' exceeds the samples count limit"}')
+    expect(uploader(api: :ingest).upload(data).attempts).to eq(1)
+    # Push answers its rate limit with 429 itself: a 422 there is final whatever it says.
+    @server.fail_next(422, body: rate_limited)
+    expect(uploader.upload(data).attempts).to eq(1)
+  end
+
+  it "does not retry the active-series limit (429, but no retry within the backoff can pass it)" do
+    series_limited = '{"code":"resource_exhausted","message":"Maximum active series limit exceeded (5000/5000), ' \
+                     "reduce the number of active streams (reduce labels or reduce label values), or contact " \
+                     'your administrator to see if the limit can be increased"}'
+    @server.fail_next(429, body: series_limited)
+    result = uploader.upload(data)
+    expect([result.ok?, result.status, result.attempts]).to eq([false, 429, 1])
+    expect(logger.errors.pop).to include("answered 429", "Maximum active series limit exceeded")
+    @server.fail_next(422, body: series_limited.sub('"resource_exhausted","message":"',
+                                                    '"unknown","message":"pushing IngestInput-pprof failed ' \
+                                                    "resource_exhausted: "))
+    expect(uploader(api: :ingest).upload(data).attempts).to eq(1)
+  end
+
   it "does not retry a 400 and logs the server's message" do
     result = uploader(labels: {}).upload("not a profile".b)
     expect(result).not_to be_ok
@@ -120,6 +151,17 @@ RSpec.describe MemprofilerPprof::PyroscopeUploader do
     expect(logger.errors.pop).to include("invalid sample type")
   end
 
+  # A profile of `count` one-frame samples with names of about `name_bytes`,
+  # stamped now; `labels:` gives each sample a class label (a series each).
+  def pprof_with_samples(count, name_bytes: 1, labels: false)
+    types = [%w[alloc_objects count], %w[alloc_space bytes], %w[inuse_objects count], %w[inuse_space bytes]]
+    samples = Array.new(count) do |i|
+      { stack: [["m#{i}#{'x' * name_bytes}", "a.rb", i + 1, 1]], values: [1, 8, 1, 8], class: labels ? "C#{i}" : nil }
+    end
+    PprofWriter.build(sample_types: types, samples: samples, time_nanos: (Time.now.to_f * 1e9).to_i,
+                      period_type: %w[space bytes], period: 1)
+  end
+
   # The stand-in server itself: the request forms the real one accepts and
   # this gem does not send (Connect JSON, multipart /ingest).
   describe "stand-in server" do
@@ -140,7 +182,7 @@ RSpec.describe MemprofilerPprof::PyroscopeUploader do
       expect(post("/push.v1.PusherService/Push", "x", "text/plain").code).to eq("415")
     end
 
-    it "accepts a multipart /ingest without format, and refuses a bad name" do
+    it "accepts a multipart /ingest without format, and refuses a bad name (400, as the real server)" do
       boundary = "memprofilerboundary"
       body = "--#{boundary}\r\nContent-Disposition: form-data; name=\"profile\"; filename=\"profile.pprof\"\r\n" \
              "Content-Type: application/octet-stream\r\n\r\n".b + data.pprof_data + "\r\n--#{boundary}--\r\n".b
@@ -150,7 +192,58 @@ RSpec.describe MemprofilerPprof::PyroscopeUploader do
       expect(response.code).to eq("200")
       response = post("/ingest?name=bad%20name&from=#{now}&until=#{now}&format=pprof", data.pprof_data,
                       "application/octet-stream")
-      expect(response.code).to eq("422")
+      expect(response.code).to eq("400")
+      expect(JSON.parse(response.body)).to include("code" => "invalid_argument")
+    end
+
+    it "answers as a real Pyroscope v1.12.0 does: 200 empty, application/proto on push and untyped on /ingest" do
+      push = post("/push.v1.PusherService/Push", "".b, "application/proto")
+      expect(push.code).to eq("400") # no series: "no profiles received"
+      expect(JSON.parse(push.body)).to eq("code" => "invalid_argument", "message" => "no profiles received")
+      expect(uploader.upload(data)).to be_ok
+      now = Time.now.to_i
+      ingest = post("/ingest?name=shop&from=#{now}&until=#{now}&format=pprof", data.pprof_data, "application/octet-stream")
+      expect([ingest.code, ingest.body, ingest["Content-Type"]]).to eq(["200", "", nil])
+      proto = Net::HTTP.start("127.0.0.1", URI(@server.url).port) do |http|
+        http.request(uploader.send(:build_request, data.pprof_data, Time.now, Time.now))
+      end
+      expect([proto.code, proto.body, proto["Content-Type"]]).to eq(["200", "", "application/proto"])
+    end
+
+    # Smaller limits than the real defaults, to reach them with small profiles.
+    it "has the real server's limits, with its statuses and words on both APIs" do
+      server = FakePyroscope.new(burst_bytes: 60_000, max_profile_bytes: 40_000, max_samples: 100, max_series: 8)
+      up = lambda do |api|
+        described_class.new(server_address: server.url, application_name: "shop", logger: logger, retries: 0, api: api)
+      end
+      answer = lambda do |api, bytes|
+        result = up.call(api).upload(bytes)
+        [result.status, result.ok? ? nil : logger.errors.pop]
+      end
+
+      expect(answer.call(:push, pprof_with_samples(101)))
+        .to match([400, /exceeds the samples count limit \(max_profile_stacktrace_samples, actual: 101, limit: 100\)/])
+      expect(answer.call(:ingest, pprof_with_samples(101)))
+        .to match([422, /"code":"unknown".*pushing IngestInput-pprof failed invalid_argument: the profile with labels/])
+      big = pprof_with_samples(90, name_bytes: 500)
+      raw = MemprofilerPprof::Profile.gunzip(big).bytesize
+      expect(raw).to be_between(40_001, 59_000)
+      expect(answer.call(:push, big))
+        .to match([400, /exceeds the size limit \(max_profile_size_byte, actual: #{raw}, limit: 40000\)/])
+      server.limits[:burst_bytes] = 30_000 # now the rate limit comes first, as it does at the defaults
+      expect(answer.call(:push, big))
+        .to match([429, /"code":"resource_exhausted".*push rate limit \(4\.0 MiB\) exceeded while adding/])
+      expect(answer.call(:ingest, big))
+        .to match([422, /"code":"unknown".*failed resource_exhausted: push rate limit \(4\.0 MiB\) exceeded/])
+      # A label set is a series per sample type (4); /ingest's carry pyroscope_spy.
+      expect([answer.call(:push, pprof_with_samples(3)), answer.call(:ingest, pprof_with_samples(3))])
+        .to eq([[200, nil], [200, nil]])
+      expect(answer.call(:push, pprof_with_samples(3, labels: true)))
+        .to match([429, %r{Maximum active series limit exceeded \(8/8\)}])
+      expect(answer.call(:ingest, pprof_with_samples(3, labels: true)))
+        .to match([422, /failed resource_exhausted: Maximum active series limit exceeded/])
+    ensure
+      server&.stop
     end
   end
 

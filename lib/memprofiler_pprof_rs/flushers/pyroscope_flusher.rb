@@ -29,8 +29,15 @@ module MemprofilerPprof
     # dropped because max_pending uploads were already waiting.
     attr_reader :uploads_succeeded, :uploads_failed, :dropped_uploads
 
-    # Below Pyroscope's default 2 MiB ingestion burst (its size limit is
-    # 4 MiB): a larger profile would be refused with 429 on every retry.
+    # Uncompressed bytes, as the collector folds (the gzip sent is several
+    # times smaller). Pyroscope's limits count the uncompressed profile too:
+    # its rate limiter takes the profile's size plus the series labels'
+    # bytes, and with the default 2 MiB (2,097,152) burst refuses anything
+    # larger with 429 on every retry, before its 4 MiB size limit is even
+    # looked at; 2,000,000 leaves room for 30 labels of the longest values.
+    # Folding caps bytes, not samples: a flush of more than 16,000 samples
+    # is refused (400) whatever its size (docs/pyroscope-protocol.md,
+    # "Limits of a real server").
     DEFAULT_MAX_PROFILE_BYTES = 2_000_000
 
     def initialize(collector, server_address:, application_name:, interval: 15, logger: nil, max_pending: 4,

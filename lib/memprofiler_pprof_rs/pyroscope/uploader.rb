@@ -22,7 +22,10 @@ module MemprofilerPprof
   # cover only the interval since the previous flush; inuse_* are absolute).
   #
   # Network errors, 429 and 5xx are retried with exponential backoff and full
-  # jitter; other 4xx are not (the server's message is logged). Every attempt
+  # jitter; other 4xx are not (the server's message is logged), with two
+  # exceptions that follow what a real Pyroscope answers: its rate limit on
+  # /ingest (a 422 saying resource_exhausted) is retried like a 429, and its
+  # active-series limit (a 429) is not. Every attempt
   # is bounded by `open_timeout` and `read_timeout`. Credentials never appear
   # in logs or in #inspect. See docs/pyroscope-protocol.md for the
   # server behaviour this follows.
@@ -43,6 +46,17 @@ module MemprofilerPprof
     RETRYABLE_ERRORS = [SystemCallError, IOError, SocketError, Timeout::Error, EOFError, Net::ProtocolError,
                         Net::HTTPBadResponse, Zlib::Error].freeze
     MAX_BACKOFF = 30.0
+    # A real Pyroscope (v1.12.0) answers its ingestion rate limit with 429 on
+    # push, but /ingest wraps every error in a 422 (v2.2 answers 429 there):
+    # {"code":"unknown","message":"pushing IngestInput-pprof failed
+    # resource_exhausted: push rate limit (4.0 MiB) exceeded while adding …"}.
+    # It passes once the tenant's bucket refills, so it is retried.
+    INGEST_RATE_LIMITED = "resource_exhausted: push rate limit"
+    # Its active-series limit is a 429 too, but a series stays active until
+    # unused for 10 minutes: no retry within the backoff gets through, and a
+    # retry would write again the series that did (docs/pyroscope-protocol.md,
+    # "Limits of a real server").
+    SERIES_LIMITED = "Maximum active series limit exceeded"
 
     attr_reader :server_address, :application_name, :labels, :api, :tenant_id,
                 :open_timeout, :read_timeout, :retries
@@ -275,17 +289,28 @@ module MemprofilerPprof
       attempts = 0
       loop do
         attempts += 1
-        status, error = attempt(request)
+        status, error, body = attempt(request)
         return Result.new(ok: true, status: status, attempts: attempts, error: nil) if status && status < 300
 
-        retryable = status.nil? || status == 429 || status >= 500
-        return Result.new(ok: false, status: status, attempts: attempts, error: error) if !retryable || attempts > @retries
+        if !retryable?(status, body) || attempts > @retries
+          return Result.new(ok: false, status: status, attempts: attempts, error: error)
+        end
 
         sleep(rand * [@retry_base_delay * (2**(attempts - 1)), MAX_BACKOFF].min)
       end
     end
 
-    # One HTTP exchange: [status, error]. Logs failures (never credentials).
+    # Network errors, 5xx and 429 are worth another attempt, and /ingest's
+    # 422 for the rate limit; the active-series limit is not.
+    def retryable?(status, body)
+      return true if status.nil? || status >= 500
+      return !body.include?(SERIES_LIMITED) if status == 429
+
+      status == 422 && @api == :ingest && body.include?(INGEST_RATE_LIMITED)
+    end
+
+    # One HTTP exchange: [status, error, body] (body "" unless it failed).
+    # Logs failures (never credentials).
     def attempt(request)
       http = Net::HTTP.new(@base.hostname, @base.port) # hostname: IPv6 without brackets
       http.use_ssl = @base.scheme == "https"
@@ -299,14 +324,14 @@ module MemprofilerPprof
         http.start { |connection| connection.request(request) }
       end
       status = response.code.to_i
-      unless status < 300
-        log("#{request.method} #{request.path.split('?').first} answered #{status}: " \
-            "#{self.class.printable(response.body)}")
-      end
-      [status, nil]
+      return [status, nil, ""] if status < 300
+
+      body = response.body.to_s.b
+      log("#{request.method} #{request.path.split('?').first} answered #{status}: #{self.class.printable(body)}")
+      [status, nil, body]
     rescue *RETRYABLE_ERRORS, OpenSSL::SSL::SSLError => e
       log("#{request.method} #{@base.host}: #{e.class}: #{self.class.printable(e.message)}")
-      [nil, e]
+      [nil, e, ""]
     end
 
     def log(message)
