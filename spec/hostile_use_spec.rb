@@ -194,12 +194,14 @@ RSpec.describe "Hostile and careless use" do
         end
       end
 
-      it "max_profile_bytes takes nil or a positive Integer; huge ones mean no limit" do
-        [0, -1, 1.5, 1e9, Float::NAN, Float::INFINITY, -Float::INFINITY, "1000", int_like, Object.new].each do |value|
-          expect_refusal(refusal_for(value, :integer), :max_profile_bytes, value) { collector.flush(max_profile_bytes: value) }
-        end
-        [2**64, 10**30].each do |value|
-          expect(parse_profile(collector.flush(max_profile_bytes: value)).sample_type_names.size).to eq(4)
+      it "max_profile_bytes and max_profile_samples take nil or a positive Integer; huge ones mean no limit" do
+        %i[max_profile_bytes max_profile_samples].each do |name|
+          [0, -1, 1.5, 1e9, Float::NAN, Float::INFINITY, -Float::INFINITY, "1000", int_like, Object.new].each do |value|
+            expect_refusal(refusal_for(value, :integer), name, value) { collector.flush(name => value) }
+          end
+          [2**64, 10**30].each do |value|
+            expect(parse_profile(collector.flush(name => value)).sample_type_names.size).to eq(4)
+          end
         end
       end
 

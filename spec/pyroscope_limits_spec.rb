@@ -286,37 +286,38 @@ if url && multitenant
     end
 
     if limits.defaults?
-      it "keeps a big realistic flush (3,000 methods, 30-deep distinct stacks) under every default limit, and sends it" do
-        site = generated_call_sites(3_000)
+      it "keeps a big realistic flush (4,000 methods, 30-deep distinct stacks) under every default limit, and sends it" do
+        site = generated_call_sites(4_000)
         flushed = []
         collector = MemprofilerPprof::Collector.new(sample_rate: 1.0)
         flusher = pyroscope_flusher(collector, flushed)
         expect(flusher.max_profile_bytes).to eq(2_000_000)
         collector.start!
-        kept = flusher.run(flush: true) { Array.new(3_000) { |i| site.public_send(:"site#{i}", 30, []) } }
+        kept = flusher.run(flush: true) { Array.new(4_000) { |i| site.public_send(:"site#{i}", 30, []) } }
         collector.stop!
-        expect(kept.size).to eq(3_000)
+        expect(kept.size).to eq(4_000)
         data = flushed.last
         raw = raw_size(data.pprof_data)
         samples = MemprofilerPprof::Profile.parse(data).samples_count
         expect(raw).to be <= 2_000_000
+        expect(raw).to be > 1_900_000 # folded by measured sizes: not far under
         expect(raw + 200).to be < limits.burst_bytes # the series labels count too
         expect(samples).to be <= limits.samples
         expect(data.folded_samples_count).to be_positive
         expect([flusher.uploads_succeeded, flusher.uploads_failed]).to eq([1, 0]), logged.join("\n")
       end
 
-      it "keeps a flush of many live samples under 16,000 samples" do
-        pending "folding caps a flush's bytes, not its samples (docs/pyroscope-protocol.md, Limits of a real server)"
+      it "keeps a flush of many live samples under 16,000 samples, class and age labels kept" do
         classes = Array.new(60) { Class.new }
         flushed = []
         collector = MemprofilerPprof::Collector.new(sample_rate: 1.0)
-        flusher = pyroscope_flusher(collector, flushed, retries: 0)
+        # With the default class frames the ages merge; labels keep them apart.
+        flusher = pyroscope_flusher(collector, flushed, retries: 0, sample_labels: :keep)
+        expect(flusher.max_profile_samples).to eq(16_000)
         collector.start!
         # 36,000 live objects: 60 classes x 300 GC ages, each its own sample,
         # allocated where stacks are shallow (a new thread), as in a small
-        # script: deep stacks (this spec's own 50 frames) make the byte
-        # estimate fold them under 16,000 anyway.
+        # script: well under the byte limits.
         kept = flusher.run(flush: true) do
           Thread.new do
             Array.new(300) do

@@ -177,7 +177,11 @@ module MemprofilerPprof
     # max_profile_bytes: if the uncompressed profile would be larger, the
     # samples with the fewest bytes are folded into one "(other)" sample
     # (totals unchanged) until it fits; ProfileData#folded_samples_count
-    # says how many, and a profile comment says so too.
+    # says how many, and a profile comment says so too. The sizes are
+    # measured by building the profile (a few times at most, and only when
+    # it is over the limit).
+    # max_profile_samples: the same, for a profile of at most this many
+    # samples, "(other)" included (Pyroscope refuses more than 16,000).
     #
     # sample_labels: where each sample's class and GC age go.
     # - :keep (the default): a `class` label and, on live samples, a
@@ -190,10 +194,12 @@ module MemprofilerPprof
     #   profiles.
     #
     # Flushes of one collector from several threads run one after another.
-    def flush(yield_gvl: true, proactively_yield_gvl: true, max_profile_bytes: nil, sample_labels: :keep)
+    def flush(yield_gvl: true, proactively_yield_gvl: true, max_profile_bytes: nil, max_profile_samples: nil,
+              sample_labels: :keep)
       self.class.validate_flag(yield_gvl, :yield_gvl)
       self.class.validate_flag(proactively_yield_gvl, :proactively_yield_gvl)
       Validation.integer(max_profile_bytes, :max_profile_bytes, min: 1) unless max_profile_bytes.nil?
+      Validation.integer(max_profile_samples, :max_profile_samples, min: 1) unless max_profile_samples.nil?
       labels = SAMPLE_LABELS.index(sample_labels) || Validation.one_of(sample_labels, SAMPLE_LABELS, :sample_labels)
 
       # (No extra method call on the common path: the first call of each
@@ -201,7 +207,8 @@ module MemprofilerPprof
       lock = @flush_lock || flush_lock
       begin
         lock.synchronize do
-          ProfileData.from_native(_native_flush(yield_gvl, proactively_yield_gvl, max_profile_bytes, labels))
+          ProfileData.from_native(_native_flush(yield_gvl, proactively_yield_gvl, max_profile_bytes, max_profile_samples,
+                                                labels))
         end
       rescue ThreadError => e
         # A flush interrupted by a finalizer or a signal trap on its own
@@ -218,7 +225,8 @@ module MemprofilerPprof
         # thread may, and the handler waits for it.
         Thread.new do
           flush(yield_gvl: yield_gvl, proactively_yield_gvl: proactively_yield_gvl,
-                max_profile_bytes: max_profile_bytes, sample_labels: sample_labels)
+                max_profile_bytes: max_profile_bytes, max_profile_samples: max_profile_samples,
+                sample_labels: sample_labels)
         end.value
       end
     end

@@ -32,6 +32,9 @@ pub struct ProfileMeta {
     /// If set, the smallest samples are folded into one "(other)" sample
     /// until the uncompressed profile fits in this many bytes.
     pub max_raw_bytes: Option<usize>,
+    /// If set, the same until the profile has at most this many samples,
+    /// "(other)" included (Pyroscope refuses more than 16,000).
+    pub max_samples: Option<usize>,
     pub sample_labels: SampleLabels,
 }
 
@@ -264,98 +267,19 @@ impl<'a> ProfileBuilder<'a> {
         }
     }
 
-    /// Estimates the profile's encoded size (conservatively: 3 bytes per
-    /// location id, every frame's tables counted) and, if it exceeds `max`,
-    /// removes the samples with the fewest bytes (alloc_space + inuse_space)
-    /// from `merged` until it fits. Returns how many were removed and the
-    /// sum of their values, for one "(other)" sample.
-    fn fold_to_fit(
-        &self,
-        merged: &mut Vec<MergedSample>,
-        snapshot: &FlushSnapshot,
-        max: usize,
-        sample_labels: SampleLabels,
-    ) -> Option<(usize, [f64; 4])> {
-        // A class frame is one more location id, and its function and
-        // location are counted with the class names below.
-        let class_frame = usize::from(sample_labels == SampleLabels::ClassFrame);
-        let sample_bytes = |stack: &StackId| {
-            let frames = snapshot.stacks.get(stack).map_or(1, |f| f.len().max(1));
-            3 * (frames + class_frame) + 72
-        };
-        // Every (frame, line) may be a location, and for a C frame also a
-        // function of its own (C frames take their caller's file).
-        let mut locations: std::collections::HashSet<(FrameRef, i32)> = Default::default();
-        for frames in snapshot.stacks.values() {
-            locations.extend(frames.iter().map(|f| (f.frame, f.line)));
-        }
-        let c_frame_functions: usize = locations
-            .iter()
-            .filter_map(|(frame, _)| self.frames.get(frame))
-            .filter(|info| info.filename.is_none())
-            .map(|info| 48 + info.name.len())
-            .sum();
-        let tables: usize = self
-            .frames
-            .values()
-            .map(|info| 48 + info.name.len() + info.filename.as_ref().map_or(0, String::len))
-            .sum::<usize>()
-            + 28 * locations.len()
-            + c_frame_functions
-            + self
-                .classes
-                .values()
-                .map(|name| 8 + name.len() + class_frame * 76)
-                .sum::<usize>()
-            + 4_096;
-        let mut total: usize = tables
-            + merged
-                .iter()
-                .map(|((stack, _, _), _)| sample_bytes(stack))
-                .sum::<usize>();
-        if total <= max {
-            return None;
-        }
-        let mut order: Vec<usize> = (0..merged.len()).collect();
-        order.sort_by(|&a, &b| {
-            let size = |i: usize| merged[i].1[1] + merged[i].1[3];
-            size(a).total_cmp(&size(b)).then(a.cmp(&b))
-        });
-        let mut fold = vec![false; merged.len()];
-        let mut count = 0;
-        for index in order {
-            if total <= max {
-                break;
-            }
-            total -= sample_bytes(&merged[index].0 .0);
-            fold[index] = true;
-            count += 1;
-        }
-        let mut sums = [0.0; 4];
-        let mut position = 0;
-        merged.retain(|(_, values)| {
-            let folded = fold[position];
-            position += 1;
-            if folded {
-                for (sum, value) in sums.iter_mut().zip(values) {
-                    *sum += value;
-                }
-            }
-            !folded
-        });
-        Some((count, sums))
-    }
-
-    /// Builds everything but the samples into `self.profile`; each sample
-    /// goes to `emit` as soon as it is made, so a caller can encode it and
-    /// drop it rather than hold every sample's location list at once.
-    fn build(
+    /// Builds everything but the samples into `self.profile`; each of
+    /// `samples` goes to `emit` as soon as it is made, so a caller can
+    /// encode it and drop it rather than hold every sample's location list
+    /// at once. `folded` (how many samples, and their sums) becomes one
+    /// "(other)" sample.
+    fn build<'s>(
         mut self,
         snapshot: &FlushSnapshot,
         meta: &ProfileMeta,
-        fold_target: Option<usize>,
+        samples: impl IntoIterator<Item = &'s MergedSample>,
+        folded: Option<(usize, [f64; 4])>,
         mut emit: impl FnMut(pprof::Sample),
-    ) -> (pprof::Profile, usize) {
+    ) -> pprof::Profile {
         for (name, unit) in SAMPLE_TYPES {
             let value_type = pprof::ValueType {
                 r#type: self.strings.intern(name),
@@ -364,26 +288,6 @@ impl<'a> ProfileBuilder<'a> {
             self.profile.sample_type.push(value_type);
         }
 
-        // Merge samples with the same stack and labels; sort for a
-        // deterministic profile.
-        let mut merged: FastHashMap<SampleKey, [f64; 4]> = FastHashMap::default();
-        for sample in &snapshot.samples {
-            let key = match meta.sample_labels {
-                SampleLabels::Keep => (sample.stack, sample.class, sample.gc_age),
-                SampleLabels::ClassFrame => (sample.stack, sample.class, None),
-                SampleLabels::Drop => (sample.stack, NO_CLASS, None),
-            };
-            let sums = merged.entry(key).or_insert([0.0; 4]);
-            for (sum, value) in sums.iter_mut().zip(sample.values) {
-                *sum += value;
-            }
-        }
-        let mut merged: Vec<_> = merged.into_iter().collect();
-        merged.sort_by_key(|(key, _)| *key);
-        let folded = match fold_target {
-            Some(max) => self.fold_to_fit(&mut merged, snapshot, max, meta.sample_labels),
-            None => None,
-        };
         // Interned only when used: a profile without labels names none.
         let (class_key, age_key, age_unit) = if meta.sample_labels == SampleLabels::Keep {
             (
@@ -394,7 +298,7 @@ impl<'a> ProfileBuilder<'a> {
         } else {
             (0, 0, 0)
         };
-        for ((stack, class, gc_age), sums) in merged {
+        for &((stack, class, gc_age), sums) in samples {
             let Some(frames) = snapshot.stacks.get(&stack) else {
                 continue;
             };
@@ -488,10 +392,17 @@ impl<'a> ProfileBuilder<'a> {
         )];
         comments.extend(meta.comments.iter().cloned());
         if self.folded > 0 {
+            let limits: Vec<String> = [
+                meta.max_raw_bytes.map(|max| format!("{max} bytes")),
+                meta.max_samples.map(|max| format!("{max} samples")),
+            ]
+            .into_iter()
+            .flatten()
+            .collect();
             comments.push(format!(
-                "{} samples (the smallest) folded into one (other) sample to keep the profile under {} bytes; totals unchanged",
+                "{} samples (the smallest) folded into one (other) sample to keep the profile within {}; totals unchanged",
                 self.folded,
-                meta.max_raw_bytes.unwrap_or(0)
+                limits.join(" and ")
             ));
         }
         for comment in comments {
@@ -500,7 +411,158 @@ impl<'a> ProfileBuilder<'a> {
         }
         self.profile.default_sample_type = self.strings.intern("inuse_space");
         self.profile.string_table = self.strings.into_strings();
-        (self.profile, self.folded)
+        self.profile
+    }
+}
+
+/// The snapshot's samples merged by what the profile tells apart (the
+/// stack, and the class and GC age as `sample_labels` says), sorted for a
+/// deterministic profile.
+fn merge_samples(snapshot: &FlushSnapshot, sample_labels: SampleLabels) -> Vec<MergedSample> {
+    let mut merged: FastHashMap<SampleKey, [f64; 4]> = FastHashMap::default();
+    for sample in &snapshot.samples {
+        let key = match sample_labels {
+            SampleLabels::Keep => (sample.stack, sample.class, sample.gc_age),
+            SampleLabels::ClassFrame => (sample.stack, sample.class, None),
+            SampleLabels::Drop => (sample.stack, NO_CLASS, None),
+        };
+        let sums = merged.entry(key).or_insert([0.0; 4]);
+        for (sum, value) in sums.iter_mut().zip(sample.values) {
+            *sum += value;
+        }
+    }
+    let mut merged: Vec<_> = merged.into_iter().collect();
+    merged.sort_by_key(|(key, _)| *key);
+    merged
+}
+
+/// A profile's merged samples and the order they are folded into
+/// "(other)" in: the fewest bytes (alloc_space + inuse_space) first, ties
+/// in profile order.
+struct Folding<'m> {
+    merged: &'m [MergedSample],
+    order: Vec<usize>,
+}
+
+impl<'m> Folding<'m> {
+    fn new(merged: &'m [MergedSample]) -> Self {
+        let mut order: Vec<usize> = (0..merged.len()).collect();
+        let size = |i: usize| merged[i].1[1] + merged[i].1[3];
+        order.sort_by(|&a, &b| size(a).total_cmp(&size(b)).then(a.cmp(&b)));
+        Folding { merged, order }
+    }
+
+    /// The samples kept with the first `count` of the order folded, in
+    /// profile order, and (how many, their sums) for one "(other)" sample.
+    fn fold(&self, count: usize) -> (Vec<&'m MergedSample>, Option<(usize, [f64; 4])>) {
+        if count == 0 {
+            return (self.merged.iter().collect(), None);
+        }
+        let mut folded = vec![false; self.merged.len()];
+        let mut sums = [0.0; 4];
+        for &index in &self.order[..count] {
+            folded[index] = true;
+            for (sum, value) in sums.iter_mut().zip(&self.merged[index].1) {
+                *sum += value;
+            }
+        }
+        let kept = self
+            .merged
+            .iter()
+            .zip(folded)
+            .filter_map(|(sample, folded)| (!folded).then_some(sample))
+            .collect();
+        (kept, Some((count, sums)))
+    }
+}
+
+/// Builds of a profile one flush may make to find how many samples to fold
+/// (each a full build without gzip). Only a flush over a limit makes any.
+const MAX_SIZE_MEASUREMENTS: usize = 8;
+
+/// What names a profile's frames and classes.
+struct Names<'t> {
+    frames: &'t FastHashMap<FrameRef, FrameInfo>,
+    classes: &'t FastHashMap<ClassRef, String>,
+}
+
+impl Names<'_> {
+    /// The uncompressed size of the profile with `count` samples folded,
+    /// by building it.
+    fn measured_len(
+        &self,
+        snapshot: &FlushSnapshot,
+        meta: &ProfileMeta,
+        folding: &Folding,
+        count: usize,
+    ) -> usize {
+        let (kept, folded) = folding.fold(count);
+        let mut len = 0;
+        let profile = ProfileBuilder::new(self.frames, self.classes).build(
+            snapshot,
+            meta,
+            kept,
+            folded,
+            |sample| len += prost::encoding::message::encoded_len(PROFILE_SAMPLE_FIELD, &sample),
+        );
+        len + prost::Message::encoded_len(&profile)
+    }
+
+    /// How many samples to fold (the first of `folding`'s order) so that
+    /// the profile has at most `meta.max_samples` samples, "(other)"
+    /// included, and fits in `meta.max_raw_bytes`.
+    ///
+    /// Sizes are measured, not estimated: a profile's tables (functions,
+    /// locations, strings) can outweigh its samples, and only a build tells
+    /// how much folding a sample saves. An estimate made before (3 bytes a
+    /// location, every frame's names counted once per frame) was several
+    /// times too high with many methods: 8,000 methods in 5-frame stacks,
+    /// 2.4 MB, folded into one "(other)" sample under a 2 MB limit.
+    ///
+    /// The count is searched between one that is too large and one that
+    /// fits, by interpolation and halving in turn, to within 1/256 of the
+    /// samples or MAX_SIZE_MEASUREMENTS builds; it errs on folding more.
+    /// Folding everything is the smallest profile there is, taken even if it
+    /// does not fit.
+    fn fold_count(&self, snapshot: &FlushSnapshot, meta: &ProfileMeta, folding: &Folding) -> usize {
+        let n = folding.merged.len();
+        let min_fold = match meta.max_samples {
+            Some(max) if n > max => n - max.max(1) + 1,
+            _ => 0,
+        };
+        let Some(max_bytes) = meta.max_raw_bytes else {
+            return min_fold;
+        };
+        let measure = |count| self.measured_len(snapshot, meta, folding, count);
+        let (mut too_big, mut too_big_len) = (min_fold, measure(min_fold));
+        if too_big_len <= max_bytes || min_fold == n {
+            return min_fold;
+        }
+        let (mut fits, fits_len) = (n, measure(n));
+        if fits_len > max_bytes {
+            return n;
+        }
+        let mut fits_len = fits_len;
+        for step in 0..MAX_SIZE_MEASUREMENTS {
+            if fits - too_big <= (n / 256).max(1) {
+                break;
+            }
+            let guess = if step % 2 == 0 {
+                let share =
+                    (too_big_len - max_bytes) as f64 / (too_big_len - fits_len).max(1) as f64;
+                too_big + ((fits - too_big) as f64 * share).ceil() as usize
+            } else {
+                too_big + (fits - too_big) / 2
+            };
+            let count = guess.clamp(too_big + 1, fits - 1);
+            let len = measure(count);
+            if len <= max_bytes {
+                (fits, fits_len) = (count, len);
+            } else {
+                (too_big, too_big_len) = (count, len);
+            }
+        }
+        fits
     }
 }
 
@@ -514,11 +576,14 @@ pub fn build_profile(
     classes: &FastHashMap<ClassRef, String>,
     meta: &ProfileMeta,
 ) -> pprof::Profile {
+    let merged = merge_samples(snapshot, meta.sample_labels);
+    let folding = Folding::new(&merged);
+    let count = Names { frames, classes }.fold_count(snapshot, meta, &folding);
+    let (kept, folded) = folding.fold(count);
     let mut samples = Vec::new();
-    let (mut profile, _) =
-        ProfileBuilder::new(frames, classes).build(snapshot, meta, meta.max_raw_bytes, |sample| {
-            samples.push(sample)
-        });
+    let mut profile =
+        ProfileBuilder::new(frames, classes)
+            .build(snapshot, meta, kept, folded, |sample| samples.push(sample));
     profile.sample = samples;
     profile
 }
@@ -533,45 +598,25 @@ const PROFILE_SAMPLE_FIELD: u32 = 2;
 /// come in any order, so the samples go first and the tables they filled
 /// (locations, functions, strings) after them.
 /// Returns the gzipped bytes and how many samples were folded into
-/// "(other)" to respect `meta.max_raw_bytes`. The size estimate behind the
-/// folding is conservative, but if the encoded profile still came out too
-/// large it is built again with a proportionally smaller target.
+/// "(other)" to respect `meta.max_raw_bytes` and `meta.max_samples`.
 pub fn build_profile_gzipped(
     snapshot: &FlushSnapshot,
     frames: &FastHashMap<FrameRef, FrameInfo>,
     classes: &FastHashMap<ClassRef, String>,
     meta: &ProfileMeta,
 ) -> (Vec<u8>, usize) {
-    let Some(max) = meta.max_raw_bytes else {
-        let (gz, folded, _) = encode_streamed(snapshot, frames, classes, meta, None);
-        return (gz, folded);
-    };
-    let mut target = max;
-    loop {
-        let (gz, folded, raw_len) = encode_streamed(snapshot, frames, classes, meta, Some(target));
-        if raw_len <= max || target < 1_024 {
-            return (gz, folded);
-        }
-        target = (target as f64 * (max as f64 / raw_len as f64) * 0.9) as usize;
-    }
-}
-
-/// One streamed build: gzipped bytes, samples folded, uncompressed size.
-fn encode_streamed(
-    snapshot: &FlushSnapshot,
-    frames: &FastHashMap<FrameRef, FrameInfo>,
-    classes: &FastHashMap<ClassRef, String>,
-    meta: &ProfileMeta,
-    fold_target: Option<usize>,
-) -> (Vec<u8>, usize, usize) {
+    let merged = merge_samples(snapshot, meta.sample_labels);
+    let folding = Folding::new(&merged);
+    let count = Names { frames, classes }.fold_count(snapshot, meta, &folding);
+    let (kept, folded) = folding.fold(count);
     let mut out = GzipStream::new();
-    let (profile, folded) =
-        ProfileBuilder::new(frames, classes).build(snapshot, meta, fold_target, |sample| {
+    let profile =
+        ProfileBuilder::new(frames, classes).build(snapshot, meta, kept, folded, |sample| {
             out.write_field(PROFILE_SAMPLE_FIELD, &sample)
         });
     out.write_message(&profile);
-    let (gz, raw_len) = out.finish();
-    (gz, folded, raw_len)
+    let (gz, _) = out.finish();
+    (gz, count)
 }
 
 #[cfg(test)]
@@ -630,6 +675,7 @@ mod tests {
     fn meta() -> ProfileMeta {
         ProfileMeta {
             max_raw_bytes: None,
+            max_samples: None,
             time_nanos: 1_700_000_000_000_000_000,
             duration_nanos: 5_000_000_000,
             sample_rate: 1.0,
@@ -1076,6 +1122,123 @@ mod tests {
                 .expect("gunzip");
             assert!(folded > 0);
             assert!(raw.len() <= limit, "{} > {}", raw.len(), limit);
+        }
+    }
+
+    /// `n` samples, each in a stack of `depth` methods of its own (so the
+    /// tables outweigh the samples), with 40 + i % 1,000 bytes.
+    fn many_methods(n: u64, depth: u64) -> (FlushSnapshot, FastHashMap<FrameRef, FrameInfo>) {
+        let mut state = SamplerState::new(GapSampler::new(1.0, 1), 100_000, 100_000);
+        let mut frames = FastHashMap::default();
+        for i in 0..n {
+            let stack: Vec<Frame> = (0..depth)
+                .map(|d| frame(8 * (1 + i * depth + d), 3))
+                .collect();
+            for d in 0..depth {
+                let name = format!("Generated::Module{i}#method_{d}_with_a_long_name");
+                frames.insert(
+                    8 * (1 + i * depth + d),
+                    info(&name, Some("app/generated.rb"), 1),
+                );
+            }
+            record(&mut state, 0x10_0000 + i as usize * 40, &stack);
+        }
+        let size = |object: usize| Some(40 + (object as u64 / 40) % 1_000);
+        state.measure_pending(size);
+        let snapshot = state.take_snapshot(0, size);
+        (snapshot, frames)
+    }
+
+    fn gunzip(gz: &[u8]) -> Vec<u8> {
+        let mut raw = Vec::new();
+        GzDecoder::new(gz).read_to_end(&mut raw).expect("gunzip");
+        raw
+    }
+
+    #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "thousands of samples through gzip, no unsafe code; too slow under Miri"
+    )]
+    fn folding_measures_sizes_so_tables_heavy_profiles_keep_most_samples() {
+        let (snapshot, frames) = many_methods(4_000, 5);
+        let unlimited = build_profile(&snapshot, &frames, &classes(), &meta())
+            .encode_to_vec()
+            .len();
+        // A limit the profile already meets folds nothing.
+        let at_size = ProfileMeta {
+            max_raw_bytes: Some(unlimited),
+            ..meta()
+        };
+        assert_eq!(
+            build_profile_gzipped(&snapshot, &frames, &classes(), &at_size).1,
+            0
+        );
+        // 80% of the size: about a fifth of the samples go, not all of them
+        // (an estimate counting each frame's file name folded everything).
+        let limit = unlimited * 4 / 5;
+        let limited = ProfileMeta {
+            max_raw_bytes: Some(limit),
+            ..meta()
+        };
+        let (gz, folded) = build_profile_gzipped(&snapshot, &frames, &classes(), &limited);
+        let raw = gunzip(&gz);
+        assert!(raw.len() <= limit, "{} > {limit}", raw.len());
+        assert!(
+            raw.len() >= limit * 19 / 20,
+            "{} bytes, far under {limit}: folded too much",
+            raw.len()
+        );
+        // 8,000 samples: each object's allocation and its live sample.
+        assert!(
+            (1_200..=2_000).contains(&folded),
+            "{folded} of 8,000 folded"
+        );
+        let profile = pprof::Profile::decode(&raw[..]).expect("decode");
+        assert_eq!(profile.sample.len(), 8_000 - folded + 1);
+    }
+
+    #[test]
+    fn a_sample_cap_folds_the_smallest_samples_into_other() {
+        let (snapshot, frames) = many_methods(100, 2);
+        let all = build_profile(&snapshot, &frames, &classes(), &meta());
+        // Each object's allocation and its live sample.
+        assert_eq!(all.sample.len(), 200);
+        for max_samples in [200, 199, 10, 1] {
+            let capped = ProfileMeta {
+                max_samples: Some(max_samples),
+                ..meta()
+            };
+            let (gz, folded) = build_profile_gzipped(&snapshot, &frames, &classes(), &capped);
+            let profile = pprof::Profile::decode(&gunzip(&gz)[..]).expect("decode");
+            assert!(
+                profile.sample.len() <= max_samples,
+                "{max_samples}: {}",
+                profile.sample.len()
+            );
+            let expected_folded = if max_samples == 200 {
+                0
+            } else {
+                201 - max_samples
+            };
+            assert_eq!(folded, expected_folded, "cap {max_samples}");
+            for i in 0..4 {
+                let total = |p: &pprof::Profile| p.sample.iter().map(|s| s.value[i]).sum::<i64>();
+                assert_eq!(
+                    total(&profile),
+                    total(&all),
+                    "cap {max_samples}, sample type {i}"
+                );
+            }
+            if folded > 0 {
+                // The smallest went: every sample kept has more bytes than
+                // any folded one (bytes grow with the object index here).
+                let other = profile
+                    .sample
+                    .iter()
+                    .find(|s| function_names(&profile, s) == ["(other)@:0"]);
+                assert!(other.is_some(), "cap {max_samples}: no (other)");
+            }
         }
     }
 

@@ -103,6 +103,8 @@ pub struct FlushOptions {
     /// Fold the smallest samples into "(other)" to stay under this many
     /// uncompressed bytes.
     pub max_profile_bytes: Option<usize>,
+    /// The same, to have at most this many samples ("(other)" included).
+    pub max_profile_samples: Option<usize>,
     /// Class and GC age as labels, the class as a leaf frame, or neither.
     pub sample_labels: SampleLabels,
 }
@@ -789,6 +791,7 @@ impl Collector {
                 comments
             },
             max_raw_bytes: options.max_profile_bytes,
+            max_samples: options.max_profile_samples,
             sample_labels: options.sample_labels,
         };
         let build = || build_profile_gzipped(&snapshot, &frames, &class_names, &meta);

@@ -380,6 +380,7 @@ unsafe extern "C" fn native_flush(
     yield_gvl: VALUE,
     proactively_yield_gvl: VALUE,
     max_profile_bytes: VALUE,
+    max_profile_samples: VALUE,
     sample_labels: VALUE,
 ) -> VALUE {
     method_entry(|| {
@@ -395,17 +396,20 @@ unsafe extern "C" fn native_flush(
         // SAFETY: NIL_P and FIXNUM checks read the VALUE's bits only; the
         // Ruby side passes nil or a positive Integer (a Bignum means "no
         // practical limit").
-        let max_profile_bytes = unsafe {
-            if NIL_P(max_profile_bytes) || !FIXNUM_P(max_profile_bytes) {
+        let limit = |value: VALUE| unsafe {
+            if NIL_P(value) || !FIXNUM_P(value) {
                 None
             } else {
-                usize::try_from(FIX2LONG(max_profile_bytes)).ok()
+                usize::try_from(FIX2LONG(value)).ok()
             }
         };
+        let max_profile_bytes = limit(max_profile_bytes);
+        let max_profile_samples = limit(max_profile_samples);
         let options = FlushOptions {
             yield_gvl: TEST(yield_gvl),
             proactively_yield_gvl: TEST(proactively_yield_gvl),
             max_profile_bytes,
+            max_profile_samples,
             sample_labels,
         };
         let result: FlushResult = collector_of(rb_self)?.flush(options)?;
@@ -537,7 +541,7 @@ pub fn methods() -> Vec<MethodDef> {
             0,
             MethodKind::Private
         ),
-        method_def!(c"_native_flush", native_flush, 4, MethodKind::Private),
+        method_def!(c"_native_flush", native_flush, 5, MethodKind::Private),
         method_def!(c"_native_table_sizes", table_sizes, 0, MethodKind::Private),
     ]
 }
