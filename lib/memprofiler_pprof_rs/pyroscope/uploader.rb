@@ -15,7 +15,11 @@ module MemprofilerPprof
   #     server_address: "https://profiles-prod-001.grafana.net",
   #     application_name: "shop", labels: { env: "prod" },
   #     basic_auth_username: "123456", basic_auth_password: ENV["GRAFANA_TOKEN"])
-  #   result = uploader.upload(collector.flush)   # never raises
+  #   result = uploader.upload(collector.flush(sample_labels: :class_frame))   # never raises
+  #
+  # (:class_frame, as PyroscopeFlusher flushes: the default :keep's `class`
+  # label makes a series per class, and in-use averages over time are then
+  # divided by their number; docs/pyroscope-protocol.md.)
   #
   # Profiles go as heap profiles: series name `memory`, `service_name` the
   # application name, `__delta__="false"` (this gem's alloc_* values already
