@@ -32,7 +32,9 @@ module PyroscopeServerHelpers
   # A profile of this process allocating widgets, some of them kept.
   def widget_profile
     kept = nil
-    data = MemprofilerPprof::Collector.new(sample_rate: 1.0).profile { kept = allocate_widgets_for_pyroscope }
+    data = MemprofilerPprof::Collector.new(sample_rate: 1.0).profile(sample_labels: :class_frame) do
+      kept = allocate_widgets_for_pyroscope
+    end
     expect(kept.size).to eq(2_000)
     data
   end

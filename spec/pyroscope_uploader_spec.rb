@@ -10,7 +10,9 @@ RSpec.describe MemprofilerPprof::PyroscopeUploader do
 
   let(:logger) { ListLogger.new }
   let(:data) do
-    MemprofilerPprof::Collector.new(sample_rate: 1.0).profile { @kept = Array.new(200) { |i| "kept #{i}" } }
+    MemprofilerPprof::Collector.new(sample_rate: 1.0).profile(sample_labels: :class_frame) do
+      @kept = Array.new(200) { |i| "kept #{i}" }
+    end
   end
 
   def uploader(**options)
@@ -32,6 +34,17 @@ RSpec.describe MemprofilerPprof::PyroscopeUploader do
                                   %w[env prod], %w[region.zone eu-1]])
     expect(request.profiles.size).to eq(1)
     expect(request.profiles.first.sample_types.map(&:type)).to eq(%w[alloc_objects alloc_space inuse_objects inuse_space])
+  end
+
+  it "says once, and still sends it, when a profile carries class labels (a series per class on Pyroscope)" do
+    labelled = MemprofilerPprof::Collector.new(sample_rate: 1.0).profile { Array.new(10) { |i| "x#{i}" } }
+    expect(labelled.sample_labels).to eq(:keep)
+    sender = uploader
+    expect(sender.upload(data)).to be_ok
+    expect(logger.errors).to be_empty
+    expect([sender.upload(labelled), sender.upload(labelled)]).to all(be_ok)
+    expect(logger.errors.size).to eq(1)
+    expect(logger.errors.pop).to include("sample_labels: :keep", "sample_labels: :class_frame")
   end
 
   it "uses the ingest API with the label set in the name and the interval in from/until" do

@@ -207,8 +207,8 @@ module MemprofilerPprof
       lock = @flush_lock || flush_lock
       begin
         lock.synchronize do
-          ProfileData.from_native(_native_flush(yield_gvl, proactively_yield_gvl, max_profile_bytes, max_profile_samples,
-                                                labels))
+          values = _native_flush(yield_gvl, proactively_yield_gvl, max_profile_bytes, max_profile_samples, labels)
+          ProfileData.from_native(values, sample_labels: sample_labels)
         end
       rescue ThreadError => e
         # A flush interrupted by a finalizer or a signal trap on its own

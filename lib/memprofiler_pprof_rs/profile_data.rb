@@ -25,8 +25,11 @@ module MemprofilerPprof
     # 1.0 without sampling windows (Collector's window_probability and
     # window_budget).
     attr_reader :window_coverage
+    # Where the flush put each sample's class and GC age (Collector#flush's
+    # sample_labels: :keep, :class_frame or :drop); nil if not known.
+    attr_reader :sample_labels
 
-    def self.from_native(values)
+    def self.from_native(values, sample_labels: nil)
       pprof, allocs, heap, nolock, alloc_buf, heap_buf, flush_ns, ser_ns, folded, rate, start_ns, end_ns,
         coverage = values
       new(
@@ -35,7 +38,8 @@ module MemprofilerPprof
         dropped_samples_heap_bufsize: heap_buf, flush_duration_nsecs: flush_ns,
         pprof_serialization_nsecs: ser_ns, folded_samples_count: folded, sample_rate: rate,
         started_at: Time.at(Rational(start_ns, 1_000_000_000)),
-        finished_at: Time.at(Rational(end_ns, 1_000_000_000)), window_coverage: coverage
+        finished_at: Time.at(Rational(end_ns, 1_000_000_000)), window_coverage: coverage,
+        sample_labels: sample_labels
       )
     end
 
@@ -43,7 +47,7 @@ module MemprofilerPprof
                    dropped_samples_nolock: 0, dropped_samples_allocation_bufsize: 0,
                    dropped_samples_heap_bufsize: 0, flush_duration_nsecs: 0,
                    pprof_serialization_nsecs: 0, folded_samples_count: 0, sample_rate: nil, started_at: nil,
-                   finished_at: nil, window_coverage: 1.0)
+                   finished_at: nil, window_coverage: 1.0, sample_labels: nil)
       Validation.instance(pprof_data, String, :pprof_data)
 
       { allocation_samples_count: allocation_samples_count, heap_samples_count: heap_samples_count,
@@ -63,6 +67,7 @@ module MemprofilerPprof
       { started_at: started_at, finished_at: finished_at }.each do |name, value|
         Validation.instance(value, Time, name, nil_ok: true)
       end
+      Validation.one_of(sample_labels, [nil, *Collector::SAMPLE_LABELS], :sample_labels)
 
       @pprof_data = pprof_data
       @allocation_samples_count = allocation_samples_count
@@ -77,6 +82,7 @@ module MemprofilerPprof
       @started_at = started_at
       @finished_at = finished_at
       @window_coverage = window_coverage
+      @sample_labels = sample_labels
     end
 
     # Total samples dropped for any reason.

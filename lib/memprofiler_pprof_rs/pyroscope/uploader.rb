@@ -123,6 +123,7 @@ module MemprofilerPprof
         raise TypeError, "upload needs a ProfileData or a String of gzipped pprof bytes, got #{data.inspect[0, 100]}"
       end
 
+      warn_class_labels if !@warned_class_labels && data.respond_to?(:sample_labels) && data.sample_labels == :keep
       from ||= data.respond_to?(:started_at) ? data.started_at : nil
       to ||= data.respond_to?(:finished_at) ? data.finished_at : nil
       request = build_request(bytes.b, from || Time.now, to || Time.now)
@@ -194,6 +195,15 @@ module MemprofilerPprof
     end
 
     private
+
+    # Once per uploader: the profile is sent as it is, but its `class`
+    # labels become a series per class on the server.
+    def warn_class_labels
+      @warned_class_labels = true
+      log("this profile was flushed with sample_labels: :keep; Pyroscope makes a series of every class " \
+          "(at most 5,000 active series per tenant by default), and in-use averages are split among them. " \
+          "Flush with sample_labels: :class_frame (PyroscopeFlusher's default) to send the class as a frame.")
+    end
 
     def parse_address(address)
       uri = URI.parse(address.to_s)
