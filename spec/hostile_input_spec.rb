@@ -152,7 +152,9 @@ RSpec.describe "hostile input" do
       logger = Object.new
       logger.define_singleton_method(:error) { |text| logged << text }
       server.fail_next(400, body: "bad\r\nX-Injected: 1\e[31mred\a")
-      data = MemprofilerPprof::Collector.new(sample_rate: 1.0).profile { Array.new(10) { "x" * 10 } }
+      data = MemprofilerPprof::Collector.new(sample_rate: 1.0).profile(sample_labels: :class_frame) do
+        Array.new(10) { "x" * 10 }
+      end
       MemprofilerPprof::PyroscopeUploader.new(server_address: server.url, application_name: "shop",
                                               logger: logger, retries: 0).upload(data)
       expect(logged.size).to eq(1)

@@ -528,6 +528,8 @@ RSpec.describe "Hostile and careless use" do
       end
       expect_refusal(TypeError, :sample_rate, "0.1") { described_class.new(pprof_data: "".b, sample_rate: "0.1") }
       expect_refusal(TypeError, :started_at, 0) { described_class.new(pprof_data: "".b, started_at: 0) }
+      expect_refusal(ArgumentError, :sample_labels, "keep") { described_class.new(pprof_data: "".b, sample_labels: "keep") }
+      expect(described_class.new(pprof_data: "".b, sample_labels: :drop).sample_labels).to eq(:drop)
     end
 
     it "accepts a frozen String subclass and still inspects and writes it" do

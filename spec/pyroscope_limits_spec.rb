@@ -16,6 +16,11 @@ require "securerandom"
 # PYROSCOPE_LIMITS (script/pyroscope's --server-flag values) says which
 # limits are in force; each example is defined only where its own are.
 url = ENV.fetch("PYROSCOPE_URL", nil)
+
+# Sixty named classes for the samples-limit example.
+module PyroscopeLimitClasses
+  60.times { |i| const_set(:"C#{i}", Class.new) }
+end
 multitenant = ENV.fetch("PYROSCOPE_MULTITENANT", "0") == "1"
 
 # The limits in force: the server's defaults (pkg/validation/limits.go)
@@ -308,7 +313,8 @@ if url && multitenant
       end
 
       it "keeps a flush of many live samples under 16,000 samples, class and age labels kept" do
-        classes = Array.new(60) { Class.new }
+        # Named: classes of one name are one sample.
+        classes = Array.new(60) { |i| PyroscopeLimitClasses.const_get(:"C#{i}") }
         flushed = []
         collector = MemprofilerPprof::Collector.new(sample_rate: 1.0)
         # With the default class frames the ages merge; labels keep them apart.

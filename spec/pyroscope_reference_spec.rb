@@ -99,10 +99,18 @@ module PyroscopeReferenceHelpers
   end
 
   # Around one pushed profile's time (pprof time_nanos, which the server
-  # keeps): pushes are a second or more apart.
-  def window(profile)
+  # keeps), in milliseconds: from halfway after the push before it to
+  # halfway before the next (300 ms at either end). pyroscope-go's pushes
+  # follow a ticker, which a loaded machine can read late: two may come
+  # closer than a second.
+  def window(profile, all)
+    times = all.map { |p| p.time_nanos / 1_000_000 }.sort
+    raise "two pushes in one millisecond: #{times.inspect}" unless times.uniq.size == times.size
+
     at = profile.time_nanos / 1_000_000
-    [at - 300, at + 300]
+    before = times.select { |t| t < at }.max
+    after = times.select { |t| t > at }.min
+    [before ? ((before + at) / 2) + 1 : at - 300, after ? (at + after) / 2 : at + 300]
   end
 
   # SelectSeries' AVERAGE of one type over all the pushes, as one point.
@@ -215,7 +223,7 @@ RSpec.describe "a Go service (pyroscope-go) beside ours on a real Grafana Pyrosc
   def expect_each_push_and_their_sum(url, service, name)
     type = PyroscopeReferenceHelpers::MEMORY_TYPES[PyroscopeReferenceHelpers::TYPE_NAMES.index(name)]
     app = @apps[service]
-    each_push = @pushed[service].map { |p| merged(url, app, type, window(p))[:total] }
+    each_push = @pushed[service].map { |p| merged(url, app, type, window(p, @pushed[service]))[:total] }
     expect(each_push).to eq(@pushed[service].map { |p| p.total(name) }), "#{service} #{name}"
     expect(merged(url, app, type, @range)[:total]).to eq(pushed_total(service, name)), "#{service} #{name}"
   end

@@ -45,6 +45,9 @@ RSpec.describe MemprofilerPprof::PyroscopeUploader do
     expect([sender.upload(labelled), sender.upload(labelled)]).to all(be_ok)
     expect(logger.errors.size).to eq(1)
     expect(logger.errors.pop).to include("sample_labels: :keep", "sample_labels: :class_frame")
+    expect(uploader(warn_class_labels: false).upload(labelled)).to be_ok
+    expect(logger.errors).to be_empty
+    expect { uploader(warn_class_labels: nil) }.to raise_error(TypeError, /warn_class_labels/)
   end
 
   it "uses the ingest API with the label set in the name and the interval in from/until" do

@@ -7,7 +7,10 @@ module FlushBench
   VARIANTS = {
     "flush (defaults)" => "default",
     "flush(yield_gvl: false, proactively_yield_gvl: false)" => "plain",
-    "flush(yield_gvl: true, proactively_yield_gvl: false)" => "yield_gvl"
+    "flush(yield_gvl: true, proactively_yield_gvl: false)" => "yield_gvl",
+    "flush(max_profile_bytes: 10**9) (met)" => "limit_met",
+    "PyroscopeFlusher's limits" => "pyroscope",
+    "flush(max_profile_bytes: 500_000) (folded)" => "bytes_folded"
   }.freeze
 
   module_function
@@ -30,10 +33,12 @@ module FlushBench
        format("%.0f ms", m.call(:first_flush_seconds) * 1000),
        format("%.1f ms", [m.call(:longest_gap_seconds) - 0.001, 0].max * 1000),
        format("%.0f KB", m.call(:profile_bytes) / 1024.0),
+       format("%.0f KB", m.call(:raw_bytes) / 1024.0),
+       m.call(:folded_samples).round.to_s,
        (m.call(:collector_bytes) / live).round.to_s,
        ((m.call(:rss_kb) - base_rss) * 1024 / live).round.to_s]
     end
-    BenchReport.table(["flush", "live samples", "wall", "first flush", "GVL hold", "profile", "memsize B/sample",
+    BenchReport.table(["flush", "live samples", "wall", "first flush", "GVL hold", "profile", "raw", "folded", "memsize B/sample",
                        "RSS B/sample"], rows)
   end
 

@@ -8,10 +8,15 @@
 #   ruby -Ilib bench/lib/flush_worker.rb VARIANT
 #
 # VARIANT: none (no profiler: the RSS baseline), default (flush's default
-# keywords), plain (no GVL release at all), yield_gvl, proactive.
+# keywords), plain (no GVL release at all), yield_gvl, proactive,
+# limit_met (a max_profile_bytes the profile meets: built once, kept and
+# gzipped), pyroscope (PyroscopeFlusher's limits: 2,000,000 bytes, 16,000
+# samples, the class as a frame), bytes_folded (a max_profile_bytes of
+# 500,000 the profile exceeds: sizes measured by extra builds).
 
 require "json"
 require "objspace"
+require "zlib"
 require "memprofiler_pprof_rs"
 require_relative "workloads"
 
@@ -23,7 +28,10 @@ variant = ARGV.fetch(0)
 options = {
   "default" => {}, "plain" => { yield_gvl: false, proactively_yield_gvl: false },
   "yield_gvl" => { yield_gvl: true, proactively_yield_gvl: false },
-  "proactive" => { yield_gvl: true, proactively_yield_gvl: true }
+  "proactive" => { yield_gvl: true, proactively_yield_gvl: true },
+  "limit_met" => { max_profile_bytes: 1_000_000_000 },
+  "pyroscope" => { max_profile_bytes: 2_000_000, max_profile_samples: 16_000, sample_labels: :class_frame },
+  "bytes_folded" => { max_profile_bytes: 500_000 }
 }
 collector = nil
 unless variant == "none"
@@ -76,5 +84,7 @@ if collector
   result[:rss_after_flush_kb] = rss_kb
   result[:profile_bytes] = data.pprof_data.bytesize
   result[:heap_samples] = data.heap_samples_count
+  result[:folded_samples] = data.folded_samples_count
+  result[:raw_bytes] = Zlib.gunzip(data.pprof_data).bytesize
 end
 puts JSON.generate(result)

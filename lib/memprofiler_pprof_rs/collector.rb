@@ -200,7 +200,14 @@ module MemprofilerPprof
       self.class.validate_flag(proactively_yield_gvl, :proactively_yield_gvl)
       Validation.integer(max_profile_bytes, :max_profile_bytes, min: 1) unless max_profile_bytes.nil?
       Validation.integer(max_profile_samples, :max_profile_samples, min: 1) unless max_profile_samples.nil?
-      labels = SAMPLE_LABELS.index(sample_labels) || Validation.one_of(sample_labels, SAMPLE_LABELS, :sample_labels)
+      # A case, not SAMPLE_LABELS.index: the constant's first lookup at this
+      # call site allocates (a Hash on Ruby 3.1), inside the profile.
+      labels = case sample_labels
+               when :keep then 0
+               when :class_frame then 1
+               when :drop then 2
+               else Validation.one_of(sample_labels, SAMPLE_LABELS, :sample_labels)
+               end
 
       # (No extra method call on the common path: the first call of each
       # call site allocates an inline cache, which the flush would sample.)

@@ -17,13 +17,17 @@ const LEVEL: u32 = 6;
 /// reference for `heap_profile::build_profile_gzipped`, which the collector uses; and
 /// how profiles read back are written again, see `analysis`).
 pub fn encode_gzipped(profile: &Profile) -> Vec<u8> {
-    let raw = profile.encode_to_vec();
+    gzip_bytes(&profile.encode_to_vec())
+}
+
+/// Gzips an encoded profile.
+pub fn gzip_bytes(raw: &[u8]) -> Vec<u8> {
     let mut encoder = GzEncoder::new(
         Vec::with_capacity(raw.len() / 4 + 64),
         Compression::new(LEVEL),
     );
     encoder
-        .write_all(&raw)
+        .write_all(raw)
         .expect("writing to a Vec cannot fail");
     encoder.finish().expect("writing to a Vec cannot fail")
 }
@@ -68,10 +72,17 @@ impl GzipStream {
     }
 
     fn write_raw_buffer(&mut self) {
+        let buffer = std::mem::take(&mut self.buffer);
+        self.write_raw(&buffer);
+        self.buffer = buffer;
+    }
+
+    /// Writes bytes already encoded (whole protobuf fields).
+    pub fn write_raw(&mut self, bytes: &[u8]) {
         self.encoder
-            .write_all(&self.buffer)
+            .write_all(bytes)
             .expect("writing to a Vec cannot fail");
-        self.raw_len += self.buffer.len();
+        self.raw_len += bytes.len();
     }
 
     /// The gzipped bytes and the uncompressed size.

@@ -15,7 +15,7 @@ use crate::sampler::types::{ClassRef, FrameRef, TRUNCATION_FRAME};
 type SampleKey = (StackId, ClassRef, Option<u32>);
 /// A merged sample: its key and the sums of its four values.
 type MergedSample = (SampleKey, [f64; 4]);
-use super::gzip::GzipStream;
+use super::gzip::{gzip_bytes, GzipStream};
 use super::string_table::StringTable;
 
 pub use crate::sampler::stack_table::FrameInfo;
@@ -415,15 +415,33 @@ impl<'a> ProfileBuilder<'a> {
     }
 }
 
-/// The snapshot's samples merged by what the profile tells apart (the
-/// stack, and the class and GC age as `sample_labels` says), sorted for a
-/// deterministic profile.
-fn merge_samples(snapshot: &FlushSnapshot, sample_labels: SampleLabels) -> Vec<MergedSample> {
+/// The snapshot's samples merged by what the profile tells apart: the
+/// stack, and the class (by name: classes of one name, such as anonymous
+/// ones or a reloaded constant's, look alike) and GC age as `sample_labels`
+/// says. Sorted for a deterministic profile.
+fn merge_samples(
+    snapshot: &FlushSnapshot,
+    classes: &FastHashMap<ClassRef, String>,
+    sample_labels: SampleLabels,
+) -> Vec<MergedSample> {
+    // Each class to the smallest handle of its name.
+    let mut by_name: FastHashMap<&str, ClassRef> = FastHashMap::default();
+    for (&class, name) in classes {
+        let first = by_name.entry(name.as_str()).or_insert(class);
+        *first = (*first).min(class);
+    }
+    let canonical = |class: ClassRef| {
+        classes
+            .get(&class)
+            .and_then(|name| by_name.get(name.as_str()))
+            .copied()
+            .unwrap_or(class)
+    };
     let mut merged: FastHashMap<SampleKey, [f64; 4]> = FastHashMap::default();
     for sample in &snapshot.samples {
         let key = match sample_labels {
-            SampleLabels::Keep => (sample.stack, sample.class, sample.gc_age),
-            SampleLabels::ClassFrame => (sample.stack, sample.class, None),
+            SampleLabels::Keep => (sample.stack, canonical(sample.class), sample.gc_age),
+            SampleLabels::ClassFrame => (sample.stack, canonical(sample.class), None),
             SampleLabels::Drop => (sample.stack, NO_CLASS, None),
         };
         let sums = merged.entry(key).or_insert([0.0; 4]);
@@ -474,10 +492,21 @@ impl<'m> Folding<'m> {
             .collect();
         (kept, Some((count, sums)))
     }
+
+    /// The fewest samples to fold for at most `meta.max_samples` samples,
+    /// "(other)" included.
+    fn min_count(&self, meta: &ProfileMeta) -> usize {
+        let n = self.merged.len();
+        match meta.max_samples {
+            Some(max) if n > max => n - max.max(1) + 1,
+            _ => 0,
+        }
+    }
 }
 
-/// Builds of a profile one flush may make to find how many samples to fold
-/// (each a full build without gzip). Only a flush over a limit makes any.
+/// Measuring builds of a profile a flush may make, when its first build is
+/// over `max_raw_bytes`, to find how many samples to fold (each a full
+/// build without gzip).
 const MAX_SIZE_MEASUREMENTS: usize = 8;
 
 /// What names a profile's frames and classes.
@@ -487,8 +516,29 @@ struct Names<'t> {
 }
 
 impl Names<'_> {
-    /// The uncompressed size of the profile with `count` samples folded,
-    /// by building it.
+    /// Builds the profile with `count` samples folded, giving `write` its
+    /// encoding piece by piece: each sample as it is made, then the rest.
+    fn encode(
+        &self,
+        snapshot: &FlushSnapshot,
+        meta: &ProfileMeta,
+        folding: &Folding,
+        count: usize,
+        mut write: impl FnMut(&[u8]),
+    ) {
+        let (kept, folded) = folding.fold(count);
+        let mut buffer = Vec::new();
+        let builder = ProfileBuilder::new(self.frames, self.classes);
+        let profile = builder.build(snapshot, meta, kept, folded, |sample| {
+            buffer.clear();
+            prost::encoding::message::encode(PROFILE_SAMPLE_FIELD, &sample, &mut buffer);
+            write(&buffer);
+        });
+        buffer.clear();
+        prost::Message::encode(&profile, &mut buffer).expect("a Vec grows as needed");
+        write(&buffer);
+    }
+
     fn measured_len(
         &self,
         snapshot: &FlushSnapshot,
@@ -496,21 +546,14 @@ impl Names<'_> {
         folding: &Folding,
         count: usize,
     ) -> usize {
-        let (kept, folded) = folding.fold(count);
         let mut len = 0;
-        let profile = ProfileBuilder::new(self.frames, self.classes).build(
-            snapshot,
-            meta,
-            kept,
-            folded,
-            |sample| len += prost::encoding::message::encoded_len(PROFILE_SAMPLE_FIELD, &sample),
-        );
-        len + prost::Message::encoded_len(&profile)
+        self.encode(snapshot, meta, folding, count, |bytes| len += bytes.len());
+        len
     }
 
     /// How many samples to fold (the first of `folding`'s order) so that
-    /// the profile has at most `meta.max_samples` samples, "(other)"
-    /// included, and fits in `meta.max_raw_bytes`.
+    /// the profile fits in `max_bytes`, when folding `too_big` leaves it
+    /// `too_big_len` bytes, more than that.
     ///
     /// Sizes are measured, not estimated: a profile's tables (functions,
     /// locations, strings) can outweigh its samples, and only a build tells
@@ -524,25 +567,23 @@ impl Names<'_> {
     /// samples or MAX_SIZE_MEASUREMENTS builds; it errs on folding more.
     /// Folding everything is the smallest profile there is, taken even if it
     /// does not fit.
-    fn fold_count(&self, snapshot: &FlushSnapshot, meta: &ProfileMeta, folding: &Folding) -> usize {
+    fn fold_count_to_fit(
+        &self,
+        snapshot: &FlushSnapshot,
+        meta: &ProfileMeta,
+        folding: &Folding,
+        (mut too_big, mut too_big_len): (usize, usize),
+        max_bytes: usize,
+    ) -> usize {
         let n = folding.merged.len();
-        let min_fold = match meta.max_samples {
-            Some(max) if n > max => n - max.max(1) + 1,
-            _ => 0,
-        };
-        let Some(max_bytes) = meta.max_raw_bytes else {
-            return min_fold;
-        };
-        let measure = |count| self.measured_len(snapshot, meta, folding, count);
-        let (mut too_big, mut too_big_len) = (min_fold, measure(min_fold));
-        if too_big_len <= max_bytes || min_fold == n {
-            return min_fold;
+        if too_big == n {
+            return n;
         }
-        let (mut fits, fits_len) = (n, measure(n));
+        let measure = |count| self.measured_len(snapshot, meta, folding, count);
+        let (mut fits, mut fits_len) = (n, measure(n));
         if fits_len > max_bytes {
             return n;
         }
-        let mut fits_len = fits_len;
         for step in 0..MAX_SIZE_MEASUREMENTS {
             if fits - too_big <= (n / 256).max(1) {
                 break;
@@ -564,6 +605,20 @@ impl Names<'_> {
         }
         fits
     }
+
+    /// How many samples to fold for `meta.max_samples` and
+    /// `meta.max_raw_bytes`.
+    fn fold_count(&self, snapshot: &FlushSnapshot, meta: &ProfileMeta, folding: &Folding) -> usize {
+        let min_count = folding.min_count(meta);
+        let Some(max_bytes) = meta.max_raw_bytes else {
+            return min_count;
+        };
+        let len = self.measured_len(snapshot, meta, folding, min_count);
+        if len <= max_bytes {
+            return min_count;
+        }
+        self.fold_count_to_fit(snapshot, meta, folding, (min_count, len), max_bytes)
+    }
 }
 
 /// Builds the profile for a flush. `frames` must describe every frame of
@@ -576,7 +631,7 @@ pub fn build_profile(
     classes: &FastHashMap<ClassRef, String>,
     meta: &ProfileMeta,
 ) -> pprof::Profile {
-    let merged = merge_samples(snapshot, meta.sample_labels);
+    let merged = merge_samples(snapshot, classes, meta.sample_labels);
     let folding = Folding::new(&merged);
     let count = Names { frames, classes }.fold_count(snapshot, meta, &folding);
     let (kept, folded) = folding.fold(count);
@@ -597,6 +652,11 @@ const PROFILE_SAMPLE_FIELD: u32 = 2;
 /// list (hundreds of bytes each) at once. Protobuf lets a message's fields
 /// come in any order, so the samples go first and the tables they filled
 /// (locations, functions, strings) after them.
+///
+/// With `meta.max_raw_bytes`, the first build is kept (up to that many
+/// bytes) and gzipped if it fits: a profile under the limit is built once.
+/// Only one over it is measured again (see `Names::fold_count_to_fit`).
+///
 /// Returns the gzipped bytes and how many samples were folded into
 /// "(other)" to respect `meta.max_raw_bytes` and `meta.max_samples`.
 pub fn build_profile_gzipped(
@@ -605,16 +665,31 @@ pub fn build_profile_gzipped(
     classes: &FastHashMap<ClassRef, String>,
     meta: &ProfileMeta,
 ) -> (Vec<u8>, usize) {
-    let merged = merge_samples(snapshot, meta.sample_labels);
+    let names = Names { frames, classes };
+    let merged = merge_samples(snapshot, classes, meta.sample_labels);
     let folding = Folding::new(&merged);
-    let count = Names { frames, classes }.fold_count(snapshot, meta, &folding);
-    let (kept, folded) = folding.fold(count);
+    let min_count = folding.min_count(meta);
+    let count = match meta.max_raw_bytes {
+        None => min_count,
+        Some(max_bytes) => {
+            let (mut raw, mut len) = (Vec::new(), 0);
+            names.encode(snapshot, meta, &folding, min_count, |bytes| {
+                len += bytes.len();
+                if len <= max_bytes {
+                    raw.extend_from_slice(bytes);
+                }
+            });
+            if len <= max_bytes {
+                return (gzip_bytes(&raw), min_count);
+            }
+            drop(raw);
+            names.fold_count_to_fit(snapshot, meta, &folding, (min_count, len), max_bytes)
+        }
+    };
     let mut out = GzipStream::new();
-    let profile =
-        ProfileBuilder::new(frames, classes).build(snapshot, meta, kept, folded, |sample| {
-            out.write_field(PROFILE_SAMPLE_FIELD, &sample)
-        });
-    out.write_message(&profile);
+    names.encode(snapshot, meta, &folding, count, |bytes| {
+        out.write_raw(bytes)
+    });
     let (gz, _) = out.finish();
     (gz, count)
 }
@@ -928,6 +1003,35 @@ mod tests {
     }
 
     #[test]
+    fn classes_of_one_name_make_one_sample() {
+        let (snapshot, frames, _) = two_classes();
+        // The String and the Array handles both named as anonymous classes
+        // are (the profile cannot tell them apart).
+        let anonymous = "(anonymous subclass of Object)".to_string();
+        let classes = [(1, anonymous.clone()), (2, anonymous)]
+            .into_iter()
+            .collect();
+        let profile_with = |sample_labels| {
+            let meta = ProfileMeta {
+                sample_labels,
+                ..meta()
+            };
+            samples_of(&build_profile(&snapshot, &frames, &classes, &meta))
+        };
+        // Keep: the three allocations are one sample; the two live objects
+        // stay apart by their GC ages (4 and 6).
+        let keep = profile_with(SampleLabels::Keep);
+        let allocations: Vec<_> = keep.iter().filter(|s| s.1[0] > 0).collect();
+        assert_eq!(allocations.len(), 1);
+        assert_eq!(allocations[0].1, vec![3, 120, 0, 0]);
+        assert_eq!(keep.len(), 3);
+        // ClassFrame: one sample in all.
+        let class_frame = profile_with(SampleLabels::ClassFrame);
+        assert_eq!(class_frame.len(), 1);
+        assert_eq!(class_frame[0].1, vec![3, 120, 2, 80]);
+    }
+
+    #[test]
     fn label_keys_and_sample_types_have_no_dash() {
         let (snapshot, frames) = example();
         let profile = build_profile(&snapshot, &frames, &classes(), &meta());
@@ -1230,14 +1334,28 @@ mod tests {
                     "cap {max_samples}, sample type {i}"
                 );
             }
-            if folded > 0 {
-                // The smallest went: every sample kept has more bytes than
-                // any folded one (bytes grow with the object index here).
-                let other = profile
+            let is_other = |s: &pprof::Sample| function_names(&profile, s) == ["(other)@:0"];
+            assert_eq!(
+                profile.sample.iter().filter(|s| is_other(s)).count(),
+                usize::from(folded > 0),
+                "cap {max_samples}"
+            );
+            if folded > 0 && folded < 200 {
+                // The smallest went: no sample kept has fewer bytes than
+                // the largest folded one.
+                let bytes = |s: &pprof::Sample| s.value[1] + s.value[3];
+                let mut sizes: Vec<i64> = all.sample.iter().map(bytes).collect();
+                sizes.sort();
+                let smallest_kept = profile
                     .sample
                     .iter()
-                    .find(|s| function_names(&profile, s) == ["(other)@:0"]);
-                assert!(other.is_some(), "cap {max_samples}: no (other)");
+                    .filter(|s| !is_other(s))
+                    .map(bytes)
+                    .min();
+                assert!(
+                    smallest_kept >= Some(sizes[folded - 1]),
+                    "cap {max_samples}"
+                );
             }
         }
     }

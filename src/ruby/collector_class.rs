@@ -384,15 +384,15 @@ unsafe extern "C" fn native_flush(
     sample_labels: VALUE,
 ) -> VALUE {
     method_entry(|| {
-        // SAFETY: FIXNUM_P and FIX2LONG read the VALUE's bits only; the Ruby
-        // side passes 0, 1 or 2 (Collector::SAMPLE_LABELS' index).
-        let sample_labels = match unsafe { FIXNUM_P(sample_labels) && FIX2LONG(sample_labels) > 0 }
-        {
-            false => SampleLabels::Keep,
-            // SAFETY: as above, a Fixnum.
-            true if unsafe { FIX2LONG(sample_labels) } == 1 => SampleLabels::ClassFrame,
-            true => SampleLabels::Drop,
-        };
+        // SAFETY: FIXNUM_P and FIX2LONG read the VALUE's bits only.
+        let sample_labels =
+            match unsafe { FIXNUM_P(sample_labels).then(|| FIX2LONG(sample_labels)) } {
+                Some(0) => SampleLabels::Keep,
+                Some(1) => SampleLabels::ClassFrame,
+                Some(2) => SampleLabels::Drop,
+                // The Ruby side passes 0, 1 or 2 (Collector::SAMPLE_LABELS' index).
+                _ => return Err(RbError::argument("sample_labels: expected 0, 1 or 2")),
+            };
         // SAFETY: NIL_P and FIXNUM checks read the VALUE's bits only; the
         // Ruby side passes nil or a positive Integer (a Bignum means "no
         // practical limit").

@@ -45,8 +45,10 @@ module MemprofilerPprof
                    max_profile_bytes: DEFAULT_MAX_PROFILE_BYTES, max_profile_samples: DEFAULT_MAX_PROFILE_SAMPLES,
                    sample_labels: :class_frame, **options)
       uploader_options = options.slice(*UPLOADER_OPTIONS)
+      # :keep here is a choice: the uploader need not warn about it.
       @uploader = PyroscopeUploader.new(server_address: server_address, application_name: application_name,
-                                        logger: logger, **uploader_options)
+                                        logger: logger, warn_class_labels: sample_labels != :keep,
+                                        **uploader_options)
       @max_pending = Validation.integer(max_pending, :max_pending, min: 1)
       @max_profile_bytes = Validation.integer(max_profile_bytes, :max_profile_bytes, min: 1)
       @max_profile_samples = Validation.integer(max_profile_samples, :max_profile_samples, min: 1)

@@ -67,7 +67,8 @@ module MemprofilerPprof
 
     def initialize(server_address:, application_name:, labels: {}, api: :push, basic_auth_username: nil,
                    basic_auth_password: nil, tenant_id: nil, headers: {}, open_timeout: 5, read_timeout: 10,
-                   retries: 3, retry_base_delay: 0.5, logger: nil, spy_name: "memprofiler_pprof_rs")
+                   retries: 3, retry_base_delay: 0.5, logger: nil, spy_name: "memprofiler_pprof_rs",
+                   warn_class_labels: true)
       # Credentials in the URL (https://user:token@host) become Basic auth;
       # the address kept and shown never carries them.
       unless server_address.is_a?(String) || server_address.is_a?(URI::Generic)
@@ -113,6 +114,8 @@ module MemprofilerPprof
       @retry_base_delay = Validation.seconds(retry_base_delay, :retry_base_delay)
       @logger = Validation.responds_to(logger, :error, :logger, nil_ok: true, hint: "e.g. a Logger")
       @spy_name = spy_name.to_s
+      # Said once (false: sending `class` labels is meant).
+      @warned_class_labels = !Validation.flag(warn_class_labels, :warn_class_labels)
     end
 
     # Sends one ProfileData (or gzipped pprof bytes, with `from`/`to` Times
@@ -196,8 +199,9 @@ module MemprofilerPprof
 
     private
 
-    # Once per uploader: the profile is sent as it is, but its `class`
-    # labels become a series per class on the server.
+    # Once per uploader (unless warn_class_labels: false): the profile is
+    # sent as it is, but its `class` labels become a series per class on
+    # the server.
     def warn_class_labels
       @warned_class_labels = true
       log("this profile was flushed with sample_labels: :keep; Pyroscope makes a series of every class " \
