@@ -131,6 +131,13 @@ RSpec.describe MemprofilerPprof::PyroscopeFlusher do
     request = @server.all_requests.last
     expect(request.labels).to include(%w[service_name from_env], %w[env staging])
     expect(request.headers["x-scope-orgid"]).to eq("t1")
+    expect(f.sample_labels).to eq(:class_frame)
+    keep = described_class.from_env(collector, env: env.merge("MEMPROFILER_PPROF_RS_PYROSCOPE_SAMPLE_LABELS" => "keep"))
+    expect(keep.sample_labels).to eq(:keep)
+    typo = described_class.from_env(collector, env: env.merge("MEMPROFILER_PPROF_RS_PYROSCOPE_SAMPLE_LABELS" => "labels"),
+                                               logger: logger)
+    expect(typo.sample_labels).to eq(:class_frame)
+    expect(logger.errors.pop).to include("MEMPROFILER_PPROF_RS_PYROSCOPE_SAMPLE_LABELS=\"labels\"", "class_frame")
     expect(described_class.from_env(collector, env: {})).to be_nil
     expect(described_class.from_env(collector, env: { "PYROSCOPE_SERVER_ADDRESS" => "nope" }, logger: logger))
       .to be_nil

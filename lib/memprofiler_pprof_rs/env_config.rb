@@ -27,7 +27,8 @@ module MemprofilerPprof
       seed: [nil, :count, "a whole number >= 0"],
       mode: [:exact, :mode, "exact or light"],
       window_probability: [1.0, :window_probability, "a number above 0, up to 1"],
-      window_budget: [nil, :positive_count, "a whole number >= 1"]
+      window_budget: [nil, :positive_count, "a whole number >= 1"],
+      pyroscope_sample_labels: [:class_frame, :sample_labels, "keep, class_frame or drop"]
     }.freeze
 
     attr_reader :warnings
@@ -109,7 +110,7 @@ module MemprofilerPprof
         basic_auth_password: present("PYROSCOPE_BASIC_AUTH_PASSWORD"),
         tenant_id: present("PYROSCOPE_TENANT_ID"),
         interval: lookup(@env, :flush_interval)[1].to_s.strip.empty? ? 15.0 : flush_interval,
-        flush_on_stop: flush_at_exit
+        flush_on_stop: flush_at_exit, sample_labels: pyroscope_sample_labels
       }
       # Checked now, so that a bad value is reported at boot, once.
       PyroscopeUploader.new(**options.slice(:server_address, :application_name, :labels, :basic_auth_username,
@@ -145,6 +146,10 @@ module MemprofilerPprof
 
     def parse_mode(raw)
       Validation.one_of(raw.to_sym, Collector::MODES.keys, :value)
+    end
+
+    def parse_sample_labels(raw)
+      Validation.one_of(raw.to_sym, Collector::SAMPLE_LABELS, :value)
     end
 
     # The collector takes one of the two: the budget, which adapts, wins.
