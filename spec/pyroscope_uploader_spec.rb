@@ -129,6 +129,18 @@ RSpec.describe MemprofilerPprof::PyroscopeUploader do
     expect(uploader.upload(data).attempts).to eq(1)
   end
 
+  it "reads only the first 64 KiB of an error body: a huge one is neither held nor searched past that" do
+    message = "Maximum active series limit exceeded (5000/5000)"
+    # 5 MB of padding, then the words: they are past what is kept, so this
+    # 429 counts as a plain one and is retried.
+    @server.fail_next(429, body: ("x" * 5_000_000) + message)
+    @server.fail_next(429, body: message + ("x" * 5_000_000))
+    result = uploader(retries: 1).upload(data)
+    expect([result.ok?, result.status, result.attempts]).to eq([false, 429, 2])
+    logged = Array.new(logger.errors.size) { logger.errors.pop }
+    expect(logged.map(&:bytesize)).to all(be < 1_000)
+  end
+
   it "does not retry the active-series limit (429, but no retry within the backoff can pass it)" do
     series_limited = '{"code":"resource_exhausted","message":"Maximum active series limit exceeded (5000/5000), ' \
                      "reduce the number of active streams (reduce labels or reduce label values), or contact " \

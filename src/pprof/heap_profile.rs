@@ -787,6 +787,16 @@ mod tests {
         (snapshot, frames, classes)
     }
 
+    /// `two_classes`' profile with the class and age placed as asked.
+    fn two_classes_profile(sample_labels: SampleLabels) -> pprof::Profile {
+        let (snapshot, frames, classes) = two_classes();
+        let meta = ProfileMeta {
+            sample_labels,
+            ..meta()
+        };
+        build_profile(&snapshot, &frames, &classes, &meta)
+    }
+
     /// (stack as function names, values, label count) of each sample.
     fn samples_of(profile: &pprof::Profile) -> Vec<(Vec<String>, Vec<i64>, usize)> {
         let mut samples: Vec<_> = profile
@@ -948,8 +958,7 @@ mod tests {
 
     #[test]
     fn sample_labels_keep_gives_a_sample_per_class_and_age() {
-        let (snapshot, frames, classes) = two_classes();
-        let profile = build_profile(&snapshot, &frames, &classes, &meta());
+        let profile = two_classes_profile(SampleLabels::Keep);
         // Allocations: String, Array; live: String aged 6, Array aged 4.
         let mut labels: Vec<usize> = samples_of(&profile).iter().map(|s| s.2).collect();
         labels.sort();
@@ -958,12 +967,7 @@ mod tests {
 
     #[test]
     fn sample_labels_class_frame_puts_the_class_at_the_leaf_without_labels() {
-        let (snapshot, frames, classes) = two_classes();
-        let meta = ProfileMeta {
-            sample_labels: SampleLabels::ClassFrame,
-            ..meta()
-        };
-        let profile = build_profile(&snapshot, &frames, &classes, &meta);
+        let profile = two_classes_profile(SampleLabels::ClassFrame);
         let stack = |class: &str| {
             vec![
                 format!("{class}@:0"),
@@ -988,12 +992,7 @@ mod tests {
 
     #[test]
     fn sample_labels_drop_merges_by_stack_alone() {
-        let (snapshot, frames, classes) = two_classes();
-        let meta = ProfileMeta {
-            sample_labels: SampleLabels::Drop,
-            ..meta()
-        };
-        let profile = build_profile(&snapshot, &frames, &classes, &meta);
+        let profile = two_classes_profile(SampleLabels::Drop);
         let stack = vec!["Foo#bar@app.rb:12".to_string(), "<main>@app.rb:30".into()];
         assert_eq!(samples_of(&profile), vec![(stack, vec![3, 120, 2, 80], 0)]);
         assert!(!profile

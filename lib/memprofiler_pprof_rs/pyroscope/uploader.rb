@@ -61,6 +61,9 @@ module MemprofilerPprof
     # retry would write again the series that did (docs/pyroscope-protocol.md,
     # "Limits of a real server").
     SERIES_LIMITED = "Maximum active series limit exceeded"
+    # What is kept of a response's body (Pyroscope's errors are a few
+    # hundred bytes).
+    MAX_RESPONSE_BYTES = 64 * 1024
 
     attr_reader :server_address, :application_name, :labels, :api, :tenant_id,
                 :open_timeout, :read_timeout, :retries
@@ -327,7 +330,8 @@ module MemprofilerPprof
       status == 422 && @api == :ingest && body.include?(INGEST_RATE_LIMITED)
     end
 
-    # One HTTP exchange: [status, error, body] (body "" unless it failed).
+    # One HTTP exchange: [status, error, body] (body "" unless it failed;
+    # at most MAX_RESPONSE_BYTES).
     # Logs failures (never credentials).
     def attempt(request)
       http = Net::HTTP.new(@base.hostname, @base.port) # hostname: IPv6 without brackets
@@ -338,13 +342,22 @@ module MemprofilerPprof
       http.write_timeout = @read_timeout if http.respond_to?(:write_timeout=)
       # The timeouts bound each read; this bounds the whole exchange (a
       # server trickling bytes).
+      body = +"".b
       response = Timeout.timeout(@open_timeout + (2 * @read_timeout)) do
-        http.start { |connection| connection.request(request) }
+        http.start do |connection|
+          connection.request(request) do |answer|
+            # Read through, keeping the first MAX_RESPONSE_BYTES: a server's
+            # error body is only logged and searched, and a huge one must
+            # not be held whole.
+            answer.read_body do |chunk|
+              body << chunk.byteslice(0, MAX_RESPONSE_BYTES - body.bytesize) if body.bytesize < MAX_RESPONSE_BYTES
+            end
+          end
+        end
       end
       status = response.code.to_i
       return [status, nil, ""] if status < 300
 
-      body = response.body.to_s.b
       log("#{request.method} #{request.path.split('?').first} answered #{status}: #{self.class.printable(body)}")
       [status, nil, body]
     rescue *RETRYABLE_ERRORS, OpenSSL::SSL::SSLError => e
