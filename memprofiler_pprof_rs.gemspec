@@ -21,7 +21,7 @@ Gem::Specification.new do |spec|
   # vendor/crates (gitignored) exists only while `rake build` runs: the crates
   # cargo needs (script/vendor-crates), so that installing the gem needs no network.
   spec.files = Dir.chdir(__dir__) do
-    Dir["{Cargo.toml,Cargo.lock,build.rs,README.md,ARCHITECTURE.md,LICENSE}"] + Dir["docs/*.md"] +
+    Dir["{Cargo.toml,Cargo.lock,build.rs,README.md,ARCHITECTURE.md,CHANGELOG.md,LICENSE}"] + Dir["docs/*.md"] +
       Dir["proto/**/*.proto"] + Dir["src/**/*.{rs,js,css}"] +
       Dir["ext/**/*.rb"] + Dir["lib/**/*.rb"] + Dir["exe/*"] +
       Dir.glob("vendor/crates/**/*", File::FNM_DOTMATCH).select { |f| File.file?(f) }

@@ -253,18 +253,19 @@ RSpec.describe MemprofilerPprof::Collector do
       code = <<~RUBY
         require "memprofiler_pprof_rs"
         active_hooks = -> { TracePoint.stat.values.first.first }
-        def start_unreferenced = 3.times { MemprofilerPprof::Collector.new(sample_rate: 1.0).start! }
+        def start_unreferenced = 3.times { MemprofilerPprof::Collector.new(sample_rate: 1.0, mode: :exact).start! }
         start_unreferenced
         while_running = active_hooks.call
         5.times { GC.start; 20_000.times { |i| "s\#{i}" } }
         after_gc = active_hooks.call
-        running = MemprofilerPprof::Collector.new(sample_rate: 0.5)
+        running = MemprofilerPprof::Collector.new(sample_rate: 0.5, mode: :exact)
         running.start!
         10_000.times { |i| [i.to_s] }
         puts [while_running, after_gc, active_hooks.call].inspect
       RUBY
       out, err, status = run_ruby(code)
       expect(status.exitstatus).to eq(0), err
+      # (mode :exact: both hooks, always on.)
       # 3 collectors x (NEWOBJ + FREEOBJ); none once collected; 2 for the one
       # still running when the process exits (cleanly).
       expect(out).to eq("[6, 0, 2]\n")

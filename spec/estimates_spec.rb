@@ -22,8 +22,10 @@ module EstimateHelpers
 end
 
 # Both modes (MemprofilerPprof::Collector::MODES) must estimate alike: they
-# differ only in how deaths of sampled objects are found.
-%i[exact light].each do |mode|
+# differ only in how deaths of sampled objects are found. Without sampling
+# windows here (window_budget: nil): the defaults' windows are checked in
+# sampling_windows_spec.rb, with tolerances that follow their coverage.
+{ exact: { mode: :exact }, light: { mode: :light, window_budget: nil } }.each do |mode, mode_options|
   RSpec.describe "estimates at sample_rate 0.01 (mode: #{mode})" do
     include EstimateHelpers
 
@@ -31,7 +33,7 @@ end
     let(:allocator) { Workload::Allocator.new }
 
     it "estimates the total allocation count within 3% over 2.5 million allocations" do
-      collector = MemprofilerPprof::Collector.new(mode: mode, sample_rate: 0.01, seed: 20_261_129, **unlimited)
+      collector = MemprofilerPprof::Collector.new(**mode_options, sample_rate: 0.01, seed: 20_261_129, **unlimited)
       truth, estimate, data = profile_temporaries(collector, 2_500_000)
       expect(truth).to be >= 2_500_000
       expect(estimate).to be_within(truth * 0.03).of(truth)
@@ -39,7 +41,7 @@ end
     end
 
     it "estimates 200,000 retained objects among millions of temporary ones within 5%" do
-      collector = MemprofilerPprof::Collector.new(mode: mode, sample_rate: 0.01, seed: 7, **unlimited)
+      collector = MemprofilerPprof::Collector.new(**mode_options, sample_rate: 0.01, seed: 7, **unlimited)
       collector.start!
       kept = []
       200_000.times do |i|
@@ -62,7 +64,7 @@ end
     # allocations give ~2,000 samples (about 2.2%), checked for several seeds.
     [1, 2, 3].each do |seed|
       it "estimates the bytes of 1 MB strings within 10% (seed #{seed})" do
-        collector = MemprofilerPprof::Collector.new(mode: mode, sample_rate: 0.01, seed: seed, **unlimited)
+        collector = MemprofilerPprof::Collector.new(**mode_options, sample_rate: 0.01, seed: seed, **unlimited)
         allocator.megabyte
         collector.start!
         truth = 0
@@ -80,7 +82,7 @@ end
 
     it "samples the same allocations again with the same seed" do
       runs = Array.new(2) do
-        collector = MemprofilerPprof::Collector.new(mode: mode, sample_rate: 0.01, seed: 42, **unlimited)
+        collector = MemprofilerPprof::Collector.new(**mode_options, sample_rate: 0.01, seed: 42, **unlimited)
         allocator.temporary(0)
         collector.start!
         20_000.times { |i| allocator.temporary(i) }
@@ -105,8 +107,8 @@ end
     let(:allocator) { Workload::Allocator.new }
 
     it "shows an allocation spike late in the interval although the allocation list filled early" do
-      collector = MemprofilerPprof::Collector.new(mode: mode, sample_rate: 1.0, max_allocation_samples: 1_000,
-                                                  max_heap_samples: 10_000_000, seed: 3)
+      collector = MemprofilerPprof::Collector.new(**mode_options, sample_rate: 1.0, max_allocation_samples: 1_000,
+                                                                  max_heap_samples: 10_000_000, seed: 3)
       allocator.temporary(0)
       allocator.retained(0)
       collector.start!
@@ -124,7 +126,7 @@ end
     end
 
     it "keeps the allocation estimate within 3% at sample_rate 0.01 with the default caps reached" do
-      collector = MemprofilerPprof::Collector.new(mode: mode, sample_rate: 0.01, seed: 99) # default 10,000 cap
+      collector = MemprofilerPprof::Collector.new(**mode_options, sample_rate: 0.01, seed: 99) # default 10,000 cap
       truth, estimate, data = profile_temporaries(collector, 2_500_000)
       expect(data.allocation_samples_count).to eq(10_000)
       expect(data.dropped_samples_allocation_bufsize).to be > 10_000
@@ -132,8 +134,8 @@ end
     end
 
     it "keeps the allocation estimate within 7% at sample_rate 0.01 with a small allocation cap" do
-      collector = MemprofilerPprof::Collector.new(mode: mode, sample_rate: 0.01, max_allocation_samples: 2_000,
-                                                  max_heap_samples: 10_000_000, seed: 11)
+      collector = MemprofilerPprof::Collector.new(**mode_options, sample_rate: 0.01, max_allocation_samples: 2_000,
+                                                                  max_heap_samples: 10_000_000, seed: 11)
       truth, estimate, data = profile_temporaries(collector, 2_500_000)
       expect(data.allocation_samples_count).to eq(2_000)
       expect(estimate).to be_within(truth * 0.07).of(truth)

@@ -16,7 +16,7 @@ RSpec.describe MemprofilerPprof::Collector, "sampling windows" do
   # of an estimate follows the number of samples.
   [1, 2, 3].each do |seed|
     it "estimates allocations within 3% and a retained set within 10% (or 4 std. errors) at q 0.25 (seed #{seed})" do
-      collector = described_class.new(mode: :light, sample_rate: 0.04, window_probability: 0.25,
+      collector = described_class.new(mode: :light, sample_rate: 0.04, window_probability: 0.25, window_warm_up: 0,
                                       seed: seed, **unlimited)
       allocator.temporary(0)
       allocator.retained(0)
@@ -74,7 +74,8 @@ RSpec.describe MemprofilerPprof::Collector, "sampling windows" do
     # clock, so the retained set is checked to 4 standard errors of its
     # sample count where that is wider than 10% (at 0.1, one seed in six
     # missed by 13%: weights that vary with q widen the spread).
-    collector = described_class.new(mode: :light, sample_rate: 0.4, window_budget: 50_000, seed: 5, **unlimited)
+    collector = described_class.new(mode: :light, sample_rate: 0.4, window_budget: 50_000, window_warm_up: 0, seed: 5,
+                                    **unlimited)
     allocator.temporary(0)
     allocator.retained(0)
     collector.start!
@@ -98,8 +99,76 @@ RSpec.describe MemprofilerPprof::Collector, "sampling windows" do
     expect(profile.comments.join).to include("allocations a second")
   end
 
+  # The defaults (DEFAULTS): mode :light, a budget of 50,000 hooked
+  # allocations a second, every allocation hooked for the first 1,000,000.
+  it "defaults to a window budget after a warm-up, except at sample_rate 1.0, in mode :exact or with a probability" do
+    defaults = described_class.new
+    expect([defaults.mode, defaults.window_budget, defaults.window_warm_up, defaults.window_probability])
+      .to eq([:light, 50_000, 1_000_000, 1.0])
+    expect(MemprofilerPprof::DEFAULTS).to include(mode: :light, window_budget: 50_000, window_warm_up: 1_000_000)
+    expect(described_class.new(sample_rate: 1.0).window_budget).to be_nil
+    expect(described_class.new(mode: :exact).window_budget).to be_nil
+    expect(described_class.new(window_probability: 0.5).window_budget).to be_nil
+    expect(described_class.new(mode: :exact, window_budget: 10).window_budget).to eq(10)
+    expect { described_class.new(window_warm_up: -1) }.to raise_error(ArgumentError, /window_warm_up.*-1/)
+    expect { described_class.new(window_warm_up: 1.5) }.to raise_error(TypeError, /window_warm_up/)
+    collector = described_class.new
+    collector.start!
+    expect { collector.window_warm_up = 0 }.to raise_error(RuntimeError, /stopped/)
+    collector.stop!
+    collector.window_warm_up = 0
+    expect(collector.window_warm_up).to eq(0)
+  end
+
+  it "at the defaults, hooks every allocation of a profile inside the warm-up: the estimates of no windows" do
+    collector = described_class.new(sample_rate: 0.1, seed: 8, **unlimited)
+    allocator.temporary(0)
+    collector.start!
+    before = GC.stat(:total_allocated_objects)
+    200_000.times do |i|
+      allocator.temporary(i)
+      GC.start(full_mark: false) if (i % 10_000).zero?
+    end
+    truth = GC.stat(:total_allocated_objects) - before
+    expect(collector.window_coverage).to eq(1.0)
+    data = collector.flush
+    collector.stop!
+    expect(truth).to be < 1_000_000
+    expect(data.window_coverage).to eq(1.0)
+    estimate = total_through(parse_profile(data), "Workload::Allocator#temporary", "alloc_objects")
+    # ~20,000 samples (at least 400,000 allocations): 0.7% standard error.
+    expect(estimate).to be_within(truth * 0.03).of(truth)
+    expect(parse_profile(data).comments.join).to include("after the first 1000000 allocations since start")
+  end
+
+  it "at the defaults, past the warm-up samples a share of GC cycles and estimates within 3% (or 4 std. errors)" do
+    collector = described_class.new(sample_rate: 0.2, seed: 6, **unlimited)
+    allocator.temporary(0)
+    collector.start!
+    before = GC.stat(:total_allocated_objects)
+    1_500_000.times do |i|
+      allocator.temporary(i)
+      GC.start(full_mark: false) if (i % 10_000).zero?
+    end
+    truth = GC.stat(:total_allocated_objects) - before
+    collector.stop! # (so that the share read now is the flush's)
+    so_far = collector.window_coverage
+    data = collector.flush
+    warm_share = 1_000_000.0 / truth
+    expect(so_far).to eq(data.window_coverage)
+    expect(data.window_coverage).to be_between(warm_share, 0.99), "coverage #{data.window_coverage}, truth #{truth}"
+    estimate = total_through(parse_profile(data), "Workload::Allocator#temporary", "alloc_objects")
+    # The spread comes from the samples taken past the warm-up, which
+    # stand for the rest of the run.
+    late_samples = [data.allocation_samples_count - (1_000_000 * 0.2), 1].max
+    tolerance = [0.03, 4.0 / Math.sqrt(late_samples) * (1 - warm_share)].max
+    expect(estimate).to be_within(truth * tolerance).of(truth),
+                        "coverage #{data.window_coverage}, samples #{data.allocation_samples_count}, truth #{truth}"
+  end
+
   it "scales a flush after stop! by the allocations made before it, not after" do
-    collector = described_class.new(mode: :light, sample_rate: 0.5, window_probability: 0.5, seed: 2, **unlimited)
+    collector = described_class.new(mode: :light, sample_rate: 0.5, window_probability: 0.5, window_warm_up: 0, seed: 2,
+                                    **unlimited)
     collector.start!
     200_000.times do |i|
       allocator.temporary(i)
@@ -132,14 +201,14 @@ RSpec.describe MemprofilerPprof::Collector, "sampling windows" do
   end
 
   it "reports full coverage and no comment without windows" do
-    data = described_class.new(sample_rate: 0.5).profile { Array.new(1_000) { |i| i.to_s } }
+    data = described_class.new(sample_rate: 0.5, window_budget: nil).profile { Array.new(1_000) { |i| i.to_s } }
     expect(data.window_coverage).to eq(1.0)
     expect(parse_profile(data).comments.join).not_to include("sampling windows")
   end
 
   it "keeps sampling across GC cycles in threads and a forked child" do
     skip "fork unsupported" unless Process.respond_to?(:fork)
-    collector = described_class.new(mode: :light, sample_rate: 0.1, window_probability: 0.5, seed: 4)
+    collector = described_class.new(mode: :light, sample_rate: 0.1, window_probability: 0.5, window_warm_up: 0, seed: 4)
     collector.start!
     # Minor GCs every 10,000 allocations: a window lasts a GC cycle, and a
     # process with a large heap may otherwise run none here.
@@ -170,7 +239,7 @@ RSpec.describe MemprofilerPprof::Collector, "sampling windows" do
   end
 
   it "takes window_probability only while stopped, and names a bad one" do
-    collector = described_class.new(window_probability: 0.5)
+    collector = described_class.new(window_probability: 0.5, window_warm_up: 0)
     expect(collector.window_probability).to eq(0.5)
     collector.start!
     expect { collector.window_probability = 0.2 }.to raise_error(RuntimeError, /stopped/)

@@ -347,7 +347,7 @@ module Torture
       # on and off at GC cycles).
       @side = MemprofilerPprof::Collector.new(sample_rate: 0.05, seed: @random.rand(2**32),
                                               size_measurement: :c_return, mode: :light,
-                                              window_probability: 0.5, **SIDE_CAPS)
+                                              window_probability: 0.5, window_warm_up: 0, **SIDE_CAPS)
       @collectors = { @main => MAIN_CAPS, @side => SIDE_CAPS }
       @collectors_lock = Mutex.new # the controller's stop!/start! and flushes of the same collector
       @rss_max_after_warmup = 0.0

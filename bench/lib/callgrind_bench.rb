@@ -67,9 +67,10 @@ module CallgrindBench
                       rows)
     return unless rows.any? { |row| row.last != "" }
 
-    puts "(sampled share: the share of allocations made in sampling windows (ProfileData#window_coverage), read " \
-         "by one flush, which those rows' counts include; a run of few GC cycles samples a share far from " \
-         "window_probability, so use --iterations 1000000 for those rows)"
+    puts "(sampled share: the share of allocations made in sampling windows (Collector#window_coverage, read " \
+         "without a flush); a run of few GC cycles samples a share far from window_probability, so use " \
+         "--iterations 1000000 for those rows; a budget follows the clock, which runs ~50 times slower under " \
+         "valgrind)"
   end
 
   def requires

@@ -22,9 +22,9 @@ module MemprofilerPprof
     # hook, so only choose it to reproduce that gem's numbers).
     SIZE_MEASUREMENTS = { postponed_job: 0, c_return: 1 }.freeze
 
-    # How deaths of sampled objects are found. :exact (default): Ruby's
-    # FREEOBJ hook runs on every free in the process, so a live sample's
-    # death is seen as it happens. :light: no FREEOBJ hook; each tracked
+    # How deaths of sampled objects are found. :exact: Ruby's FREEOBJ hook
+    # runs on every free in the process, so a live sample's death is seen
+    # as it happens. :light (default): no FREEOBJ hook; each tracked
     # sample gets its object's id (as Object#object_id would), and samples
     # whose object is gone are found at each flush and whenever the tracked
     # set has grown enough. Cheaper on code that allocates and frees a lot
@@ -34,17 +34,21 @@ module MemprofilerPprof
     # flush's sample_labels choices, in the native code's order.
     SAMPLE_LABELS = %i[keep class_frame drop].freeze
 
-    attr_reader :bt_method, :size_measurement, :mode, :window_probability, :window_budget
+    attr_reader :bt_method, :size_measurement, :mode, :window_probability, :window_budget, :window_warm_up
 
     private_class_method :_native_pause_all_for_ractors
 
     # seed: an Integer makes the sampling reproducible (same allocations, same
     # samples); nil (the default) seeds from the clock and process id.
     # Defaults: MemprofilerPprof::DEFAULTS (defined by the extension).
+    # window_budget: :auto (the default) is DEFAULTS[:window_budget] in
+    # mode :light below sample_rate 1.0 without a window_probability, and
+    # nil (every allocation hooked) otherwise: sample_rate 1.0 asks for
+    # every allocation, and mode :exact for the hooks always on.
     def initialize(sample_rate: DEFAULTS[:sample_rate], max_allocation_samples: DEFAULTS[:max_allocation_samples],
                    max_heap_samples: DEFAULTS[:max_heap_samples], bt_method: :cfp, allocation_retain_rate: 1.0,
-                   size_measurement: :postponed_job, mode: :exact, window_probability: 1.0, window_budget: nil,
-                   seed: nil)
+                   size_measurement: :postponed_job, mode: DEFAULTS[:mode], window_probability: 1.0,
+                   window_budget: :auto, window_warm_up: DEFAULTS[:window_warm_up], seed: nil)
       _native_configure(
         self.class.validate_fraction(sample_rate, :sample_rate),
         self.class.validate_count(max_allocation_samples, :max_allocation_samples),
@@ -55,7 +59,8 @@ module MemprofilerPprof
       self.size_measurement = size_measurement
       self.mode = mode
       self.window_probability = window_probability
-      self.window_budget = window_budget
+      self.window_budget = window_budget == :auto ? auto_window_budget : window_budget
+      self.window_warm_up = window_warm_up
       _native_set_seed(self.class.validate_seed(seed)) unless seed.nil?
       @flush_lock = Mutex.new
     end
@@ -146,6 +151,17 @@ module MemprofilerPprof
         _native_set_window_probability(self.class.validate_fraction(window_probability || 1.0, :window_probability))
       end
       @window_budget = per_second
+    end
+
+    # Every sampling window is on (every allocation hooked) until this many
+    # allocations have been made since start!: a short profile (a block, a
+    # test, a script) spans too few GC cycles for windows to sample it
+    # well, and a server pays for the hook during its first second or two
+    # only. 0: windows from the first GC. Only while stopped.
+    def window_warm_up=(allocations)
+      Validation.integer(allocations, :window_warm_up, min: 0)
+      _native_set_window_warm_up(allocations)
+      @window_warm_up = allocations
     end
 
     # Starts sampling. Clears samples and drop counters of any earlier run.
@@ -288,6 +304,13 @@ module MemprofilerPprof
     private_constant :FLUSH_LOCK_GUARD
 
     private
+
+    # See initialize's window_budget: :auto.
+    def auto_window_budget
+      return nil unless mode == :light && window_probability.to_f >= 1.0
+
+      sample_rate < 1.0 ? DEFAULTS[:window_budget] : nil
+    end
 
     def flush_lock
       @flush_lock || FLUSH_LOCK_GUARD.synchronize { @flush_lock ||= Mutex.new }

@@ -25,9 +25,10 @@ module MemprofilerPprof
       file_mode: [FileOutput::FILE_MODE, :file_mode, "an octal file permission such as 600 or 640"],
       flush_at_exit: [true, :flag, "1/0, true/false, yes/no or on/off"],
       seed: [nil, :count, "a whole number >= 0"],
-      mode: [:exact, :mode, "exact or light"],
+      mode: [DEFAULTS[:mode], :mode, "exact or light"],
       window_probability: [1.0, :window_probability, "a number above 0, up to 1"],
-      window_budget: [nil, :positive_count, "a whole number >= 1"],
+      window_budget: [:auto, :window_budget, "a whole number >= 1, auto or none"],
+      window_warm_up: [DEFAULTS[:window_warm_up], :count, "a whole number >= 0"],
       pyroscope_sample_labels: [:class_frame, :sample_labels, "keep, class_frame or drop"]
     }.freeze
 
@@ -73,9 +74,9 @@ module MemprofilerPprof
       options = {
         sample_rate: sample_rate, allocation_retain_rate: alloc_retain_rate,
         max_allocation_samples: max_alloc_samples, max_heap_samples: max_heap_samples,
-        mode: mode, window_probability: window_probability
+        mode: mode, window_probability: window_probability, window_budget: window_budget,
+        window_warm_up: window_warm_up
       }
-      options[:window_budget] = window_budget unless window_budget.nil?
       options[:seed] = seed unless seed.nil?
       options
     end
@@ -154,7 +155,7 @@ module MemprofilerPprof
 
     # The collector takes one of the two: the budget, which adapts, wins.
     def exclude_window_probability_under_budget
-      return unless @values[:window_budget] && @values[:window_probability] < 1.0
+      return unless @values[:window_budget].is_a?(Integer) && @values[:window_probability] < 1.0
 
       variable, raw = lookup(@env, :window_probability)
       @warnings << "ignoring #{variable}=#{raw.strip.inspect}: a window budget is set; using 1.0"
@@ -166,6 +167,15 @@ module MemprofilerPprof
       raise ArgumentError, "" if value.zero?
 
       value
+    end
+
+    # A number, "auto" (Collector.new's default) or "none" (no budget).
+    def parse_window_budget(raw)
+      case raw.downcase
+      when "auto" then :auto
+      when "none" then nil
+      else parse_positive_count(raw)
+      end
     end
 
     def parse_positive_count(raw)

@@ -283,6 +283,15 @@ unsafe extern "C" fn native_set_window_budget(rb_self: VALUE, budget: VALUE) -> 
     })
 }
 
+/// Allocations after start during which every window is on.
+unsafe extern "C" fn native_set_window_warm_up(rb_self: VALUE, warm_up: VALUE) -> VALUE {
+    method_entry(|| {
+        let allocations = count_arg(warm_up, "window_warm_up")?;
+        collector_of(rb_self)?.set_window_warm_up(allocations as u64)?;
+        Ok(warm_up)
+    })
+}
+
 /// mode as a small integer: 0 = :exact, 1 = :light.
 unsafe extern "C" fn native_set_mode(rb_self: VALUE, code: VALUE) -> VALUE {
     method_entry(|| {
@@ -332,6 +341,16 @@ unsafe extern "C" fn live_heap_samples_count(rb_self: VALUE) -> VALUE {
         collector.forget_dead_samples()?;
         let live = collector.with_sampler(|s| s.state.live_count())?;
         ruby_uint(live as u64)
+    })
+}
+
+/// Collector#window_coverage: the share of this interval's allocations
+/// hooked so far, read without a flush.
+unsafe extern "C" fn window_coverage(rb_self: VALUE) -> VALUE {
+    method_entry(|| {
+        let coverage = collector_of(rb_self)?.window_coverage()?;
+        // SAFETY: may allocate a Float; under protect.
+        protect(|| unsafe { rb_float_new(coverage) })
     })
 }
 
@@ -520,6 +539,12 @@ pub fn methods() -> Vec<MethodDef> {
             1,
             MethodKind::Private
         ),
+        method_def!(
+            c"_native_set_window_warm_up",
+            native_set_window_warm_up,
+            1,
+            MethodKind::Private
+        ),
         method_def!(c"_native_start", native_start, 1, MethodKind::Private),
         method_def!(
             c"sampling_paused_for_ractors?",
@@ -529,6 +554,7 @@ pub fn methods() -> Vec<MethodDef> {
         ),
         method_def!(c"_native_stop", native_stop, 0, MethodKind::Private),
         method_def!(c"running?", running_p, 0, MethodKind::Public),
+        method_def!(c"window_coverage", window_coverage, 0, MethodKind::Public),
         method_def!(
             c"live_heap_samples_count",
             live_heap_samples_count,

@@ -86,14 +86,16 @@ pub unsafe extern "C" fn Init_memprofiler_pprof_rs() {
 }
 
 /// `MemprofilerPprof::DEFAULTS`: the one home of the collector's default
-/// settings. A Collector starts with them natively (before #initialize),
-/// and the Ruby side (Collector.new, EnvConfig) reads them from here.
+/// settings. A Collector starts with the counts natively (before
+/// #initialize), which applies the mode and windows; the Ruby side
+/// (Collector.new, EnvConfig) reads them all from here.
 ///
 /// # Safety
 /// GVL held, under protect (allocates and may raise NoMemoryError).
 unsafe fn define_defaults(module: VALUE) {
     use collector::{
         DEFAULT_MAX_ALLOCATION_SAMPLES, DEFAULT_MAX_HEAP_SAMPLES, DEFAULT_SAMPLE_RATE,
+        DEFAULT_WINDOW_BUDGET, DEFAULT_WINDOW_WARM_UP,
     };
     // SAFETY: the caller holds the GVL under protect; the keys are static C
     // strings; rb_int2inum takes any isize.
@@ -108,6 +110,15 @@ unsafe fn define_defaults(module: VALUE) {
             (
                 c"max_heap_samples",
                 rb_sys::rb_int2inum(DEFAULT_MAX_HEAP_SAMPLES as _),
+            ),
+            (c"mode", rb_id2sym(rb_intern(c"light".as_ptr()))),
+            (
+                c"window_budget",
+                rb_sys::rb_int2inum(DEFAULT_WINDOW_BUDGET as _),
+            ),
+            (
+                c"window_warm_up",
+                rb_sys::rb_int2inum(DEFAULT_WINDOW_WARM_UP as _),
             ),
         ];
         for (key, value) in entries {

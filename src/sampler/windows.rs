@@ -29,6 +29,13 @@
 //! on-window's allocations divided by its q: with one q for every window
 //! it is the fixed policy's ratio. A window's q depends only on earlier
 //! windows, never on what its own allocations are, so nothing is biased.
+//!
+//! A warm-up keeps every window on until this many allocations have been
+//! made since start (`set_warm_up`): a short profile (a block, a script, a
+//! test) spans few GC cycles, and would otherwise often sample none of
+//! them, while a server pays the hook for its first second or so only.
+//! Whether the warm-up is over depends only on the allocation counter at
+//! earlier decisions, so it is one more way of choosing q from the past.
 
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
@@ -56,6 +63,8 @@ const RATE_TIME_CONSTANT_NS: f64 = 1e9;
 #[derive(Debug)]
 pub struct Windows {
     policy: WindowPolicy,
+    /// Allocations since start during which every window is on.
+    warm_up: u64,
     rng: SmallRng,
     /// Whether the current window is on, and the probability it had.
     on: bool,
@@ -103,6 +112,7 @@ impl Windows {
         };
         Windows {
             policy,
+            warm_up: 0,
             rng: SmallRng::seed_from_u64(seed),
             on: true,
             probability: 1.0,
@@ -121,6 +131,21 @@ impl Windows {
 
     pub fn policy(&self) -> WindowPolicy {
         self.policy
+    }
+
+    /// Every window is on until `allocations` have been made since start
+    /// (0: windows from the first GC). Takes effect at the next start.
+    pub fn set_warm_up(&mut self, allocations: u64) {
+        self.warm_up = allocations;
+    }
+
+    pub fn warm_up(&self) -> u64 {
+        self.warm_up
+    }
+
+    /// Whether the warm-up still keeps every window on at `counter`.
+    fn warming_up(&self, counter: u64) -> bool {
+        counter.saturating_sub(self.run_began) < self.warm_up
     }
 
     /// Whether windows are in use at all.
@@ -154,14 +179,17 @@ impl Windows {
         self.last_tick = Some((counter, now_ns));
         self.rate = None;
         self.frozen_at = None;
-        self.probability = self.next_probability();
+        self.probability = self.next_probability(counter);
         self.on = self.throw();
         self.on_since = counter;
         self.decided_at_gc = Some(gc_count);
         self.on
     }
 
-    fn next_probability(&self) -> f64 {
+    fn next_probability(&self, counter: u64) -> f64 {
+        if self.warming_up(counter) {
+            return 1.0;
+        }
         match (self.policy, self.rate) {
             (WindowPolicy::Fixed(q), _) => q,
             (WindowPolicy::Budget(_), None) => 1.0,
@@ -240,9 +268,30 @@ impl Windows {
         if matches!(self.policy, WindowPolicy::Budget(_)) {
             self.observe_rate(counter, now_ns);
         }
-        self.probability = self.next_probability();
+        self.probability = self.next_probability(counter);
         self.on = self.throw();
         Some(self.on)
+    }
+
+    /// The share of the allocations since the last flush (or start) made
+    /// while the hook was on, without ending the interval (1.0 without
+    /// windows; 0.0 before any allocation).
+    pub fn coverage_so_far(&self, counter: u64) -> f64 {
+        if !self.enabled() {
+            return 1.0;
+        }
+        let counter = self.frozen_at.map_or(counter, |frozen| frozen.min(counter));
+        let open = if self.on && self.frozen_at.is_none() {
+            counter.saturating_sub(self.on_since)
+        } else {
+            0
+        };
+        let all = counter.saturating_sub(self.interval_began);
+        if all == 0 {
+            0.0
+        } else {
+            (self.interval_on + open) as f64 / all as f64
+        }
     }
 
     /// At a flush: the scales for its samples; starts the next interval.
@@ -411,6 +460,97 @@ mod tests {
             u32::from(on_at_fork) + child_coins[..63].iter().map(|&c| u32::from(c)).sum::<u32>();
         let scale = child.flush(1_064);
         assert_eq!(scale.coverage, f64::from(on) / 64.0);
+    }
+
+    #[test]
+    fn the_warm_up_keeps_every_window_on_then_windows_begin() {
+        // 10,000 allocations per GC at q 0.1, a warm-up of 50,000: the
+        // windows decided at counters below 50,000 are on and weigh 1.
+        let mut w = fixed(0.1, 11);
+        w.set_warm_up(50_000);
+        assert!(w.start(1_000, 0, 0));
+        for gc in 1..=4u32 {
+            assert_eq!(
+                w.next_window(1_000 + u64::from(gc) * 10_000, gc, 0),
+                Some(true)
+            );
+            assert_eq!(w.sample_weight(), 1.0);
+        }
+        let mut on = 0;
+        for gc in 5..=2_004u32 {
+            if w.next_window(1_000 + u64::from(gc) * 10_000, gc, 0) == Some(true) {
+                on += 1;
+                assert!((w.sample_weight() - 10.0).abs() < 1e-9);
+            }
+        }
+        assert!((f64::from(on) / 2_000.0 - 0.1).abs() < 0.02, "{on}");
+        // A flush within the warm-up is exact: everything was hooked.
+        let mut w = fixed(0.1, 11);
+        w.set_warm_up(1_000_000);
+        w.start(0, 0, 0);
+        for gc in 1..=50u32 {
+            w.next_window(u64::from(gc) * 10_000, gc, 0);
+        }
+        let scale = w.flush(500_000);
+        assert_eq!(
+            (scale.allocations, scale.live, scale.coverage),
+            (1.0, 1.0, 1.0)
+        );
+        // The warm-up counts from each start, not from the first.
+        w.freeze(600_000);
+        assert!(w.start(2_000_000, 60, 0));
+        assert_eq!(w.next_window(2_010_000, 61, 0), Some(true));
+    }
+
+    #[test]
+    fn coverage_so_far_is_what_the_next_flush_reports() {
+        let mut w = fixed(0.5, 21);
+        w.set_warm_up(20_000);
+        w.start(0, 0, 0);
+        for gc in 1..=40u32 {
+            w.next_window(u64::from(gc) * 5_000, gc, 0);
+        }
+        let so_far = w.coverage_so_far(203_000);
+        assert!(so_far > 0.0 && so_far < 1.0, "{so_far}");
+        assert_eq!(w.flush(203_000).coverage, so_far);
+        assert_eq!(fixed(1.0, 1).coverage_so_far(5), 1.0);
+    }
+
+    #[test]
+    fn a_warm_up_keeps_estimates_unbiased() {
+        // Site 0 allocates only in the first 300,000 allocations (inside a
+        // 200,000 warm-up and past it), site 1 throughout. Averaged over
+        // many seeds, the weighted, scaled estimates match the truth.
+        let (mut estimate, mut truth) = ([0.0f64; 2], [0.0f64; 2]);
+        for seed in 0..400 {
+            let mut w = fixed(0.2, seed);
+            w.set_warm_up(200_000);
+            let mut on = w.start(0, 0, 0);
+            let mut sampled = [0.0f64; 2];
+            let mut counter = 0u64;
+            for gc in 1..=100u32 {
+                let site = usize::from(counter >= 300_000);
+                if on {
+                    sampled[site] += 10_000.0 * w.sample_weight();
+                }
+                truth[site] += 10_000.0;
+                counter += 10_000;
+                on = w.next_window(counter, gc, 0).expect("a new GC");
+            }
+            let scale = w.flush(counter);
+            for site in 0..2 {
+                estimate[site] += sampled[site] * scale.allocations;
+            }
+        }
+        for site in 0..2 {
+            let error = (estimate[site] - truth[site]).abs() / truth[site];
+            assert!(
+                error < 0.03,
+                "site {site}: {} vs {}",
+                estimate[site],
+                truth[site]
+            );
+        }
     }
 
     #[test]
