@@ -15,11 +15,14 @@ require_relative "configs"
 # profiler's start and stop without reading out its results): the
 # difference to "no profiler" is the profiler's.
 module CallgrindBench
-  TARGETS = %w[alloc deep require].freeze
+  TARGETS = %w[alloc deep rails require].freeze
   # Iterations of each loop workload: callgrind runs Ruby ~50x slower, and
   # one run should stay under ~3 minutes (stackprof at interval 1, the
   # slowest, takes ~1 minute at these sizes).
   ITERATIONS = { "alloc" => 100_000, "deep" => 100_000 }.freeze
+  # Requests of the Rails-depth app (rails_requests.rb): ~3 s each under
+  # valgrind, after ~25 s of loading ActionPack.
+  RAILS_REQUESTS = 40
   LIB = File.join(BenchReport::ROOT, "lib")
   # What loading a profiler costs a process that never starts it.
   REQUIRES = {
@@ -38,7 +41,11 @@ module CallgrindBench
       return
     end
     targets.each do |target|
-      target == "require" ? requires : loop_workload(target, configs, iterations.fetch(target, ITERATIONS[target]))
+      case target
+      when "require" then requires
+      when "rails" then rails(configs, iterations.fetch(target, RAILS_REQUESTS))
+      else loop_workload(target, configs, iterations.fetch(target, ITERATIONS[target]))
+      end
       $stdout.flush
     end
   end
@@ -71,6 +78,47 @@ module CallgrindBench
          "without a flush); a run of few GC cycles samples a share far from window_probability, so use " \
          "--iterations 1000000 for those rows; a budget follows the clock, which runs ~50 times slower under " \
          "valgrind)"
+  end
+
+  # The Rails-depth app called in-process (rails_requests.rb), the
+  # profiler started after its warm-up: what a request costs, without
+  # puma, wrk or the machine's load. With windows, what it costs is about
+  # the sampled share times the no-window row (the loops show it), and
+  # a run of 40 requests spans too few GC cycles to sample a share near
+  # its probability, so windows are best measured on the loops.
+  def rails(configs, requests)
+    worker = File.join(__dir__, "rails_requests.rb")
+    unless system(RbConfig.ruby, "-e", 'require "action_pack/version"', err: File::NULL)
+      puts "\n(8) callgrind rails: skipped, ruby-actionpack is not installed (script/bootstrap --bench installs it)"
+      return
+    end
+    results = BenchReport.alternate(configs, 1) do |config|
+      instructions, out = callgrind("-I", LIB, worker, config, requests.to_s)
+      { instructions: instructions, **JSON.parse(out.lines.last, symbolize_names: true) }
+    end
+    base = results["no profiler"].first
+    # The same process without requests: what loading the app costs, so
+    # that a request's own instructions are known.
+    loading, = callgrind("-I", LIB, worker, "no profiler", "0")
+    request = (base[:instructions] - loading).to_f / requests
+    puts
+    puts "(8) callgrind, the Rails-depth app (bench/lib/rails_app.ru) called in-process, #{requests} requests " \
+         "(#{delimit(base[:allocated])} allocations) after a warm-up: instructions of the whole process, one run " \
+         "each (#{millions(loading)} of them loading and warming up the app); \"per request\" and \"per " \
+         "allocation\": the instructions over \"no profiler\" divided by them; \"request vs none\": a request's " \
+         "instructions over no profiler's #{millions(request)}"
+    rows = configs.map do |config|
+      result = results[config].first
+      over = result[:instructions] - base[:instructions]
+      none = config == "no profiler"
+      [config, millions(result[:instructions]), BenchReport.ratio(result[:instructions].to_f, base[:instructions]),
+       none ? "" : format("%+.1f M", over / 1e6), none ? "" : format("%.2f M", over / 1e6 / requests),
+       BenchReport.ratio(request + (over.to_f / requests), request),
+       none ? "" : format("%.0f", over.to_f / base[:allocated]),
+       result[:window_coverage] ? format("%.2f", result[:window_coverage]) : ""]
+    end
+    BenchReport.table(["configuration", "instructions", "vs none", "over none", "per request", "request vs none",
+                       "per allocation", "sampled share"], rows)
   end
 
   def requires

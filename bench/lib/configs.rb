@@ -111,6 +111,8 @@ module BenchConfigs
     # runs ~50 times slower and a budget, which follows the clock, would
     # keep the hook on far more often than it does for real.
     **gem_config(0.01, window_probability: 0.01),
+    # .. and past the warm-up (a server's steady state).
+    **gem_config(0.01, window_probability: 0.01, window_warm_up: 0),
     **gem_config(0.01, mode: :light, window_budget: nil),
     **gem_config(0.01, mode: :light, window_probability: 0.25, window_warm_up: 0),
     **gem_config(0.01, mode: :light, window_probability: 0.1, window_warm_up: 0),

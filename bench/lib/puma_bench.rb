@@ -65,9 +65,14 @@ module PumaBench
     `puma --version 2>/dev/null`[/\d+\.\d+\.\d+/] || "?"
   end
 
+  WARM_UP_SECONDS = 2
+
   def measure(config, rackup = "puma_app.ru", path = "/?page=3", connections = CONNECTIONS)
     serve(config, rackup) do |base_url, dir|
-      wrk(base_url + path, 1, connections) # warm up
+      # Warm up: inline caches, and the collector's own warm-up (every
+      # allocation hooked for its first 1,000,000: the Rails-depth app's
+      # first ~1.5 s), so that the run measures a server's steady state.
+      wrk(base_url + path, WARM_UP_SECONDS, connections)
       result = wrk(base_url + path, SECONDS, connections)
       share = window_share(dir)
       share ? result.merge(window_share: share) : result

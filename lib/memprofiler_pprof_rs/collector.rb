@@ -1,8 +1,10 @@
 # frozen_string_literal: true
 
 module MemprofilerPprof
-  # Samples allocations (NEWOBJ), tracks which sampled objects are still alive
-  # (FREEOBJ), and turns both into a gzipped pprof profile on #flush.
+  # Samples allocations (NEWOBJ: by default every one for the first
+  # 1,000,000, then in random GC cycles; see window_budget), tracks which
+  # sampled objects are still alive, and turns both into a gzipped pprof
+  # profile on #flush.
   #
   #   collector = MemprofilerPprof::Collector.new(sample_rate: 0.01)
   #   collector.start!
