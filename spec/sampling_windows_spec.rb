@@ -113,7 +113,22 @@ RSpec.describe MemprofilerPprof::Collector, "sampling windows" do
     expect { described_class.new(window_warm_up: -1) }.to raise_error(ArgumentError, /window_warm_up.*-1/)
     expect { described_class.new(window_warm_up: 1.5) }.to raise_error(TypeError, /window_warm_up/)
     collector = described_class.new
+    # The automatic budget gives way to a probability or mode :exact, and
+    # comes back; a budget given as a number does not give way.
+    collector.window_probability = 0.5
+    expect([collector.window_budget, collector.window_probability]).to eq([nil, 0.5])
+    collector.window_probability = 1.0
+    expect(collector.window_budget).to eq(50_000)
+    collector.mode = :exact
+    expect(collector.window_budget).to be_nil
+    collector.mode = :light
+    expect(collector.window_budget).to eq(50_000)
+    collector.window_budget = 20_000
+    expect { collector.window_probability = 0.5 }.to raise_error(ArgumentError, /exclude each other/)
+    collector.window_budget = :auto
+    expect(collector.window_budget).to eq(50_000)
     collector.start!
+    expect { collector.window_probability = 0.5 }.to raise_error(RuntimeError, /stopped/)
     expect { collector.window_warm_up = 0 }.to raise_error(RuntimeError, /stopped/)
     collector.stop!
     collector.window_warm_up = 0

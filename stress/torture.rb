@@ -341,13 +341,14 @@ module Torture
       @stats = Stats.new
       @dir = Dir.mktmpdir("torture")
       @validator = options.go ? GoValidator.new(@failures, @stats, options.keep_dir) : nil
+      # The main collector at the defaults: no FREEOBJ hook (deaths found
+      # by object id), and past its warm-up sampling windows (the NEWOBJ
+      # hook switched on and off at GC cycles, with a budget).
       @main = MemprofilerPprof::Collector.new(sample_rate: 0.01, seed: @random.rand(2**32), **MAIN_CAPS)
-      # The side collector in the cheaper modes: no FREEOBJ hook (deaths
-      # found by object id) and sampling windows (the NEWOBJ hook switched
-      # on and off at GC cycles).
+      # The side collector with both hooks always on (mode :exact, 0.1.0's
+      # defaults), sizing from C_RETURN.
       @side = MemprofilerPprof::Collector.new(sample_rate: 0.05, seed: @random.rand(2**32),
-                                              size_measurement: :c_return, mode: :light,
-                                              window_probability: 0.5, window_warm_up: 0, **SIDE_CAPS)
+                                              size_measurement: :c_return, mode: :exact, **SIDE_CAPS)
       @collectors = { @main => MAIN_CAPS, @side => SIDE_CAPS }
       @collectors_lock = Mutex.new # the controller's stop!/start! and flushes of the same collector
       @rss_max_after_warmup = 0.0
@@ -554,7 +555,12 @@ module Torture
     # other sampling windows.
     def switch_mode(collector, random)
       collector.mode = %i[exact light].sample(random: random)
-      collector.window_probability = [1.0, 0.5, 0.1].sample(random: random)
+      collector.window_budget = nil
+      probability = [1.0, 0.5, 0.1].sample(random: random)
+      collector.window_probability = probability
+      budgets = probability < 1.0 ? [:auto, nil] : [:auto, nil, 20_000]
+      collector.window_budget = budgets.sample(random: random)
+      collector.window_warm_up = [0, 100_000, 1_000_000].sample(random: random)
     end
 
     # Children inherit both running collectors, profile on their own, flush

@@ -61,7 +61,7 @@ module MemprofilerPprof
       self.size_measurement = size_measurement
       self.mode = mode
       self.window_probability = window_probability
-      self.window_budget = window_budget == :auto ? auto_window_budget : window_budget
+      self.window_budget = window_budget
       self.window_warm_up = window_warm_up
       _native_set_seed(self.class.validate_seed(seed)) unless seed.nil?
       @flush_lock = Mutex.new
@@ -107,6 +107,7 @@ module MemprofilerPprof
       Validation.one_of(mode, MODES.keys, :mode)
       _native_set_mode(MODES.fetch(mode))
       @mode = mode
+      apply_window_budget(auto_window_budget) if @window_budget_auto
     end
 
     # Sampling windows: each GC cycle is sampled (the NEWOBJ hook on) with
@@ -118,18 +119,20 @@ module MemprofilerPprof
     # stopped.
     def window_probability=(probability)
       q = self.class.validate_fraction(probability, :window_probability)
-      if window_budget && q < 1.0
+      if window_budget && q < 1.0 && !@window_budget_auto
         raise ArgumentError, "window_probability #{probability.inspect} and window_budget #{window_budget} " \
                              "exclude each other (set window_budget = nil first)"
       end
-      if window_budget
-        # (The budget stays; only the rule that nothing changes while
-        # running is checked.)
-        raise "window_probability can only be changed while the collector is stopped" if running?
-      else
+      raise "window_probability can only be changed while the collector is stopped" if running?
+
+      @window_probability = probability
+      if @window_budget_auto
+        # The automatic budget gives way to a probability, and comes back
+        # with 1.0.
+        apply_window_budget(auto_window_budget)
+      elsif !window_budget
         _native_set_window_probability(q)
       end
-      @window_probability = probability
     end
 
     # Sampling windows whose probability is chosen for you: at most about
@@ -139,20 +142,14 @@ module MemprofilerPprof
     # keeps the hook on all the time, and a busy server pays for about this
     # many (at the 80-300 ns per hooked allocation measured in bench/, 100,000
     # a second is 1-3% of a core). Each sample is weighted by
-    # its window's probability. nil (default): no budget. Excludes a
+    # its window's probability. :auto (the default): DEFAULTS[:window_budget]
+    # in mode :light below sample_rate 1.0 without a window_probability
+    # (re-chosen when mode or window_probability change; sample_rate= does
+    # not change it), else nil; nil: no budget. A number excludes a
     # window_probability below 1.0. Only while stopped.
     def window_budget=(per_second)
-      Validation.integer(per_second, :window_budget, min: 1, nil_ok: true)
-      if per_second && window_probability.to_f < 1.0
-        raise ArgumentError, "window_budget #{per_second} and window_probability #{window_probability} " \
-                             "exclude each other (set window_probability = 1.0 first)"
-      end
-      if per_second
-        _native_set_window_budget(per_second)
-      else
-        _native_set_window_probability(self.class.validate_fraction(window_probability || 1.0, :window_probability))
-      end
-      @window_budget = per_second
+      @window_budget_auto = per_second == :auto
+      apply_window_budget(@window_budget_auto ? auto_window_budget : per_second)
     end
 
     # Every sampling window is on (every allocation hooked) until this many
@@ -306,6 +303,20 @@ module MemprofilerPprof
     private_constant :FLUSH_LOCK_GUARD
 
     private
+
+    def apply_window_budget(per_second)
+      Validation.integer(per_second, :window_budget, min: 1, nil_ok: true)
+      if per_second && window_probability.to_f < 1.0
+        raise ArgumentError, "window_budget #{per_second} and window_probability #{window_probability} " \
+                             "exclude each other (set window_probability = 1.0 first)"
+      end
+      if per_second
+        _native_set_window_budget(per_second)
+      else
+        _native_set_window_probability(self.class.validate_fraction(window_probability || 1.0, :window_probability))
+      end
+      @window_budget = per_second
+    end
 
     # See initialize's window_budget: :auto.
     def auto_window_budget
