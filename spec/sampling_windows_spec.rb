@@ -99,20 +99,21 @@ RSpec.describe MemprofilerPprof::Collector, "sampling windows" do
     expect(profile.comments.join).to include("allocations a second")
   end
 
-  # The defaults (DEFAULTS): mode :light, a budget of 50,000 hooked
-  # allocations a second, every allocation hooked for the first 1,000,000.
-  it "defaults to a window budget after a warm-up, except at sample_rate 1.0, in mode :exact or with a probability" do
+  # mode :light's automatic budget (DEFAULTS): 50,000 hooked allocations
+  # a second, every allocation hooked for the first 1,000,000.
+  it "in mode :light takes a window budget after a warm-up, except at sample_rate 1.0 or with a probability" do
     defaults = described_class.new
     expect([defaults.mode, defaults.window_budget, defaults.window_warm_up, defaults.window_probability])
-      .to eq([:light, 50_000, 1_000_000, 1.0])
-    expect(MemprofilerPprof::DEFAULTS).to include(mode: :light, window_budget: 50_000, window_warm_up: 1_000_000)
-    expect(described_class.new(sample_rate: 1.0).window_budget).to be_nil
-    expect(described_class.new(mode: :exact).window_budget).to be_nil
-    expect(described_class.new(window_probability: 0.5).window_budget).to be_nil
+      .to eq([:exact, nil, 1_000_000, 1.0])
+    expect(MemprofilerPprof::DEFAULTS).to include(mode: :exact, window_budget: 50_000, window_warm_up: 1_000_000)
+    light = described_class.new(mode: :light)
+    expect([light.window_budget, light.window_warm_up]).to eq([50_000, 1_000_000])
+    expect(described_class.new(mode: :light, sample_rate: 1.0).window_budget).to be_nil
+    expect(described_class.new(mode: :light, window_probability: 0.5).window_budget).to be_nil
     expect(described_class.new(mode: :exact, window_budget: 10).window_budget).to eq(10)
     expect { described_class.new(window_warm_up: -1) }.to raise_error(ArgumentError, /window_warm_up.*-1/)
     expect { described_class.new(window_warm_up: 1.5) }.to raise_error(TypeError, /window_warm_up/)
-    collector = described_class.new
+    collector = described_class.new(mode: :light)
     # The automatic budget gives way to a probability or mode :exact, and
     # comes back; a budget given as a number does not give way.
     collector.window_probability = 0.5
@@ -135,8 +136,8 @@ RSpec.describe MemprofilerPprof::Collector, "sampling windows" do
     expect(collector.window_warm_up).to eq(0)
   end
 
-  it "at the defaults, hooks every allocation of a profile inside the warm-up: the estimates of no windows" do
-    collector = described_class.new(sample_rate: 0.1, seed: 8, **unlimited)
+  it "in mode :light, hooks every allocation of a profile inside the warm-up: the estimates of no windows" do
+    collector = described_class.new(mode: :light, sample_rate: 0.1, seed: 8, **unlimited)
     allocator.temporary(0)
     collector.start!
     before = GC.stat(:total_allocated_objects)
@@ -156,8 +157,8 @@ RSpec.describe MemprofilerPprof::Collector, "sampling windows" do
     expect(parse_profile(data).comments.join).to include("after the first 1000000 allocations since start")
   end
 
-  it "at the defaults, past the warm-up samples a share of GC cycles and estimates within 3% (or 4 std. errors)" do
-    collector = described_class.new(sample_rate: 0.2, seed: 6, **unlimited)
+  it "in mode :light, past the warm-up samples a share of GC cycles and estimates within 3% (or 4 std. errors)" do
+    collector = described_class.new(mode: :light, sample_rate: 0.2, seed: 6, **unlimited)
     allocator.temporary(0)
     collector.start!
     before = GC.stat(:total_allocated_objects)
