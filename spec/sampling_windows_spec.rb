@@ -8,6 +8,19 @@ RSpec.describe MemprofilerPprof::Collector, "sampling windows" do
   let(:allocator) { Workload::Allocator.new }
   let(:unlimited) { { max_allocation_samples: 10_000_000, max_heap_samples: 10_000_000 } }
 
+  # Starts `collector` and makes `iterations` temporaries with a minor GC
+  # every 10,000 (a window lasts a GC cycle); returns the allocations made.
+  def start_and_allocate(collector, iterations)
+    allocator.temporary(0)
+    collector.start!
+    before = GC.stat(:total_allocated_objects)
+    iterations.times do |i|
+      allocator.temporary(i)
+      GC.start(full_mark: false) if (i % 10_000).zero?
+    end
+    GC.stat(:total_allocated_objects) - before
+  end
+
   # How many GC cycles 2.6M allocations span depends on how big the heap
   # has grown (15 to 35 in an rspec run), so a minor GC every 50,000
   # iterations makes sure of at least 50 windows; the homogeneous loop makes
@@ -138,14 +151,7 @@ RSpec.describe MemprofilerPprof::Collector, "sampling windows" do
 
   it "in mode :light, hooks every allocation of a profile inside the warm-up: the estimates of no windows" do
     collector = described_class.new(mode: :light, sample_rate: 0.1, seed: 8, **unlimited)
-    allocator.temporary(0)
-    collector.start!
-    before = GC.stat(:total_allocated_objects)
-    200_000.times do |i|
-      allocator.temporary(i)
-      GC.start(full_mark: false) if (i % 10_000).zero?
-    end
-    truth = GC.stat(:total_allocated_objects) - before
+    truth = start_and_allocate(collector, 200_000)
     expect(collector.window_coverage).to eq(1.0)
     data = collector.flush
     collector.stop!
@@ -159,14 +165,7 @@ RSpec.describe MemprofilerPprof::Collector, "sampling windows" do
 
   it "in mode :light, past the warm-up samples a share of GC cycles and estimates within 3% (or 4 std. errors)" do
     collector = described_class.new(mode: :light, sample_rate: 0.2, seed: 6, **unlimited)
-    allocator.temporary(0)
-    collector.start!
-    before = GC.stat(:total_allocated_objects)
-    1_500_000.times do |i|
-      allocator.temporary(i)
-      GC.start(full_mark: false) if (i % 10_000).zero?
-    end
-    truth = GC.stat(:total_allocated_objects) - before
+    truth = start_and_allocate(collector, 1_500_000)
     collector.stop! # (so that the share read now is the flush's)
     so_far = collector.window_coverage
     data = collector.flush

@@ -336,6 +336,21 @@ mod tests {
         Windows::new(WindowPolicy::Fixed(q), seed)
     }
 
+    /// `fixed(q, seed)` with a warm-up, started at counter 0.
+    fn warming(q: f64, seed: u64, warm_up: u64) -> Windows {
+        let mut w = fixed(q, seed);
+        w.set_warm_up(warm_up);
+        w.start(0, 0, 0);
+        w
+    }
+
+    /// Decides the windows of GCs 1..=gcs, `per_gc` allocations apart.
+    fn run_cycles(w: &mut Windows, gcs: u32, per_gc: u64) {
+        for gc in 1..=gcs {
+            w.next_window(u64::from(gc) * per_gc, gc, 0);
+        }
+    }
+
     #[test]
     fn without_windows_nothing_is_scaled_and_no_gc_switches() {
         let mut w = fixed(1.0, 1);
@@ -485,12 +500,8 @@ mod tests {
         }
         assert!((f64::from(on) / 2_000.0 - 0.1).abs() < 0.02, "{on}");
         // A flush within the warm-up is exact: everything was hooked.
-        let mut w = fixed(0.1, 11);
-        w.set_warm_up(1_000_000);
-        w.start(0, 0, 0);
-        for gc in 1..=50u32 {
-            w.next_window(u64::from(gc) * 10_000, gc, 0);
-        }
+        let mut w = warming(0.1, 11, 1_000_000);
+        run_cycles(&mut w, 50, 10_000);
         let scale = w.flush(500_000);
         assert_eq!(
             (scale.allocations, scale.live, scale.coverage),
@@ -504,12 +515,8 @@ mod tests {
 
     #[test]
     fn coverage_so_far_is_what_the_next_flush_reports() {
-        let mut w = fixed(0.5, 21);
-        w.set_warm_up(20_000);
-        w.start(0, 0, 0);
-        for gc in 1..=40u32 {
-            w.next_window(u64::from(gc) * 5_000, gc, 0);
-        }
+        let mut w = warming(0.5, 21, 20_000);
+        run_cycles(&mut w, 40, 5_000);
         let so_far = w.coverage_so_far(203_000);
         assert!(so_far > 0.0 && so_far < 1.0, "{so_far}");
         assert_eq!(w.flush(203_000).coverage, so_far);
