@@ -53,7 +53,7 @@ require "memprofiler_pprof_rs"
 MemprofilerPprof.const_get(:PprofReader)
 
 module Torture
-  Options = Struct.new(:duration, :seed, :rss_margin_mb, :workers, :go, :keep_dir, :quiet, :profiler)
+  Options = Struct.new(:duration, :seed, :rss_margin_mb, :workers, :go, :keep_dir, :quiet, :profiler, :main_mode)
 
   # Raised on purpose by the workers; anything else they see is a failure.
   class Expected < StandardError; end
@@ -341,7 +341,8 @@ module Torture
       @stats = Stats.new
       @dir = Dir.mktmpdir("torture")
       @validator = options.go ? GoValidator.new(@failures, @stats, options.keep_dir) : nil
-      @main = MemprofilerPprof::Collector.new(sample_rate: 0.01, seed: @random.rand(2**32), **MAIN_CAPS)
+      @main = MemprofilerPprof::Collector.new(sample_rate: 0.01, seed: @random.rand(2**32),
+                                              mode: options.main_mode, **MAIN_CAPS)
       # The side collector in the cheaper modes: no FREEOBJ hook (deaths
       # found by object id) and sampling windows (the NEWOBJ hook switched
       # on and off at GC cycles). (With mode :light on the main collector,
@@ -692,7 +693,8 @@ module Torture
   def self.parse(argv)
     # Failures go beside the checkout's tmp/, wherever the run's directory is.
     failures_dir = File.expand_path("../tmp/torture-failures", __dir__)
-    options = Options.new(120, Random.new_seed % (2**32), 200, 3, true, failures_dir, false, true)
+    options = Options.new(120, Random.new_seed % (2**32), 200, 3, true, failures_dir, false, true,
+                          MemprofilerPprof::DEFAULTS[:mode])
     OptionParser.new do |o|
       o.banner = "usage: ruby stress/torture.rb [options]"
       o.on("--duration SECONDS", Float, "how long to run (default 120)") { |v| options.duration = v }
@@ -701,6 +703,9 @@ module Torture
       o.on("--workers N", Integer, "allocating threads (default 3)") { |v| options.workers = v }
       o.on("--[no-]go", "check every profile with go tool pprof (default on)") { |v| options.go = v }
       o.on("--quiet", "no progress lines") { options.quiet = true }
+      o.on("--main-mode MODE", %i[exact light], "the main collector's mode (default: the default mode)") do |v|
+        options.main_mode = v
+      end
       o.on("--no-profiler", "the control: the same threads, GC and forks, no collector running") do
         options.profiler = false
       end

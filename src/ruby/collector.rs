@@ -129,6 +129,10 @@ pub struct Collector {
     suppressed_thread: AtomicUsize,
     /// Samples wait to be measured (read by the C_RETURN hook).
     has_pending: AtomicBool,
+    /// Ruby's GC count at this collector's last mark (or its creation):
+    /// light mode's pending samples are alive only while every GC marks
+    /// them (`pending_are_pinned`).
+    marked_at_gc: AtomicU32,
     size_measurement: Cell<SizeMeasurement>,
     mode: Cell<Mode>,
     flushing: AtomicBool,
@@ -173,6 +177,9 @@ impl Collector {
             nolock_drops: AtomicU64::new(0),
             suppressed_thread: AtomicUsize::new(0),
             has_pending: AtomicBool::new(false),
+            // SAFETY: reads a counter (GVL held: collectors are made by
+            // Collector.allocate).
+            marked_at_gc: AtomicU32::new(unsafe { rb_gc_count() } as u32),
             size_measurement: Cell::new(SizeMeasurement::PostponedJob),
             mode: Cell::new(Mode::Exact),
             flushing: AtomicBool::new(false),
@@ -425,6 +432,9 @@ impl Collector {
         if self.is_paused_for_ractors() {
             return Ok(());
         }
+        if !self.pending_are_pinned() {
+            self.with_sampler(|s| s.state.forget_pending())?;
+        }
         let (unresolved, epoch) =
             self.with_sampler(|s| (s.state.unresolved(), s.state.compactions()))?;
         if !unresolved.is_empty() {
@@ -471,6 +481,19 @@ impl Collector {
             })?;
         }
         Ok(())
+    }
+
+    /// Whether light mode's pending samples are still held by this
+    /// collector's mark: false once a GC has finished marking without
+    /// calling it. That happens to a collector dropped while running: it is
+    /// garbage, but its hooks and jobs run until its deferred free, while
+    /// its pending objects are freed, their slots reused, their pages
+    /// returned. (An incremental GC lets Ruby run between marking steps:
+    /// until its marking ends, everything is still alive.)
+    fn pending_are_pinned(&self) -> bool {
+        // SAFETY: reads a counter.
+        let now = unsafe { rb_gc_count() } as u32;
+        self.marked_at_gc.load(Ordering::Relaxed) == now || heap::gc_is_marking()
     }
 
     /// With sampling windows, after a GC started (postponed job): throws
@@ -910,6 +933,9 @@ impl Collector {
                         unsafe { rb_gc_mark(object as VALUE) };
                     }
                 }
+                // SAFETY: reads a counter (this GC's, counted at its start).
+                let gc_count = unsafe { rb_gc_count() } as u32;
+                self.marked_at_gc.store(gc_count, Ordering::Relaxed);
             }
             Err(_) => self.count_internal_error(),
         }

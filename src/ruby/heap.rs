@@ -14,7 +14,8 @@ use std::ffi::{c_int, c_void, CStr};
 use std::sync::OnceLock;
 
 use rb_sys::{
-    rb_gc_stat, rb_id2sym, rb_intern, rb_obj_id, ruby_fl_type, ruby_value_type, Qnil, VALUE,
+    rb_gc_latest_gc_info, rb_gc_stat, rb_id2sym, rb_intern, rb_obj_id, ruby_fl_type,
+    ruby_value_type, Qnil, VALUE,
 };
 
 use super::convert::builtin_type;
@@ -318,6 +319,24 @@ pub fn find_objects_by_id(ids: &FastHashMap<u64, usize>) -> RbResult<FastHashMap
         Qnil as VALUE
     })?;
     Ok(search.found)
+}
+
+/// True while a GC is between its start and the end of its marking
+/// (`GC.latest_gc_info(:state) == :marking`: an incremental GC lets Ruby run
+/// between its marking steps). GVL held; allocates nothing.
+pub fn gc_is_marking() -> bool {
+    static KEYS: OnceLock<(VALUE, VALUE)> = OnceLock::new();
+    // SAFETY: interning static names gives static Symbols, never collected,
+    // so caching the VALUEs is fine; GVL held.
+    let (state, marking) = *KEYS.get_or_init(|| unsafe {
+        (
+            rb_id2sym(rb_intern(c"state".as_ptr())),
+            rb_id2sym(rb_intern(c"marking".as_ptr())),
+        )
+    });
+    // SAFETY: a Symbol key makes rb_gc_latest_gc_info return that one
+    // value (a static Symbol), without allocating.
+    (unsafe { rb_gc_latest_gc_info(state) }) == marking
 }
 
 /// Ruby's count of objects allocated so far (GC.stat's

@@ -21,7 +21,9 @@
 //! Why pending objects are pinned: the id is asked for from a postponed job
 //! (never from the NEWOBJ hook, which must not call into Ruby), and until
 //! then the object must not die and have its slot reused. The binding marks
-//! `pending_objects()`; they are measured and let go at the next job.
+//! `pending_objects()`; they are measured and let go at the next job. If a
+//! GC ran without that mark (a collector dropped while running is garbage
+//! until its deferred free), they are dropped unread: `forget_pending`.
 //!
 //! Why compaction drops addresses: a tracked address may be a slot freed
 //! long ago, on a heap page since returned to the system, and reading it
@@ -89,6 +91,31 @@ impl SamplerState {
             })
             .copied()
             .collect()
+    }
+
+    /// Forgets the samples still waiting for their ids without reading
+    /// their objects, and returns how many. For when the binding finds that
+    /// a GC finished marking without marking them (the collector itself was
+    /// garbage, dropped while running and waiting for its deferred free):
+    /// their slots may be free or reused, and their pages gone. Asking Ruby
+    /// for the id of a freed slot would leave an entry in Ruby's id tables
+    /// that nothing removes (Ruby 3.4 then crashes in a later GC.compact).
+    pub fn forget_pending(&mut self) -> usize {
+        let pending = std::mem::take(&mut self.pending_sizes);
+        let mut forgotten = 0;
+        for &(id, object) in &pending {
+            let Some(record) = self.records.get(id.0 as usize) else {
+                continue;
+            };
+            let tracked = matches!(record.liveness, Liveness::Live | Liveness::Watched);
+            if record.refs > 0 && record.object == object && tracked && self.record_free(object) {
+                forgotten += 1;
+            }
+        }
+        // Keep the buffer's capacity for the next batch.
+        self.pending_sizes = pending;
+        self.pending_sizes.clear();
+        forgotten
     }
 
     /// The ids the binding layer got for `pending_without_id`'s objects.

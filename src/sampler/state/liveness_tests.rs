@@ -52,6 +52,28 @@ fn pending_objects_get_ids_once_and_are_unpinned_when_measured() {
 }
 
 #[test]
+fn pending_samples_left_unmarked_are_forgotten_unread_and_the_rest_kept() {
+    let mut st = lazy_state(100);
+    sample(&mut st, 0x1000, 0);
+    settle(&mut st);
+    sample(&mut st, 0x2000, 1);
+    sample(&mut st, 0x3000, 1);
+    // Nothing is measured or asked for an id: the objects are not read.
+    assert_eq!(st.forget_pending(), 2);
+    assert_eq!(st.pending_objects().count(), 0);
+    assert!(st.pending_without_id().is_empty());
+    assert_eq!(st.live.keys().copied().collect::<Vec<_>>(), vec![0x1000]);
+    // The allocations stay in the allocation profile: they happened.
+    assert_eq!(st.allocation_count(), 3);
+    assert_eq!(live_total(&mut st), 1.0);
+    // Later samples are pinned and settled as before.
+    sample(&mut st, 0x4000, 2);
+    assert_eq!(st.pending_objects().collect::<Vec<_>>(), vec![0x4000]);
+    assert_eq!(st.forget_pending(), 1);
+    assert_eq!(st.forget_pending(), 0);
+}
+
+#[test]
 fn exact_mode_hands_out_no_ids_and_prunes_nothing() {
     let mut st = SamplerState::new(GapSampler::new(1.0, 1), 1_000, 100);
     sample(&mut st, 0x1000, 0);
