@@ -38,7 +38,7 @@ OptionParser.new do |o|
   o.on("--rate N", Integer, "objects allocated per second (default 1,000,000)") { |v| options[:rate] = v }
   o.on("--interval SECONDS", Float, "flush and report interval (default 10)") { |v| options[:interval] = v }
   o.on("--csv FILE", "also write the curve as CSV") { |v| options[:csv] = v }
-  o.on("--mode MODE", %w[exact light], "the collector's mode (default exact)") { |v| options[:mode] = v.to_sym }
+  o.on("--mode MODE", %w[exact light], "the collector's mode (default light)") { |v| options[:mode] = v.to_sym }
   o.on("--window-probability Q", Float, "the collector's window_probability (default 1.0)") do |v|
     options[:window_probability] = v
   end

@@ -159,9 +159,10 @@ RSpec.describe MemprofilerPprof::Collector, "mode: :light" do
 
   it "changes mode only while stopped, and names a bad mode" do
     collector = described_class.new
+    expect(collector.mode).to eq(:light)
+    collector.mode = :exact
     expect(collector.mode).to eq(:exact)
     collector.mode = :light
-    expect(collector.mode).to eq(:light)
     collector.start!
     expect { collector.mode = :exact }.to raise_error(RuntimeError, /stopped/)
     collector.stop!
@@ -176,7 +177,7 @@ RSpec.describe MemprofilerPprof::Collector, "mode: :light" do
     expect([collector.mode, collector.window_probability]).to eq([:light, 0.25])
     bad = MemprofilerPprof::EnvConfig.new("MEMPROFILER_PPROF_RS_MODE" => "fast",
                                           "MEMPROFILER_PPROF_RS_WINDOW_PROBABILITY" => "0")
-    expect([bad.mode, bad.window_probability]).to eq([:exact, 1.0])
+    expect([bad.mode, bad.window_probability]).to eq([:light, 1.0])
     expect(bad.warnings.join("\n")).to include("MEMPROFILER_PPROF_RS_MODE=\"fast\"",
                                                "MEMPROFILER_PPROF_RS_WINDOW_PROBABILITY=\"0\"")
   end
@@ -188,22 +189,17 @@ RSpec.describe MemprofilerPprof::Collector, "mode: :light" do
     expect([collector.window_budget, collector.window_probability]).to eq([50_000, 1.0])
     expect(config.warnings).to eq(["ignoring MEMPROFILER_PPROF_RS_WINDOW_PROBABILITY=\"0.25\": " \
                                    "a window budget is set; using 1.0"])
-    bad = MemprofilerPprof::EnvConfig.new("MEMPROFILER_PPROF_RS_WINDOW_BUDGET" => "lots",
-                                          "MEMPROFILER_PPROF_RS_MODE" => "light")
+    bad = MemprofilerPprof::EnvConfig.new("MEMPROFILER_PPROF_RS_WINDOW_BUDGET" => "lots")
     expect(bad.window_budget).to eq(:auto)
     expect(bad.warnings.join).to include("MEMPROFILER_PPROF_RS_WINDOW_BUDGET=\"lots\"")
     expect(described_class.new(**bad.collector_options).window_budget).to eq(50_000)
     # "none" turns the default budget off; "auto" is the default; the
     # warm-up is a count.
     none = MemprofilerPprof::EnvConfig.new("MEMPROFILER_PPROF_RS_WINDOW_BUDGET" => "none",
-                                           "MEMPROFILER_PPROF_RS_MODE" => "light",
                                            "MEMPROFILER_PPROF_RS_WINDOW_WARM_UP" => "0")
     collector = described_class.new(**none.collector_options)
     expect([collector.window_budget, collector.window_warm_up, none.warnings]).to eq([nil, 0, []])
-    auto = MemprofilerPprof::EnvConfig.new("MEMPROFILER_PPROF_RS_WINDOW_BUDGET" => "Auto",
-                                           "MEMPROFILER_PPROF_RS_MODE" => "light")
+    auto = MemprofilerPprof::EnvConfig.new("MEMPROFILER_PPROF_RS_WINDOW_BUDGET" => "Auto")
     expect(described_class.new(**auto.collector_options).window_budget).to eq(50_000)
-    # In mode exact (the default) the automatic budget is none.
-    expect(described_class.new(**MemprofilerPprof::EnvConfig.new({}).collector_options).window_budget).to be_nil
   end
 end

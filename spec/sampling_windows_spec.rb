@@ -112,13 +112,13 @@ RSpec.describe MemprofilerPprof::Collector, "sampling windows" do
     expect(profile.comments.join).to include("allocations a second")
   end
 
-  # mode :light's automatic budget (DEFAULTS): 50,000 hooked allocations
-  # a second, every allocation hooked for the first 1,000,000.
-  it "in mode :light takes a window budget after a warm-up, except at sample_rate 1.0 or with a probability" do
+  # The defaults (mode :light's automatic budget): 50,000 hooked
+  # allocations a second, every allocation hooked for the first 1,000,000.
+  it "at the defaults takes a window budget after a warm-up, except at sample_rate 1.0 or with a probability" do
     defaults = described_class.new
     expect([defaults.mode, defaults.window_budget, defaults.window_warm_up, defaults.window_probability])
-      .to eq([:exact, nil, 1_000_000, 1.0])
-    expect(MemprofilerPprof::DEFAULTS).to include(mode: :exact, window_budget: 50_000, window_warm_up: 1_000_000)
+      .to eq([:light, 50_000, 1_000_000, 1.0])
+    expect(MemprofilerPprof::DEFAULTS).to include(mode: :light, window_budget: 50_000, window_warm_up: 1_000_000)
     light = described_class.new(mode: :light)
     expect([light.window_budget, light.window_warm_up]).to eq([50_000, 1_000_000])
     expect(described_class.new(mode: :light, sample_rate: 1.0).window_budget).to be_nil

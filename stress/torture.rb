@@ -341,16 +341,16 @@ module Torture
       @stats = Stats.new
       @dir = Dir.mktmpdir("torture")
       @validator = options.go ? GoValidator.new(@failures, @stats, options.keep_dir) : nil
+      # The main collector at the defaults (--main-mode to choose): no
+      # FREEOBJ hook (deaths found by object id), and past its warm-up
+      # sampling windows (the NEWOBJ hook switched on and off at GC cycles,
+      # with a budget).
       @main = MemprofilerPprof::Collector.new(sample_rate: 0.01, seed: @random.rand(2**32),
                                               mode: options.main_mode, **MAIN_CAPS)
-      # The side collector in the cheaper modes: no FREEOBJ hook (deaths
-      # found by object id) and sampling windows (the NEWOBJ hook switched
-      # on and off at GC cycles). (With mode :light on the main collector,
-      # Ruby 3.4 crashed inside GC.compact in 2 of 6 runs: see
-      # docs/known-ruby-bugs.md.)
+      # The side collector with both hooks always on (mode :exact, 0.1.0's
+      # defaults), sizing from C_RETURN.
       @side = MemprofilerPprof::Collector.new(sample_rate: 0.05, seed: @random.rand(2**32),
-                                              size_measurement: :c_return, mode: :light,
-                                              window_probability: 0.5, window_warm_up: 0, **SIDE_CAPS)
+                                              size_measurement: :c_return, mode: :exact, **SIDE_CAPS)
       @collectors = { @main => MAIN_CAPS, @side => SIDE_CAPS }
       @collectors_lock = Mutex.new # the controller's stop!/start! and flushes of the same collector
       @rss_max_after_warmup = 0.0

@@ -84,6 +84,8 @@ module BenchConfigs
     "no profiler" => -> {},
     "floor: empty NEWOBJ+FREEOBJ TracePoint" => -> { empty_hooks(:tracepoint, GEM_EVENTS) },
     "floor: empty NEWOBJ+FREEOBJ event hook" => -> { empty_hooks(:event_hook, GEM_EVENTS) },
+    # The defaults: mode :light, sampling windows with a budget of 50,000
+    # hooked allocations a second after a warm-up of 1,000,000 (DEFAULTS).
     "memprofiler_pprof_rs 0.01" => -> { gem(0.01) },
     "memprofiler_pprof_rs 0.1" => -> { gem(0.1) },
     "memprofiler_pprof_rs 1.0" => -> { gem(1.0) },
@@ -99,20 +101,18 @@ module BenchConfigs
     # FREEOBJ, could get below the two-hook floor.
     "floor: empty NEWOBJ event hook" => -> { empty_hooks(:event_hook, NEWOBJ) },
     "floor: empty FREEOBJ event hook" => -> { empty_hooks(:event_hook, FREEOBJ) },
-    # mode :light (issue 19): no FREEOBJ hook, and sampling windows with a
-    # budget of 50,000 hooked allocations a second after a warm-up of
-    # 1,000,000 (window_budget: :auto, DEFAULTS); then its parts: no
-    # windows, and windows without a warm-up (the NEWOBJ hook on in a
-    # quarter, or a tenth, of GC cycles, or as many as a budget allows).
-    **gem_config(0.01, mode: :light),
+    # The parts of the defaults (issue 19): both hooks always on (the
+    # defaults before 0.2), no FREEOBJ hook with NEWOBJ always on, and
+    # windows without a warm-up (the NEWOBJ hook on in a quarter, or a
+    # tenth, of GC cycles, or as many as a budget allows).
     **gem_config(0.01, mode: :exact),
-    # mode :light as it runs at full speed on the loops (q at its 0.01
+    # The defaults as they run at full speed on the loops (q at its 0.01
     # floor after the warm-up), for callgrind: under valgrind the program
     # runs ~50 times slower and a budget, which follows the clock, would
     # keep the hook on far more often than it does for real.
-    **gem_config(0.01, mode: :light, window_probability: 0.01),
+    **gem_config(0.01, window_probability: 0.01),
     # .. and past the warm-up (a server's steady state).
-    **gem_config(0.01, mode: :light, window_probability: 0.01, window_warm_up: 0),
+    **gem_config(0.01, window_probability: 0.01, window_warm_up: 0),
     **gem_config(0.01, mode: :light, window_budget: nil),
     **gem_config(0.01, mode: :light, window_probability: 0.25, window_warm_up: 0),
     **gem_config(0.01, mode: :light, window_probability: 0.1, window_warm_up: 0),
@@ -120,13 +120,13 @@ module BenchConfigs
     **gem_config(0.01, mode: :light, window_budget: 50_000, window_warm_up: 0)
   }.freeze
 
-  BUDGETED = "memprofiler_pprof_rs 0.01, mode: :light"
+  EXACT = "memprofiler_pprof_rs 0.01, mode: :exact"
   LIGHT = "memprofiler_pprof_rs 0.01, mode: :light, window_budget: nil"
   WINDOWED_TENTH = "memprofiler_pprof_rs 0.01, mode: :light, window_probability: 0.1, window_warm_up: 0"
 
   DEFAULT = [
     "no profiler", "floor: empty NEWOBJ+FREEOBJ TracePoint", "floor: empty NEWOBJ+FREEOBJ event hook",
-    "memprofiler_pprof_rs 0.01", BUDGETED, LIGHT, WINDOWED_TENTH,
+    "memprofiler_pprof_rs 0.01", EXACT, LIGHT, WINDOWED_TENTH,
     "memprofiler_pprof_rs 0.1", "memprofiler_pprof_rs 1.0",
     "stackprof object interval 100", "stackprof object interval 1"
   ].freeze

@@ -1,8 +1,8 @@
 # frozen_string_literal: true
 
 module MemprofilerPprof
-  # Samples allocations (NEWOBJ; in mode :light every one for the first
-  # 1,000,000, then in random GC cycles: see window_budget), tracks which
+  # Samples allocations (NEWOBJ: by default every one for the first
+  # 1,000,000, then in random GC cycles; see window_budget), tracks which
   # sampled objects are still alive, and turns both into a gzipped pprof
   # profile on #flush.
   #
@@ -24,9 +24,9 @@ module MemprofilerPprof
     # hook, so only choose it to reproduce that gem's numbers).
     SIZE_MEASUREMENTS = { postponed_job: 0, c_return: 1 }.freeze
 
-    # How deaths of sampled objects are found. :exact (default): Ruby's
-    # FREEOBJ hook runs on every free in the process, so a live sample's
-    # death is seen as it happens. :light: no FREEOBJ hook; each tracked
+    # How deaths of sampled objects are found. :exact: Ruby's FREEOBJ hook
+    # runs on every free in the process, so a live sample's death is seen
+    # as it happens. :light (default): no FREEOBJ hook; each tracked
     # sample gets its object's id (as Object#object_id would), and samples
     # whose object is gone are found at each flush and whenever the tracked
     # set has grown enough. Cheaper on code that allocates and frees a lot

@@ -36,7 +36,7 @@ pub const DEFAULT_SAMPLE_RATE: f64 = 0.01;
 const DETACH_BATCH: usize = 1024;
 pub const DEFAULT_MAX_ALLOCATION_SAMPLES: usize = 10_000;
 pub const DEFAULT_MAX_HEAP_SAMPLES: usize = 50_000;
-/// `mode: :light`'s automatic sampling windows (below sample rate 1.0): at
+/// Collector.new's sampling windows (with `mode: :light`, below 1.0): at
 /// most about this many hooked allocations a second. At the 80-300 ns a
 /// hooked allocation costs (bench/run callgrind alloc, deep; the Rails-depth
 /// app at 165 frames), that is 0.4-1.5% of a core.

@@ -86,10 +86,9 @@ pub unsafe extern "C" fn Init_memprofiler_pprof_rs() {
 }
 
 /// `MemprofilerPprof::DEFAULTS`: the one home of the collector's default
-/// settings. A Collector starts with them natively (before #initialize,
-/// which applies the mode and windows again); the Ruby side
-/// (Collector.new, EnvConfig) reads them all from here. The mode stays
-/// :exact: see docs/known-ruby-bugs.md on :light and Ruby 3.4.
+/// settings. A Collector starts with the counts natively (before
+/// #initialize), which applies the mode and windows; the Ruby side
+/// (Collector.new, EnvConfig) reads them all from here.
 ///
 /// # Safety
 /// GVL held, under protect (allocates and may raise NoMemoryError).
@@ -112,7 +111,7 @@ unsafe fn define_defaults(module: VALUE) {
                 c"max_heap_samples",
                 rb_sys::rb_int2inum(DEFAULT_MAX_HEAP_SAMPLES as _),
             ),
-            (c"mode", rb_id2sym(rb_intern(c"exact".as_ptr()))),
+            (c"mode", rb_id2sym(rb_intern(c"light".as_ptr()))),
             (
                 c"window_budget",
                 rb_sys::rb_int2inum(DEFAULT_WINDOW_BUDGET as _),
