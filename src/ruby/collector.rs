@@ -432,9 +432,7 @@ impl Collector {
         if self.is_paused_for_ractors() {
             return Ok(());
         }
-        if !self.pending_are_pinned() {
-            self.with_sampler(|s| s.state.forget_pending())?;
-        }
+        self.forget_pending_if_unpinned()?;
         let (unresolved, epoch) =
             self.with_sampler(|s| (s.state.unresolved(), s.state.compactions()))?;
         if !unresolved.is_empty() {
@@ -460,6 +458,14 @@ impl Collector {
         let mut ids = Vec::with_capacity(pending.len());
         let mut gone = Vec::new();
         for (id, object) in pending {
+            // rb_obj_id may allocate, and so run a GC: if that GC finished
+            // marking without this collector (garbage, dropped while
+            // running), the rest may be freed and even their ids' slots
+            // reused. Nothing of such a collector will be read again, so
+            // everything pending goes unread (and unmeasured).
+            if self.forget_pending_if_unpinned()? {
+                return Ok(());
+            }
             // Pinned by the mark, so alive. A dead one would mean a path
             // that left it unmarked: counted (the torture fails on it) and
             // never asked for an id (see forget_pending).
@@ -469,6 +475,11 @@ impl Collector {
                 continue;
             }
             ids.push((id, object, heap::object_id(object as VALUE)?));
+        }
+        // (The last rb_obj_id may have run such a GC too; measuring reads
+        // the objects.)
+        if self.forget_pending_if_unpinned()? {
+            return Ok(());
         }
         // SAFETY: reads a counter.
         let gc_count = unsafe { rb_gc_count() } as u32;
@@ -493,6 +504,16 @@ impl Collector {
             })?;
         }
         Ok(())
+    }
+
+    /// Drops the pending samples unread if no longer pinned (see
+    /// `pending_are_pinned`); true if it did.
+    fn forget_pending_if_unpinned(&self) -> RbResult<bool> {
+        if self.pending_are_pinned() {
+            return Ok(false);
+        }
+        self.with_sampler(|s| s.state.forget_pending())?;
+        Ok(true)
     }
 
     /// Whether light mode's pending samples are still held by this
