@@ -158,7 +158,7 @@ RSpec.describe MemprofilerPprof::Collector, "sampling windows" do
     expect(truth).to be < 500_000
     expect(data.window_coverage).to eq(1.0)
     estimate = total_through(parse_profile(data), "Workload::Allocator#temporary", "alloc_objects")
-    # ~20,000 samples (at least 400,000 allocations): 0.7% standard error.
+    # ~20,000 samples (~200,000 allocations at 0.1): 0.7% standard error.
     expect(estimate).to be_within(truth * 0.03).of(truth)
     expect(parse_profile(data).comments.join).to include("after the first 500000 allocations since start")
   end

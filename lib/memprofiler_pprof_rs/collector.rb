@@ -155,8 +155,8 @@ module MemprofilerPprof
     # Every sampling window is on (every allocation hooked) until this many
     # allocations have been made since start!: a short profile (a block, a
     # test, a script) spans too few GC cycles for windows to sample it
-    # well, and a server pays for the hook during its first second or two
-    # only. 0: windows from the first GC. Only while stopped.
+    # well, and a busy server pays for the hook in less than its first
+    # second only. 0: windows from the first GC. Only while stopped.
     def window_warm_up=(allocations)
       Validation.integer(allocations, :window_warm_up, min: 0)
       _native_set_window_warm_up(allocations)

@@ -394,6 +394,9 @@ impl Collector {
     /// (`settle_light`).
     pub fn measure_pending(&self) {
         if self.is_light() {
+            // (Cleared first: a sample taken meanwhile sets it again. Left
+            // set, every C method's return would settle again.)
+            self.has_pending.store(false, Ordering::Relaxed);
             if self.settle_light().is_err() {
                 self.count_internal_error();
             }
@@ -438,7 +441,9 @@ impl Collector {
         if self.is_paused_for_ractors() {
             return Ok(());
         }
-        self.forget_pending_if_unpinned()?;
+        if !self.pending_are_pinned() {
+            self.with_sampler(|s| s.state.forget_pending())?;
+        }
         let (unresolved, epoch) =
             self.with_sampler(|s| (s.state.unresolved(), s.state.compactions()))?;
         if !unresolved.is_empty() {
@@ -463,14 +468,16 @@ impl Collector {
         let pending = self.with_sampler(|s| s.state.pending_without_id())?;
         let mut ids = Vec::with_capacity(pending.len());
         let mut gone = Vec::new();
+        let mut pinned = true;
         for (id, object) in pending {
             // rb_obj_id may allocate, and so run a GC: if that GC finished
             // marking without this collector (garbage, dropped while
-            // running), the rest may be freed and even their ids' slots
-            // reused. Nothing of such a collector will be read again, so
-            // everything pending goes unread (and unmeasured).
-            if self.forget_pending_if_unpinned()? {
-                return Ok(());
+            // running), the rest may be freed and even their slots reused.
+            // Nothing of such a collector will be read again, so everything
+            // pending goes unread and unmeasured.
+            if !self.pending_are_pinned() {
+                pinned = false;
+                break;
             }
             // Pinned by the mark, so alive. A dead one would mean a path
             // that left it unmarked: counted (the torture fails on it) and
@@ -483,19 +490,21 @@ impl Collector {
             ids.push((id, object, heap::object_id(object as VALUE)?));
         }
         // (The last rb_obj_id may have run such a GC too; measuring reads
-        // the objects.)
-        if self.forget_pending_if_unpinned()? {
-            return Ok(());
-        }
+        // the objects. Nothing below allocates.)
+        let pinned = pinned && self.pending_are_pinned();
         // SAFETY: reads a counter.
         let gc_count = unsafe { rb_gc_count() } as u32;
         let prune_due = self.with_sampler(|s| {
-            for &object in &gone {
-                s.state.record_free(object);
+            if pinned {
+                for &object in &gone {
+                    s.state.record_free(object);
+                }
+                s.state.assign_object_ids(&ids);
+                s.state
+                    .measure_pending(|object| heap::object_size(object as VALUE));
+            } else {
+                s.state.forget_pending();
             }
-            s.state.assign_object_ids(&ids);
-            s.state
-                .measure_pending(|object| heap::object_size(object as VALUE));
             s.state.prune_due(gc_count)
         })?;
         if prune || prune_due {
@@ -512,27 +521,20 @@ impl Collector {
         Ok(())
     }
 
-    /// Drops the pending samples unread if no longer pinned (see
-    /// `pending_are_pinned`); true if it did.
-    fn forget_pending_if_unpinned(&self) -> RbResult<bool> {
-        if self.pending_are_pinned() {
-            return Ok(false);
-        }
-        self.with_sampler(|s| s.state.forget_pending())?;
-        Ok(true)
-    }
-
     /// Whether light mode's pending samples are still held by this
     /// collector's mark: false once a GC has finished marking without
     /// calling it. That happens to a collector dropped while running: it is
     /// garbage, but its hooks and jobs run until its deferred free, while
     /// its pending objects are freed, their slots reused, their pages
     /// returned. (An incremental GC lets Ruby run between marking steps:
-    /// until its marking ends, everything is still alive.)
+    /// until its marking ends, what the previous GC's mark held is still
+    /// alive; not what an earlier one held, which the previous GC may have
+    /// swept.)
     fn pending_are_pinned(&self) -> bool {
-        // SAFETY: reads a counter.
+        // SAFETY: reads a counter (incremented as each GC starts).
         let now = unsafe { rb_gc_count() } as u32;
-        self.marked_at_gc.load(Ordering::Relaxed) == now || heap::gc_is_marking()
+        let marked = self.marked_at_gc.load(Ordering::Relaxed);
+        marked == now || (marked == now.wrapping_sub(1) && heap::gc_is_marking())
     }
 
     /// With sampling windows, after a GC started (postponed job): throws
@@ -952,8 +954,18 @@ impl Collector {
             // window's coin outside GC and outside any hook.
             registry::request_measurement();
         }
+        // SAFETY: reads a counter (this GC's, counted at its start).
+        let gc_count = unsafe { rb_gc_count() } as u32;
         match self.sampler.lock() {
-            Ok(sampler) => {
+            Ok(mut sampler) => {
+                // Light mode: if a whole GC went by without this mark (only
+                // after a failed lock, counted below), the pending objects
+                // may be freed slots: never mark them, forget them.
+                let marked = self.marked_at_gc.load(Ordering::Relaxed);
+                let missed = marked != gc_count && marked != gc_count.wrapping_sub(1);
+                if self.is_light() && missed {
+                    sampler.state.forget_pending();
+                }
                 for frame in sampler.state.stacks().live_frames() {
                     // SAFETY: called from the dmark callback, during GC marking.
                     unsafe { rb_gc_mark(frame as VALUE) };
@@ -972,8 +984,6 @@ impl Collector {
                         unsafe { rb_gc_mark(object as VALUE) };
                     }
                 }
-                // SAFETY: reads a counter (this GC's, counted at its start).
-                let gc_count = unsafe { rb_gc_count() } as u32;
                 self.marked_at_gc.store(gc_count, Ordering::Relaxed);
             }
             Err(_) => self.count_internal_error(),

@@ -33,7 +33,7 @@
 //! A warm-up keeps every window on until this many allocations have been
 //! made since start (`set_warm_up`): a short profile (a block, a script, a
 //! test) spans few GC cycles, and would otherwise often sample none of
-//! them, while a server pays the hook for its first second or so only.
+//! them, while a server pays the hook for under a second of its start.
 //! Whether the warm-up is over depends only on the allocation counter at
 //! earlier decisions, so it is one more way of choosing q from the past.
 
