@@ -68,6 +68,12 @@ fn api() -> &'static HeapApi {
 /// Resolves the symbols once, at extension load, off the allocation path.
 pub fn init() {
     api();
+    // Ruby makes the Symbols its GC.latest_gc_info and GC.stat answer with
+    // on their first call (a dozen frozen Strings, and more, that live
+    // forever): here, at load, not from a sampling collector's job, where
+    // they were sampled and blamed on the app's code that was running.
+    gc_is_marking();
+    allocation_counter();
 }
 
 pub fn can_measure_sizes() -> bool {

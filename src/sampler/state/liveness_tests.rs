@@ -52,6 +52,28 @@ fn pending_objects_get_ids_once_and_are_unpinned_when_measured() {
 }
 
 #[test]
+fn a_sample_taken_while_ids_are_asked_waits_for_its_own_id() {
+    // Asking Ruby for ids can allocate, and a sample taken then is not in
+    // the list the binding asked about: measured without an id, it could
+    // never be found dead.
+    let mut st = lazy_state(100);
+    sample(&mut st, 0x1000, 0);
+    let asked = st.pending_without_id();
+    sample(&mut st, 0x2000, 0); // taken meanwhile
+    let ids: Vec<_> = asked.iter().map(|&(id, object)| (id, object, 10)).collect();
+    st.assign_object_ids(&ids);
+    st.measure_pending(|_| Some(40));
+    // Still pinned, and asked about by the next job.
+    assert_eq!(st.pending_objects().collect::<Vec<_>>(), vec![0x2000]);
+    assert_eq!(st.pending_without_id().len(), 1);
+    settle(&mut st);
+    assert_eq!(st.pending_objects().count(), 0);
+    // Both can now be found dead.
+    st.forget_dead(1, |_, _| false);
+    assert!(st.live.is_empty());
+}
+
+#[test]
 fn pending_samples_left_unmarked_are_forgotten_unread_and_the_rest_kept() {
     let mut st = lazy_state(100);
     sample(&mut st, 0x1000, 0);

@@ -52,6 +52,7 @@ impl SamplerState {
     ) {
         let pending = std::mem::take(&mut self.pending_sizes);
         let mut dropped_any = false;
+        let mut waiting = Vec::new();
         for &(id, object) in &pending {
             let Some(record) = self.records.get(id.0 as usize) else {
                 continue;
@@ -64,6 +65,15 @@ impl SamplerState {
             // measured) are known to be alive; an untracked one may sit on a
             // heap page that is gone, so it is never touched.
             if record.liveness != Liveness::Live && record.liveness != Liveness::Watched {
+                continue;
+            }
+            // Lazy liveness: a tracked sample without its object id yet (one
+            // taken while the binding was asking for the others' ids) stays
+            // pending, and pinned, for the next job. Measured now, it would
+            // be let go with no id to check it by, and count as live forever.
+            if self.lazy_liveness && record.liveness == Liveness::Live && self.object_id_of(id) == 0
+            {
+                waiting.push((id, object));
                 continue;
             }
             match measure(object) {
@@ -85,7 +95,8 @@ impl SamplerState {
                 }
             }
         }
-        // Every pending sample has now been measured (or found gone).
+        // Every pending sample has now been measured (or found gone), but
+        // those waiting for an id, which are tracked, not watched.
         self.forget_watched();
         if dropped_any {
             self.release_dropped_allocations();
@@ -93,6 +104,7 @@ impl SamplerState {
         // Keep the buffer's capacity for the next batch.
         self.pending_sizes = pending;
         self.pending_sizes.clear();
+        self.pending_sizes.extend(waiting);
     }
 
     /// Turns thinned-out samples' allocation-list entries into tombstones.
