@@ -111,7 +111,7 @@ RSpec.describe MemprofilerPprof::Collector, "mode: :light" do
     code = <<~RUBY
       require "memprofiler_pprof_rs"
       collector = MemprofilerPprof::Collector.new(mode: :light, sample_rate: 0.5, seed: 3,
-                                                  max_heap_samples: 1_000_000)
+                                                  max_heap_samples: 1_000_000, window_budget: nil)
       GC.auto_compact = true
       collector.start!
       kept = []

@@ -113,14 +113,14 @@ RSpec.describe MemprofilerPprof::Collector, "sampling windows" do
   end
 
   # The defaults (mode :light's automatic budget): 50,000 hooked
-  # allocations a second, every allocation hooked for the first 500,000.
+  # allocations a second, every allocation hooked for the first 250,000.
   it "at the defaults takes a window budget after a warm-up, except at sample_rate 1.0 or with a probability" do
     defaults = described_class.new
     expect([defaults.mode, defaults.window_budget, defaults.window_warm_up, defaults.window_probability])
-      .to eq([:light, 50_000, 500_000, 1.0])
-    expect(MemprofilerPprof::DEFAULTS).to include(mode: :light, window_budget: 50_000, window_warm_up: 500_000)
+      .to eq([:light, 50_000, 250_000, 1.0])
+    expect(MemprofilerPprof::DEFAULTS).to include(mode: :light, window_budget: 50_000, window_warm_up: 250_000)
     light = described_class.new(mode: :light)
-    expect([light.window_budget, light.window_warm_up]).to eq([50_000, 500_000])
+    expect([light.window_budget, light.window_warm_up]).to eq([50_000, 250_000])
     expect(described_class.new(mode: :light, sample_rate: 1.0).window_budget).to be_nil
     expect(described_class.new(mode: :light, window_probability: 0.5).window_budget).to be_nil
     expect(described_class.new(mode: :exact, window_budget: 10).window_budget).to eq(10)
@@ -151,16 +151,16 @@ RSpec.describe MemprofilerPprof::Collector, "sampling windows" do
 
   it "in mode :light, hooks every allocation of a profile inside the warm-up: the estimates of no windows" do
     collector = described_class.new(mode: :light, sample_rate: 0.1, seed: 8, **unlimited)
-    truth = start_and_allocate(collector, 200_000)
+    truth = start_and_allocate(collector, 150_000)
     expect(collector.window_coverage).to eq(1.0)
     data = collector.flush
     collector.stop!
-    expect(truth).to be < 500_000
+    expect(truth).to be < 250_000
     expect(data.window_coverage).to eq(1.0)
     estimate = total_through(parse_profile(data), "Workload::Allocator#temporary", "alloc_objects")
-    # ~20,000 samples (~200,000 allocations at 0.1): 0.7% standard error.
+    # ~15,000 samples (~150,000 allocations at 0.1): 0.8% standard error.
     expect(estimate).to be_within(truth * 0.03).of(truth)
-    expect(parse_profile(data).comments.join).to include("after the first 500000 allocations since start")
+    expect(parse_profile(data).comments.join).to include("after the first 250000 allocations since start")
   end
 
   it "in mode :light, past the warm-up samples a share of GC cycles and estimates within 3% (or 4 std. errors)" do
@@ -169,13 +169,13 @@ RSpec.describe MemprofilerPprof::Collector, "sampling windows" do
     collector.stop! # (so that the share read now is the flush's)
     so_far = collector.window_coverage
     data = collector.flush
-    warm_share = 500_000.0 / truth
+    warm_share = 250_000.0 / truth
     expect(so_far).to eq(data.window_coverage)
     expect(data.window_coverage).to be_between(warm_share, 0.99), "coverage #{data.window_coverage}, truth #{truth}"
     estimate = total_through(parse_profile(data), "Workload::Allocator#temporary", "alloc_objects")
     # The spread comes from the samples taken past the warm-up, which
     # stand for the rest of the run.
-    late_samples = [data.allocation_samples_count - (500_000 * 0.2), 1].max
+    late_samples = [data.allocation_samples_count - (250_000 * 0.2), 1].max
     tolerance = [0.03, 4.0 / Math.sqrt(late_samples) * (1 - warm_share)].max
     expect(estimate).to be_within(truth * tolerance).of(truth),
                         "coverage #{data.window_coverage}, samples #{data.allocation_samples_count}, truth #{truth}"

@@ -85,7 +85,7 @@ module BenchConfigs
     "floor: empty NEWOBJ+FREEOBJ TracePoint" => -> { empty_hooks(:tracepoint, GEM_EVENTS) },
     "floor: empty NEWOBJ+FREEOBJ event hook" => -> { empty_hooks(:event_hook, GEM_EVENTS) },
     # The defaults: mode :light, sampling windows with a budget of 50,000
-    # hooked allocations a second after a warm-up of 500,000 (DEFAULTS).
+    # hooked allocations a second after a warm-up of 250,000 (DEFAULTS).
     "memprofiler_pprof_rs 0.01" => -> { gem(0.01) },
     "memprofiler_pprof_rs 0.1" => -> { gem(0.1) },
     "memprofiler_pprof_rs 1.0" => -> { gem(1.0) },
@@ -111,9 +111,9 @@ module BenchConfigs
     # runs ~50 times slower and a budget, which follows the clock, would
     # keep the hook on far more often than it does for real.
     **gem_config(0.01, window_probability: 0.01),
-    # .. with the warm-up before 0.2 (twice as long), and half as long.
+    # .. with longer warm-ups (1,000,000 was the first default).
     **gem_config(0.01, window_probability: 0.01, window_warm_up: 1_000_000),
-    **gem_config(0.01, window_probability: 0.01, window_warm_up: 250_000),
+    **gem_config(0.01, window_probability: 0.01, window_warm_up: 500_000),
     # .. and past the warm-up (a server's steady state).
     **gem_config(0.01, window_probability: 0.01, window_warm_up: 0),
     **gem_config(0.01, mode: :light, window_budget: nil),

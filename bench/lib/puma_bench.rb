@@ -70,8 +70,9 @@ module PumaBench
   def measure(config, rackup = "puma_app.ru", path = "/?page=3", connections = CONNECTIONS)
     serve(config, rackup) do |base_url, dir|
       # Warm up: inline caches, and the collector's own warm-up (every
-      # allocation hooked for its first 500,000: under the Rails-depth
-      # app's first second), so that the run measures a server's steady state.
+      # allocation hooked for its first 250,000: a fraction of the
+      # Rails-depth app's first second), so that the run measures a server's
+      # steady state.
       wrk(base_url + path, WARM_UP_SECONDS, connections)
       result = wrk(base_url + path, SECONDS, connections)
       share = window_share(dir)

@@ -2,7 +2,7 @@
 
 module MemprofilerPprof
   # Samples allocations (NEWOBJ: by default every one for the first
-  # 500,000, then in random GC cycles; see window_budget), tracks which
+  # 250,000, then in random GC cycles; see window_budget), tracks which
   # sampled objects are still alive, and turns both into a gzipped pprof
   # profile on #flush.
   #

@@ -41,16 +41,18 @@ pub const DEFAULT_MAX_HEAP_SAMPLES: usize = 50_000;
 /// hooked allocation costs (bench/run callgrind alloc, deep; the Rails-depth
 /// app at 165 frames), that is 0.4-1.5% of a core.
 pub const DEFAULT_WINDOW_BUDGET: u64 = 50_000;
-/// .. after every allocation is hooked for this many: under a second of a
-/// busy server, and all of most short profiles (a block, a test, a
-/// script), which would otherwise span too few GC cycles to be sampled.
-/// At the default rate that is 5,000 samples, half the allocation
-/// reservoir. Why not more: a loop that allocates 4,000,000 objects from
-/// start pays the whole hook for this share of itself; at 1,000,000 the
-/// loops cost 1.10-1.13x of no profiler's instructions, at 500,000
-/// 1.06-1.07x (bench/run callgrind alloc deep --iterations 1000000;
+/// .. after every allocation is hooked for this many: a fraction of a
+/// second of a busy server, and all of most short profiles (a block, a
+/// test, a script), which would otherwise span too few GC cycles to be
+/// sampled. At the default rate that is 2,500 samples, a quarter of the
+/// allocation reservoir. Why not more: a loop that allocates 4,000,000
+/// objects from start pays the whole hook for this share of itself. Its
+/// cost over no profiler, in instructions and on the clock (median of 15):
+/// at 1,000,000, 1.10-1.13x and 1.15-1.16x; at 500,000, 1.06-1.07x and
+/// 1.07-1.16x; at 250,000, 1.03-1.04x and 1.00-1.05x (bench/run callgrind
+/// alloc deep --iterations 1000000, and bench/run alloc --runs 15;
 /// docs/performance.md, the defaults).
-pub const DEFAULT_WINDOW_WARM_UP: u64 = 500_000;
+pub const DEFAULT_WINDOW_WARM_UP: u64 = 250_000;
 
 /// Samples that may wait before a postponed job measures them (each job
 /// run costs a few hundred nanoseconds; a sample freed meanwhile is sized
