@@ -1,0 +1,200 @@
+# frozen_string_literal: true
+
+# One run of bench/truth's ground-truth workload in this (fresh) process:
+#
+#   ruby -Ilib bench/lib/truth_worker.rb server  CONFIG SEED INTERVAL DURATION DIR
+#   ruby -Ilib bench/lib/truth_worker.rb phased  CONFIG SEED DIR
+#
+# CONFIG is "defaults" (Collector.new(sample_rate: 0.01)) or "exact"
+# (mode: :exact, window_budget: nil). Each flush's profile is written to DIR
+# beside a JSON line of what was really allocated and alive (what
+# bench/truth compares the profile with); the line also goes to stdout.
+#
+# Every site allocates a known number of objects, one per call of a method
+# that allocates exactly one, so each interval's truth per site is exact (a
+# calibration at start checks that against GC.stat and refuses to run if a
+# Ruby allocates more).
+
+require "json"
+require "memprofiler_pprof_rs"
+
+module TruthWorkload
+  # Allocations per request, by site: shares of 1,000.
+  PER_REQUEST = {
+    "site50" => 500, "site20" => 200, "site10" => 100, "site5" => 50,
+    "site1" => 10, "site01" => 1, "other" => 120
+  }.freeze
+  # Every 100th request, this many more: 0.1% of allocations, in bursts.
+  BURST = 100
+  BURST_EVERY = 100
+  # Medium-lived objects: each request puts RING_PER_REQUEST in a ring of
+  # RING_SIZE, so each lives RING_SIZE / RING_PER_REQUEST requests.
+  RING_SIZE = 30_000
+  RING_PER_REQUEST = 18
+  # Work between allocations that allocates nothing (integer arithmetic), so
+  # that allocation is about half of a request's time, not all of it.
+  WORK = 2_000
+  # Kept from boot.
+  BOOT_STRINGS = 200_000
+  ALLOCATIONS_PER_REQUEST = PER_REQUEST.values.sum + 1 + RING_PER_REQUEST # + leak
+
+  module_function
+
+  # One method per site, so that each site is a function in the profile.
+  def site50(n) = n.times { String.new }
+  def site20(n) = n.times { Object.new }
+  def site10(n) = n.times { String.new }
+  def site5(n) = n.times { Object.new }
+  def site1(n) = n.times { String.new }
+  def site01(n) = n.times { Object.new }
+  def other(n) = n.times { String.new }
+  def bursty(n) = n.times { Object.new }
+  def leak = "x" * 200
+  def ring_entry = String.new
+  def boot_data = Array.new(BOOT_STRINGS) { String.new }
+
+  def work(n)
+    sum = 0
+    i = 0
+    while i < n
+      sum = (sum + (i * 7)) % 1_000_003
+      i += 1
+    end
+    sum
+  end
+
+  class Server
+    attr_reader :requests, :leaked, :ring, :allocated
+
+    def initialize
+      @requests = 0
+      @leaked = []
+      @ring = Array.new(RING_SIZE)
+      @ring_at = 0
+      @allocated = Hash.new(0)
+    end
+
+    def request
+      TruthWorkload.work(WORK)
+      PER_REQUEST.each do |site, n|
+        TruthWorkload.public_send(site, n)
+        @allocated[site] += n
+      end
+      if (@requests % BURST_EVERY).zero?
+        TruthWorkload.bursty(BURST)
+        @allocated["bursty"] += BURST
+      end
+      @leaked << TruthWorkload.leak
+      @allocated["leak"] += 1
+      RING_PER_REQUEST.times do
+        @ring[@ring_at] = TruthWorkload.ring_entry
+        @ring_at = (@ring_at + 1) % RING_SIZE
+      end
+      @allocated["ring_entry"] += RING_PER_REQUEST
+      @requests += 1
+    end
+
+    def take_allocated
+      taken = @allocated
+      @allocated = Hash.new(0)
+      taken
+    end
+  end
+
+  def collector(config, seed)
+    case config
+    when "defaults" then MemprofilerPprof::Collector.new(sample_rate: 0.01, seed: seed)
+    when "exact" then MemprofilerPprof::Collector.new(sample_rate: 0.01, mode: :exact, window_budget: nil, seed: seed)
+    else raise ArgumentError, "unknown configuration #{config.inspect} (defaults, exact)"
+    end
+  end
+
+  def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+
+  # Refuses to measure if a request allocates other than it says. (Ruby
+  # makes a few internal objects of its own while a process warms up, such
+  # as inline caches: a handful in a million is tolerated.)
+  def calibrate
+    server = Server.new
+    200.times { server.request }
+    before = GC.stat(:total_allocated_objects)
+    1_000.times { server.request }
+    made = GC.stat(:total_allocated_objects) - before
+    expected = (1_000 * ALLOCATIONS_PER_REQUEST) + (1_000 / BURST_EVERY * BURST)
+    return if (made - expected).between?(0, 10)
+
+    abort "truth_worker: 1,000 requests allocated #{made} objects, not #{expected}: the truth would be wrong"
+  end
+
+  def write(dir, name, data, truth)
+    File.binwrite(File.join(dir, "#{name}.pprof"), data.pprof_data)
+    line = JSON.generate(truth.merge(profile: "#{name}.pprof", window_coverage: data.window_coverage,
+                                     allocation_samples: data.allocation_samples_count,
+                                     heap_samples: data.heap_samples_count))
+    File.write(File.join(dir, "truth.jsonl"), "#{line}\n", mode: "a")
+    puts line
+  end
+
+  def server(config, seed, interval, duration, dir)
+    calibrate
+    GC.start
+    collector = collector(config, seed)
+    server = Server.new
+    collector.start!
+    boot = boot_data
+    started = interval_began = now
+    gc_total = GC.stat(:total_allocated_objects)
+    index = 0
+    while now - started < duration
+      server.request
+      next if now - interval_began < interval
+
+      allocated = server.take_allocated
+      total = GC.stat(:total_allocated_objects)
+      data = collector.flush
+      index += 1
+      write(dir, format("interval-%03d", index), data,
+            { kind: "server", config: config, seed: seed, interval: interval, index: index,
+              seconds: now - interval_began, all_allocations: total - gc_total, allocated: allocated,
+              alive: { "boot_data" => boot.size, "leak" => server.leaked.size, "ring_entry" => RING_SIZE },
+              requests: server.requests })
+      gc_total = GC.stat(:total_allocated_objects)
+      interval_began = now
+    end
+    collector.stop!
+  end
+
+  # 1,000,000 allocations in an early phase, then 1,000,000 in a late one,
+  # one flush at the end, with a small allocation list.
+  def phase_early(n) = n.times { String.new }
+  def phase_late(n) = n.times { Object.new }
+
+  def phased(config, seed, dir)
+    GC.start
+    collector = collector(config, seed)
+    collector.max_allocation_samples = 1_000
+    collector.start!
+    before = GC.stat(:total_allocated_objects)
+    1_000.times { phase_early(1_000) }
+    1_000.times { phase_late(1_000) }
+    total = GC.stat(:total_allocated_objects) - before
+    data = collector.flush
+    collector.stop!
+    write(dir, "phased", data,
+          { kind: "phased", config: config, seed: seed, index: 1, all_allocations: total,
+            allocated: { "phase_early" => 1_000_000, "phase_late" => 1_000_000 }, alive: {} })
+  end
+end
+
+if $PROGRAM_NAME == __FILE__
+  kind, config, seed, *rest = ARGV
+  case kind
+  when "server"
+    interval, duration, dir = rest
+    TruthWorkload.server(config, Integer(seed), Float(interval), Float(duration), dir)
+  when "phased"
+    TruthWorkload.phased(config, Integer(seed), rest.fetch(0))
+  else
+    abort "usage: truth_worker.rb server CONFIG SEED INTERVAL DURATION DIR | phased CONFIG SEED DIR"
+  end
+end
