@@ -1,12 +1,25 @@
 # frozen_string_literal: true
 
 # window_probability below 1.0: the NEWOBJ hook is on only in randomly
-# chosen GC cycles (src/sampler/windows.rs). Estimates are scaled by all
-# allocations over those made in sampled cycles, so they stay unbiased;
-# how close one run gets depends on how many GC cycles it spans.
+# chosen GC cycles (src/sampler/windows.rs). Each sample weighs 1 / its
+# cycle's probability, so estimates are unbiased; how close one run gets
+# depends on how many GC cycles it spans, and each profile says how close
+# (ProfileData#relative_standard_errors): the truth must lie within its
+# error bars.
 RSpec.describe MemprofilerPprof::Collector, "sampling windows" do
   let(:allocator) { Workload::Allocator.new }
   let(:unlimited) { { max_allocation_samples: 10_000_000, max_heap_samples: 10_000_000 } }
+
+  # `estimate` within 4 of the profile's reported standard errors of
+  # `truth` (or `floor`, if wider), and the error reported is a real one.
+  def expect_within_reported_error(estimate, truth, data, type, floor: 0.03, context: nil)
+    rse = data.relative_standard_errors.fetch(type)
+    expect(rse).to be_a(Float), "#{type}: no error reported (#{context})"
+    expect(rse).to be_between(0.0, 0.5), "#{type}: error #{rse} (#{context})"
+    tolerance = [floor, 4 * rse].max
+    expect(estimate).to be_within(truth * tolerance).of(truth),
+                        "#{type}: #{estimate} vs #{truth}, reported error #{rse} (#{context})"
+  end
 
   # Starts `collector` and makes `iterations` temporaries with a minor GC
   # every 10,000 (a window lasts a GC cycle); returns the allocations made.
@@ -55,12 +68,64 @@ RSpec.describe MemprofilerPprof::Collector, "sampling windows" do
       shape = "cycles #{cycles}, coverage #{data.window_coverage}, live samples #{data.heap_samples_count}"
       expect(cycles).to be >= 50
       expect(data.window_coverage).to be_between(0.05, 0.6), shape
-      expect(temporaries).to be_within(2_500_000 * 0.03).of(2_500_000), shape
       expect(truth).to be >= 2_600_000
-      # ~800-1,400 retained samples: 10%, or 4 standard errors if wider.
-      tolerance = [0.10, 4.0 / Math.sqrt(data.heap_samples_count)].max
-      expect(retained).to be_within(kept.size * tolerance).of(kept.size), shape
+      # (The loop's temporaries are nearly all of its allocations, and the
+      # retained set all of what is alive.)
+      expect_within_reported_error(temporaries, 2_500_000, data, :alloc_objects, context: shape)
+      expect_within_reported_error(retained, kept.size, data, :inuse_objects, floor: 0.10, context: shape)
       expect(profile.comments.join).to include("sampling windows")
+    end
+  end
+
+  # Two biases of the estimates scaled at flush (before 0.4): an interval
+  # with no window read 0 while one with a window read the exact total, so
+  # short intervals summed low; and every live sample was multiplied by a
+  # ratio of all the run's windows, so data kept from the warm-up swung
+  # with windows long after it was made.
+  it "sums short intervals to the truth: an interval without a window reads 0, one with a window more" do
+    collector = described_class.new(mode: :light, sample_rate: 0.2, window_probability: 0.5, window_warm_up: 0,
+                                    seed: 12, **unlimited)
+    collector.start!
+    sum = 0.0
+    empty = 0
+    truth = 0
+    # 200 intervals of two GC cycles: a quarter of them hook nothing.
+    200.times do
+      2.times do
+        GC.start(full_mark: false)
+        5_000.times { |i| allocator.temporary(i) }
+      end
+      truth += 10_000
+      data = collector.flush
+      estimate = total_through(parse_profile(data), "Workload::Allocator#temporary", "alloc_objects")
+      empty += 1 if estimate.zero?
+      sum += estimate
+    end
+    collector.stop!
+    expect(empty).to be_between(20, 100)
+    # ~400 cycles at q 0.5: about 5% standard error (the old scaling: -25%).
+    expect(sum).to be_within(truth * 0.15).of(truth)
+  end
+
+  [21, 22, 23].each do |seed|
+    it "keeps what the warm-up sampled at its weight, whatever windows came after (seed #{seed})" do
+      collector = described_class.new(mode: :light, sample_rate: 0.1, window_probability: 0.05,
+                                      window_warm_up: 300_000, seed: seed, **unlimited)
+      collector.start!
+      boot = Array.new(100_000) { |i| allocator.retained(i) }
+      # 200 GC cycles past the warm-up, about 10 of them hooked.
+      200.times do
+        GC.start(full_mark: false)
+        10_000.times { |i| allocator.temporary(i) }
+      end
+      GC.start
+      data = collector.flush
+      collector.stop!
+      kept = total_through(parse_profile(data), "Workload::Allocator#retained", "inuse_objects",
+                           leaf: "Workload::Allocator#retained")
+      # 10,000 samples at 0.1, each weighing 10: ~1% standard error.
+      expect(kept).to be_within(boot.size * 0.05).of(boot.size)
+      expect(data.relative_standard_errors[:inuse_objects]).to be < 0.05
     end
   end
 
@@ -103,12 +168,11 @@ RSpec.describe MemprofilerPprof::Collector, "sampling windows" do
     collector.stop!
     profile = parse_profile(data)
     expect(data.window_coverage).to be_between(0.005, 0.9)
-    expect(total_through(profile, "Workload::Allocator#temporary", "alloc_objects"))
-      .to be_within(2_500_000 * 0.03).of(2_500_000)
+    context = "coverage #{data.window_coverage}, live samples #{data.heap_samples_count}"
+    temporaries = total_through(profile, "Workload::Allocator#temporary", "alloc_objects")
+    expect_within_reported_error(temporaries, 2_500_000, data, :alloc_objects, context: context)
     retained = total_through(profile, "Workload::Allocator#retained", "inuse_objects", leaf: "Workload::Allocator#retained")
-    tolerance = [0.10, 4.0 / Math.sqrt(data.heap_samples_count)].max
-    expect(retained).to be_within(kept.size * tolerance).of(kept.size),
-                        "coverage #{data.window_coverage}, live samples #{data.heap_samples_count}"
+    expect_within_reported_error(retained, kept.size, data, :inuse_objects, floor: 0.10, context: context)
     expect(profile.comments.join).to include("allocations a second")
   end
 
@@ -173,15 +237,13 @@ RSpec.describe MemprofilerPprof::Collector, "sampling windows" do
     expect(so_far).to eq(data.window_coverage)
     expect(data.window_coverage).to be_between(warm_share, 0.99), "coverage #{data.window_coverage}, truth #{truth}"
     estimate = total_through(parse_profile(data), "Workload::Allocator#temporary", "alloc_objects")
-    # The spread comes from the samples taken past the warm-up, which
+    # The spread comes from the cycles sampled past the warm-up, which
     # stand for the rest of the run.
-    late_samples = [data.allocation_samples_count - (250_000 * 0.2), 1].max
-    tolerance = [0.03, 4.0 / Math.sqrt(late_samples) * (1 - warm_share)].max
-    expect(estimate).to be_within(truth * tolerance).of(truth),
-                        "coverage #{data.window_coverage}, samples #{data.allocation_samples_count}, truth #{truth}"
+    expect_within_reported_error(estimate, truth, data, :alloc_objects,
+                                 context: "coverage #{data.window_coverage}, truth #{truth}")
   end
 
-  it "scales a flush after stop! by the allocations made before it, not after" do
+  it "counts in a flush after stop! only what was allocated before it" do
     collector = described_class.new(mode: :light, sample_rate: 0.5, window_probability: 0.5, window_warm_up: 0, seed: 2,
                                     **unlimited)
     collector.start!
@@ -195,7 +257,7 @@ RSpec.describe MemprofilerPprof::Collector, "sampling windows" do
     Array.new(500_000) { |i| i.to_s }
     data = collector.flush
     temporaries = total_through(parse_profile(data), "Workload::Allocator#temporary", "alloc_objects")
-    expect(temporaries).to be_within(200_000 * 0.05).of(200_000)
+    expect_within_reported_error(temporaries, 200_000, data, :alloc_objects, floor: 0.05)
   end
 
   it "takes window_budget only while stopped, not with window_probability, and names a bad one" do
@@ -219,6 +281,38 @@ RSpec.describe MemprofilerPprof::Collector, "sampling windows" do
     data = described_class.new(sample_rate: 0.5, window_budget: nil).profile { Array.new(1_000) { |i| i.to_s } }
     expect(data.window_coverage).to eq(1.0)
     expect(parse_profile(data).comments.join).not_to include("sampling windows")
+    # ~500 samples at 0.5: about 3% (Bernoulli sampling alone).
+    expect(data.relative_standard_errors[:alloc_objects]).to be_between(0.01, 0.06)
+    expect(data.effective_samples[:alloc_objects]).to be_between(250, 2_000)
+    expect(data.relative_standard_errors).to be_frozen
+    top = MemprofilerPprof::Profile.parse(data).top(sample_index: "alloc_objects")
+    expect(top).to match(/^Estimate: total within ±\d+\.\d% \(one relative standard error; \d+ effective samples\)$/)
+  end
+
+  it "takes spread figures in a ProfileData only as numbers or nil, by sample type" do
+    data = MemprofilerPprof::ProfileData.new(pprof_data: "x".b, relative_standard_errors: { inuse_space: 0.1 })
+    expect(data.relative_standard_errors).to eq(alloc_objects: nil, alloc_space: nil, inuse_objects: nil,
+                                                inuse_space: 0.1)
+    expect(MemprofilerPprof::ProfileData.new(pprof_data: "x".b).effective_samples.values).to all(be_nil)
+    expect { MemprofilerPprof::ProfileData.new(pprof_data: "x".b, effective_samples: { cpu: 1.0 }) }
+      .to raise_error(ArgumentError, /effective_samples: unknown sample type :cpu/)
+    expect { MemprofilerPprof::ProfileData.new(pprof_data: "x".b, relative_standard_errors: { alloc_space: -1 }) }
+      .to raise_error(TypeError, /relative_standard_errors must be non-negative numbers or nil, got -1/)
+    expect { MemprofilerPprof::ProfileData.new(pprof_data: "x".b, relative_standard_errors: [0.1]) }
+      .to raise_error(TypeError, /relative_standard_errors/)
+  end
+
+  it "calls an interval's allocations unknown, not 0, when no window hooked any of them" do
+    data = (1..64).lazy.map do |seed|
+      collector = described_class.new(mode: :light, sample_rate: 0.5, window_probability: 0.05, window_warm_up: 0,
+                                      seed: seed)
+      collector.profile { Array.new(1_000) { |i| i.to_s } }
+    end.find { |d| d.window_coverage.zero? }
+    expect(data).not_to be_nil
+    expect(data.relative_standard_errors.values_at(:alloc_objects, :alloc_space)).to eq([nil, nil])
+    expect(data.effective_samples[:alloc_objects]).to be_nil
+    top = MemprofilerPprof::Profile.parse(data).top(sample_index: "alloc_objects")
+    expect(top).to include("Estimate: unknown: sampling windows hooked none of this interval's allocations")
   end
 
   it "keeps sampling across GC cycles in threads and a forked child" do

@@ -28,10 +28,19 @@ module MemprofilerPprof
     # Where the flush put each sample's class and GC age (Collector#flush's
     # sample_labels: :keep, :class_frame or :drop); nil if not known.
     attr_reader :sample_labels
+    # How sure each total is, by sample type (:alloc_objects, :alloc_space,
+    # :inuse_objects, :inuse_space): the estimated relative standard error
+    # (0.05: the total is within about 5% two times in three), and the
+    # effective sample count (as many samples as a plain random sample with
+    # that error would have; Float::INFINITY when exact). nil where it is
+    # unknown: no sample, or (alloc_*) no allocation of the interval hooked.
+    attr_reader :relative_standard_errors, :effective_samples
+
+    SAMPLE_TYPES = %i[alloc_objects alloc_space inuse_objects inuse_space].freeze
 
     def self.from_native(values, sample_labels: nil)
       pprof, allocs, heap, nolock, alloc_buf, heap_buf, flush_ns, ser_ns, folded, rate, start_ns, end_ns,
-        coverage = values
+        coverage, *spread = values
       new(
         pprof_data: pprof, allocation_samples_count: allocs, heap_samples_count: heap,
         dropped_samples_nolock: nolock, dropped_samples_allocation_bufsize: alloc_buf,
@@ -39,15 +48,30 @@ module MemprofilerPprof
         pprof_serialization_nsecs: ser_ns, folded_samples_count: folded, sample_rate: rate,
         started_at: Time.at(Rational(start_ns, 1_000_000_000)),
         finished_at: Time.at(Rational(end_ns, 1_000_000_000)), window_coverage: coverage,
-        sample_labels: sample_labels
+        sample_labels: sample_labels,
+        **spread_hashes(spread)
       )
     end
+
+    # The native flush's 8 spread figures, as the two Hashes (with few
+    # allocations: they count in the next interval's profile).
+    def self.spread_hashes(spread)
+      errors = {}
+      effective = {}
+      SAMPLE_TYPES.each_with_index do |type, i|
+        errors[type] = spread[2 * i]
+        effective[type] = spread[(2 * i) + 1]
+      end
+      { relative_standard_errors: errors, effective_samples: effective }
+    end
+    private_class_method :spread_hashes
 
     def initialize(pprof_data:, allocation_samples_count: 0, heap_samples_count: 0,
                    dropped_samples_nolock: 0, dropped_samples_allocation_bufsize: 0,
                    dropped_samples_heap_bufsize: 0, flush_duration_nsecs: 0,
                    pprof_serialization_nsecs: 0, folded_samples_count: 0, sample_rate: nil, started_at: nil,
-                   finished_at: nil, window_coverage: 1.0, sample_labels: nil)
+                   finished_at: nil, window_coverage: 1.0, sample_labels: nil,
+                   relative_standard_errors: {}, effective_samples: {})
       Validation.instance(pprof_data, String, :pprof_data)
 
       { allocation_samples_count: allocation_samples_count, heap_samples_count: heap_samples_count,
@@ -68,6 +92,8 @@ module MemprofilerPprof
         Validation.instance(value, Time, name, nil_ok: true)
       end
       Validation.one_of(sample_labels, [nil, *Collector::SAMPLE_LABELS], :sample_labels)
+      relative_standard_errors = spread_figures(relative_standard_errors, :relative_standard_errors)
+      effective_samples = spread_figures(effective_samples, :effective_samples)
 
       @pprof_data = pprof_data
       @allocation_samples_count = allocation_samples_count
@@ -83,7 +109,24 @@ module MemprofilerPprof
       @finished_at = finished_at
       @window_coverage = window_coverage
       @sample_labels = sample_labels
+      @relative_standard_errors = relative_standard_errors
+      @effective_samples = effective_samples
     end
+
+    # A Hash of SAMPLE_TYPES to non-negative numbers or nil (missing: nil),
+    # frozen.
+    def spread_figures(figures, name)
+      Validation.instance(figures, Hash, name)
+      figures.each do |type, value|
+        raise ArgumentError, "#{name}: unknown sample type #{type.inspect}" unless SAMPLE_TYPES.include?(type)
+        next if value.nil? || (value.is_a?(Numeric) && value.real? && value >= 0)
+
+        Validation.type_error!(name, "non-negative numbers or nil", value)
+      end
+      figures = SAMPLE_TYPES.to_h { |type| [type, figures[type]] } unless figures.size == SAMPLE_TYPES.size
+      figures.frozen? ? figures : figures.dup.freeze
+    end
+    private :spread_figures
 
     # Total samples dropped for any reason.
     def dropped_samples_count

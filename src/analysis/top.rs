@@ -8,6 +8,7 @@ use super::display::{rank, shown};
 use super::grouping::{frame_label, FrameGroups, GroupBy, PathShortener};
 use super::units::{format_duration, format_percent, format_time_utc, format_value};
 use crate::analysis::InputSet;
+use crate::pprof::spread_comment::spread_line;
 
 #[derive(Debug, Clone)]
 pub struct TopOptions {
@@ -238,6 +239,9 @@ pub(crate) fn header(
             "Sampling: 1 in {} objects on average; values are estimates",
             profile.raw.period
         );
+    }
+    if let Some(line) = spread_line(profile.comments(), sample_type) {
+        let _ = writeln!(out, "{line}");
     }
     out
 }

@@ -771,7 +771,11 @@ mod tests {
         let stack = [frame(8, 12), frame(16, 30)];
         for (i, (class, gc_count)) in [(1, 0), (1, 3), (2, 5)].into_iter().enumerate() {
             let admission = state.admission();
-            let info = ObjectInfo { class, gc_count };
+            let info = ObjectInfo {
+                class,
+                gc_count,
+                ..ObjectInfo::default()
+            };
             state.record_allocation(0x1000 + i * 40, info, &stack, 1.0, admission);
         }
         state.measure_pending(|_| Some(40));
@@ -1139,7 +1143,7 @@ mod tests {
             let admission = state.admission();
             let object = ObjectInfo {
                 class: i,
-                gc_count: 0,
+                ..ObjectInfo::default()
             };
             state.record_allocation(0x10_0000 + i as usize * 40, object, &stack, 1.0, admission);
         }

@@ -5,6 +5,7 @@
 pub mod gzip;
 pub mod heap_profile;
 mod proto;
+pub mod spread_comment;
 pub mod string_table;
 
 pub use gzip::encode_gzipped;

@@ -77,6 +77,7 @@ pub unsafe fn object_info(object: VALUE) -> ObjectInfo {
         class,
         // SAFETY: reads a counter; no allocation, no raise.
         gc_count: unsafe { rb_gc_count() } as u32,
+        window_probability: 1.0,
     }
 }
 

@@ -24,9 +24,11 @@ use super::heap;
 use super::hooks::Hook;
 use super::registry::{self, Registered};
 use crate::pprof::heap_profile::{build_profile_gzipped, ProfileMeta, SampleLabels};
+use crate::pprof::spread_comment::format_spread_comment;
 use crate::sampler::address_filter::AddressFilter;
 use crate::sampler::gaps::{entropy_seed, mix_seed, GapSampler, SkipCountdown};
 use crate::sampler::lock::{LockError, SamplerLock};
+use crate::sampler::spread::{spreads, Spread};
 use crate::sampler::state::{DropCounters, SamplerState};
 use crate::sampler::windows::{WindowPolicy, Windows};
 
@@ -109,6 +111,27 @@ pub struct FlushResult {
     /// Share of the interval's allocations made while the NEWOBJ hook was
     /// on (1.0 without sampling windows).
     pub window_coverage: f64,
+    /// How sure each value's total is (alloc_objects, alloc_space,
+    /// inuse_objects, inuse_space).
+    pub spreads: [Spread; 4],
+    /// Sampling windows left every allocation of the interval unhooked: its
+    /// alloc_* read 0 without having looked.
+    pub nothing_hooked: bool,
+}
+
+impl FlushResult {
+    /// Each value's relative standard error (None: unknown), and its
+    /// effective sample count (None: unknown; infinite: exact).
+    pub fn spread_figures(&self) -> [(Option<f64>, Option<f64>); 4] {
+        let mut figures = self
+            .spreads
+            .map(|s| (s.relative_standard_error(), s.effective_samples()));
+        if self.nothing_hooked {
+            figures[0] = (None, None);
+            figures[1] = (None, None);
+        }
+        figures
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -348,7 +371,8 @@ impl Collector {
         let weight = state.gaps.weight() * windows.sample_weight();
         // SAFETY: we are in the NEWOBJ hook for `object`, on a Ruby thread
         // with the GVL.
-        let (info, frames) = unsafe { (object_info(object), backtrace.capture(top_line)) };
+        let (mut info, frames) = unsafe { (object_info(object), backtrace.capture(top_line)) };
+        info.window_probability = windows.probability() as f32;
         state.record_allocation(object as usize, info, frames, weight, admission);
         // Measuring costs a postponed job; samples of types that can be
         // sized at their free wait for a batch (a flush measures the rest).
@@ -821,10 +845,10 @@ impl Collector {
             (snapshot, naming, s.state.flush_classes().to_vec())
         })?;
         snapshot.drops.nolock += self.nolock_drops.swap(0, Ordering::Relaxed);
-        // Sampling windows: each sample stands for its share of the
-        // allocations made while the hook was off too.
+        // Sampling windows: samples already weigh 1 / their window's
+        // probability (sampler/windows.rs); nothing is rescaled here.
         let counter = heap::allocation_counter();
-        let (scale, window_policy, warm_up) = self.with_sampler(|s| {
+        let (coverage, window_policy, warm_up) = self.with_sampler(|s| {
             (
                 s.windows.flush(counter),
                 s.windows.policy(),
@@ -832,14 +856,8 @@ impl Collector {
             )
         })?;
         let windows = window_policy != WindowPolicy::Fixed(1.0);
-        if windows {
-            for sample in &mut snapshot.samples {
-                sample.values[0] *= scale.allocations;
-                sample.values[1] *= scale.allocations;
-                sample.values[2] *= scale.live;
-                sample.values[3] *= scale.live;
-            }
-        }
+        let spreads = spreads(&snapshot.samples);
+        let nothing_hooked = windows && coverage == 0.0;
         if options.proactively_yield_gvl {
             yield_to_other_threads()?;
         }
@@ -891,10 +909,11 @@ impl Collector {
                     comments.push(format!(
                         "sampling windows: {chosen}{warm_up}; \
                          the NEWOBJ hook was on for {:.1}% of this interval's allocations, \
-                         and values are scaled to all of them",
-                        scale.coverage * 100.0
+                         and each sample weighs 1 / its window's probability too",
+                        coverage * 100.0
                     ));
                 }
+                comments.push(format_spread_comment(&spreads, nothing_hooked));
                 comments
             },
             max_raw_bytes: options.max_profile_bytes,
@@ -939,7 +958,9 @@ impl Collector {
             finished_at,
             flush_duration_nanos: began.elapsed().as_nanos() as u64,
             serialization_nanos: serialization_began.elapsed().as_nanos() as u64,
-            window_coverage: scale.coverage,
+            window_coverage: coverage,
+            spreads,
+            nothing_hooked,
         })
     }
 

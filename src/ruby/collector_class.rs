@@ -449,12 +449,13 @@ unsafe extern "C" fn native_flush(
         let pprof = &result.pprof;
         let rate = result.sample_rate;
         let coverage = result.window_coverage;
+        let spread = result.spread_figures();
         // Everything captured by reference: a raise inside skips no owner.
         protect(|| {
             // SAFETY: plain Ruby allocations with valid pointers and lengths;
             // under protect, so a NoMemoryError comes back as an RbError.
             unsafe {
-                let array = rb_ary_new_capa(13);
+                let array = rb_ary_new_capa(21);
                 rb_ary_push(
                     array,
                     rb_str_new(pprof.as_ptr().cast(), pprof.len() as c_long),
@@ -467,6 +468,10 @@ unsafe extern "C" fn native_flush(
                     rb_ary_push(array, rb_ull2inum(t));
                 }
                 rb_ary_push(array, rb_float_new(coverage));
+                for (rse, effective) in spread {
+                    rb_ary_push(array, rse.map_or(Qnil as VALUE, |x| rb_float_new(x)));
+                    rb_ary_push(array, effective.map_or(Qnil as VALUE, |x| rb_float_new(x)));
+                }
                 array
             }
         })

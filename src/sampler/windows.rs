@@ -15,19 +15,22 @@
 //! not change (the gem allocates no Ruby object), so every allocation is in
 //! an on-window with the same probability.
 //!
-//! Estimates are scaled by the ratio of all allocations to those made in
-//! on-windows (both read from Ruby's allocation counter), rather than by
-//! 1 / q: the same expectation, but the total allocation count comes out
-//! exact, and the variance left is only in how stacks share it.
+//! Each sample weighs 1 / (its window's probability) on top of 1 / the
+//! sample rate, fixed when it is taken (`sample_weight`): a Horvitz-Thompson
+//! estimate, right in expectation for every call site and every interval
+//! alike. Nothing is rescaled at a flush. (Before, a flush multiplied
+//! every sample by all allocations over the allocations in on-windows, per
+//! interval for allocations and since start for live objects: exact totals,
+//! but an interval without an on-window read 0, so sums over intervals came
+//! out low, and a live object sampled in one window was multiplied by a
+//! factor that belonged to every other window since start.) How sure an
+//! estimate is, is reported beside it (sampler/spread.rs).
 //!
 //! With a budget (`WindowPolicy::Budget`), q is chosen at each GC from the
 //! allocation rate so far: budget / rate, between `MIN_BUDGET_PROBABILITY`
 //! and 1. A process that allocates less than its budget keeps the hook on
 //! all the time; a busy server samples a share that keeps the hooked
-//! allocations near the budget. Since q then varies, each window's samples
-//! weigh 1 / q (`sample_weight`), and the ratio above counts each
-//! on-window's allocations divided by its q: with one q for every window
-//! it is the fixed policy's ratio. A window's q depends only on earlier
+//! allocations near the budget. A window's q depends only on earlier
 //! windows, never on what its own allocations are, so nothing is biased.
 //!
 //! A warm-up keeps every window on until this many allocations have been
@@ -77,31 +80,15 @@ pub struct Windows {
     /// smoothed allocation rate (per second).
     last_tick: Option<(u64, u64)>,
     rate: Option<f64>,
-    /// Allocations in on-windows, each divided by its window's probability
-    /// (weighted), and unweighted; the counter when the interval began
-    /// (the last flush or start).
-    interval_on_weighted: f64,
+    /// Allocations in on-windows this interval; the counter when the
+    /// interval began (the last flush or start).
     interval_on: u64,
     interval_began: u64,
-    /// The weighted sum since start: live samples may come from any
-    /// interval.
-    run_on_weighted: f64,
+    /// The counter at start (the warm-up counts from it).
     run_began: u64,
     /// The counter when sampling stopped (stop, or paused for Ractors):
     /// later allocations were not sampled, so no flush counts them.
     frozen_at: Option<u64>,
-}
-
-/// What a flush multiplies its samples' values by.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct WindowScale {
-    /// For allocation samples: allocations / allocations in on-windows,
-    /// this interval.
-    pub allocations: f64,
-    /// For live samples: the same since start.
-    pub live: f64,
-    /// Share of this interval's allocations made in on-windows.
-    pub coverage: f64,
 }
 
 impl Windows {
@@ -120,10 +107,8 @@ impl Windows {
             decided_at_gc: None,
             last_tick: None,
             rate: None,
-            interval_on_weighted: 0.0,
             interval_on: 0,
             interval_began: 0,
-            run_on_weighted: 0.0,
             run_began: 0,
             frozen_at: None,
         }
@@ -160,6 +145,11 @@ impl Windows {
         self.on
     }
 
+    /// The probability that the current window is on (1.0 without windows).
+    pub fn probability(&self) -> f64 {
+        self.probability
+    }
+
     /// What a sample taken now weighs for the window it is in: 1 / its
     /// probability (1.0 without windows).
     pub fn sample_weight(&self) -> f64 {
@@ -171,10 +161,8 @@ impl Windows {
     /// `counter`: Ruby's allocation counter; `gc_count`: its GC count;
     /// `now_ns`: a monotonic clock.
     pub fn start(&mut self, counter: u64, gc_count: u32, now_ns: u64) -> bool {
-        self.interval_on_weighted = 0.0;
         self.interval_on = 0;
         self.interval_began = counter;
-        self.run_on_weighted = 0.0;
         self.run_began = counter;
         self.last_tick = Some((counter, now_ns));
         self.rate = None;
@@ -209,11 +197,7 @@ impl Windows {
 
     fn close_on_window(&mut self, counter: u64) {
         if self.on {
-            let made = counter.saturating_sub(self.on_since);
-            let weighted = made as f64 / self.probability;
-            self.interval_on += made;
-            self.interval_on_weighted += weighted;
-            self.run_on_weighted += weighted;
+            self.interval_on += counter.saturating_sub(self.on_since);
         }
         self.on_since = counter;
     }
@@ -251,7 +235,6 @@ impl Windows {
         self.rng = SmallRng::seed_from_u64(seed);
         if self.frozen_at.is_none() {
             self.on_since = counter;
-            self.interval_on_weighted = 0.0;
             self.interval_on = 0;
             self.interval_began = counter;
         }
@@ -294,35 +277,23 @@ impl Windows {
         }
     }
 
-    /// At a flush: the scales for its samples; starts the next interval.
-    pub fn flush(&mut self, counter: u64) -> WindowScale {
+    /// At a flush: the share of the interval's allocations made while the
+    /// hook was on (1.0 without windows, 0.0 without allocations); starts
+    /// the next interval.
+    pub fn flush(&mut self, counter: u64) -> f64 {
         let counter = self.frozen_at.map_or(counter, |frozen| frozen.min(counter));
         self.close_on_window(counter);
-        // Samples already weigh 1 / q: scaled by all allocations over the
-        // on-windows' allocations weighted the same way.
-        let ratio = |all: u64, on: f64| if on <= 0.0 { 0.0 } else { all as f64 / on };
-        let interval_all = counter.saturating_sub(self.interval_began);
-        let scale = if self.enabled() {
-            WindowScale {
-                allocations: ratio(interval_all, self.interval_on_weighted),
-                live: ratio(counter.saturating_sub(self.run_began), self.run_on_weighted),
-                coverage: if interval_all == 0 {
-                    0.0
-                } else {
-                    self.interval_on as f64 / interval_all as f64
-                },
-            }
+        let all = counter.saturating_sub(self.interval_began);
+        let coverage = if !self.enabled() {
+            1.0
+        } else if all == 0 {
+            0.0
         } else {
-            WindowScale {
-                allocations: 1.0,
-                live: 1.0,
-                coverage: 1.0,
-            }
+            self.interval_on as f64 / all as f64
         };
-        self.interval_on_weighted = 0.0;
         self.interval_on = 0;
         self.interval_began = counter;
-        scale
+        coverage
     }
 }
 
@@ -357,11 +328,7 @@ mod tests {
         assert!(w.start(100, 0, 0));
         assert_eq!(w.next_window(200, 1, MS), None);
         assert_eq!(w.sample_weight(), 1.0);
-        let scale = w.flush(300);
-        assert_eq!(
-            (scale.allocations, scale.live, scale.coverage),
-            (1.0, 1.0, 1.0)
-        );
+        assert_eq!(w.flush(300), 1.0);
     }
 
     #[test]
@@ -373,44 +340,44 @@ mod tests {
         assert_eq!(w.next_window(20, 1, 2 * MS), None);
     }
 
+    /// Each interval's estimate is its samples' weights alone: right on
+    /// average over many intervals, whether or not a given interval had an
+    /// on-window (an interval without one reads 0, one with one more than
+    /// its share), and the coverage is the share of allocations hooked.
     #[test]
-    fn scales_by_all_allocations_over_those_in_on_windows() {
-        // Drive the coin until we see on and off windows, tracking truth.
+    fn weights_alone_estimate_every_interval_right_on_average() {
         let mut w = fixed(0.3, 7);
-        let mut counter = 0;
-        let mut on_allocations = 0;
+        let (mut counter, mut gc) = (0u64, 0u32);
         let mut on = w.start(counter, 0, 0);
-        for gc in 1..=1_000u32 {
-            let cycle = 1_000 + u64::from(gc % 7) * 100;
-            if on {
-                on_allocations += cycle;
+        let (mut estimated, mut truth, mut empty) = (0.0, 0.0, 0);
+        for _interval in 0..20_000 {
+            // Three GC cycles an interval: often none of them on.
+            let mut interval_estimate = 0.0;
+            for _ in 0..3 {
+                gc += 1;
+                let cycle = 1_000 + u64::from(gc % 7) * 100;
+                if on {
+                    interval_estimate += cycle as f64 * w.sample_weight();
+                }
+                truth += cycle as f64;
+                counter += cycle;
+                on = w
+                    .next_window(counter, gc, u64::from(gc) * MS)
+                    .expect("a new GC");
             }
-            counter += cycle;
-            on = w
-                .next_window(counter, gc, u64::from(gc) * MS)
-                .expect("a new GC");
+            let coverage = w.flush(counter);
+            assert!((0.0..=1.0).contains(&coverage));
+            if interval_estimate == 0.0 {
+                empty += 1;
+                assert_eq!(coverage, 0.0);
+            }
+            estimated += interval_estimate;
         }
-        let scale = w.flush(counter);
-        // What a sample is multiplied by in all: its weight, then the scale.
-        let weight = w.sample_weight();
-        let per_sample = |scale: f64| scale * weight;
-        let expected = counter as f64 / on_allocations as f64;
-        assert!((per_sample(scale.allocations) - expected).abs() < 1e-9);
-        assert!((per_sample(scale.live) - expected).abs() < 1e-9);
+        assert!(empty > 5_000, "{empty} intervals without an on-window");
         assert!(
-            (scale.coverage - 0.3).abs() < 0.05,
-            "coverage {}",
-            scale.coverage
+            (estimated / truth - 1.0).abs() < 0.03,
+            "{estimated} vs {truth}"
         );
-        // The next interval starts afresh; the run keeps counting.
-        on_allocations = if on { 500 } else { 0 };
-        let next = w.flush(counter + 500);
-        if on {
-            assert!((per_sample(next.allocations) - 1.0).abs() < 1e-9);
-        } else {
-            assert_eq!(next.allocations, 0.0);
-        }
-        assert!(per_sample(next.live) > 1.0 && on_allocations <= 500);
     }
 
     #[test]
@@ -440,7 +407,7 @@ mod tests {
             assert_eq!(w.next_window(stopped_at + 1_000, gc + 1, MS), None);
             let late = w.flush(stopped_at + 1_000_000);
             let truth = w.flush(stopped_at);
-            assert_eq!(truth.coverage, 0.0, "the second flush has no allocations");
+            assert_eq!(truth, 0.0, "the second flush has no allocations");
             let mut again = fixed(0.5, 11);
             let mut on = again.start(0, 0, 0);
             for gc in 1..=gc {
@@ -473,8 +440,7 @@ mod tests {
         // allocations before the fork are in none of the child's.
         let on =
             u32::from(on_at_fork) + child_coins[..63].iter().map(|&c| u32::from(c)).sum::<u32>();
-        let scale = child.flush(1_064);
-        assert_eq!(scale.coverage, f64::from(on) / 64.0);
+        assert_eq!(child.flush(1_064), f64::from(on) / 64.0);
     }
 
     #[test]
@@ -502,11 +468,7 @@ mod tests {
         // A flush within the warm-up is exact: everything was hooked.
         let mut w = warming(0.1, 11, 1_000_000);
         run_cycles(&mut w, 50, 10_000);
-        let scale = w.flush(500_000);
-        assert_eq!(
-            (scale.allocations, scale.live, scale.coverage),
-            (1.0, 1.0, 1.0)
-        );
+        assert_eq!(w.flush(500_000), 1.0);
         // The warm-up counts from each start, not from the first.
         w.freeze(600_000);
         assert!(w.start(2_000_000, 60, 0));
@@ -519,7 +481,7 @@ mod tests {
         run_cycles(&mut w, 40, 5_000);
         let so_far = w.coverage_so_far(203_000);
         assert!(so_far > 0.0 && so_far < 1.0, "{so_far}");
-        assert_eq!(w.flush(203_000).coverage, so_far);
+        assert_eq!(w.flush(203_000), so_far);
         assert_eq!(fixed(1.0, 1).coverage_so_far(5), 1.0);
     }
 
@@ -527,7 +489,7 @@ mod tests {
     fn a_warm_up_keeps_estimates_unbiased() {
         // Site 0 allocates only in the first 300,000 allocations (inside a
         // 200,000 warm-up and past it), site 1 throughout. Averaged over
-        // many seeds, the weighted, scaled estimates match the truth.
+        // many seeds, the weighted estimates match the truth.
         let (mut estimate, mut truth) = ([0.0f64; 2], [0.0f64; 2]);
         for seed in 0..400 {
             let mut w = fixed(0.2, seed);
@@ -544,9 +506,9 @@ mod tests {
                 counter += 10_000;
                 on = w.next_window(counter, gc, 0).expect("a new GC");
             }
-            let scale = w.flush(counter);
+            w.flush(counter);
             for site in 0..2 {
-                estimate[site] += sampled[site] * scale.allocations;
+                estimate[site] += sampled[site];
             }
         }
         for site in 0..2 {
@@ -570,8 +532,7 @@ mod tests {
             assert_eq!(w.next_window(u64::from(gc) * 10_000, gc, now), Some(true));
             assert_eq!(w.sample_weight(), 1.0);
         }
-        let scale = w.flush(1_000_000);
-        assert_eq!((scale.allocations, scale.coverage), (1.0, 1.0));
+        assert_eq!(w.flush(1_000_000), 1.0);
     }
 
     #[test]
@@ -650,9 +611,9 @@ mod tests {
                 now += if busy { 10 * MS } else { 200 * MS };
                 w.next_window(counter, gc, now);
             }
-            let scale = w.flush(counter);
+            w.flush(counter);
             for site in 0..2 {
-                estimate[site] += sampled[site] * scale.allocations;
+                estimate[site] += sampled[site];
                 unweighted[site] += plain[site] * counter as f64 / on_allocations;
             }
         }

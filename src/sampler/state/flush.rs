@@ -78,6 +78,10 @@ pub struct FlushedSample {
     /// For live objects: how many GCs they have survived.
     pub gc_age: Option<u32>,
     pub values: [f64; 4],
+    /// The sampling window it was taken in (its GC cycle), and that
+    /// window's probability: what its spread depends on (sampler/spread.rs).
+    pub window: u32,
+    pub window_probability: f32,
 }
 
 /// A flush between `begin_flush` and `end_snapshot`. Kept inside the state
@@ -191,6 +195,8 @@ impl SamplerState {
                     f64::from(record.weight),
                     f64::from(record.weight) * size as f64,
                 ],
+                window: record.info.gc_count,
+                window_probability: record.info.window_probability,
             });
             // Held for the flush: the sample's object may die (and its
             // record go) before the flush names the class.
@@ -255,6 +261,8 @@ impl SamplerState {
                 class: record.info.class,
                 gc_age: None,
                 values: [weight, weight * record.size as f64, 0.0, 0.0],
+                window: record.info.gc_count,
+                window_probability: record.info.window_probability,
             });
             snapshot.allocation_samples += 1;
             self.release(id);

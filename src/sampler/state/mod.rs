@@ -45,11 +45,25 @@ pub use flush::{Detaching, FlushSnapshot, FlushedSample, Measuring, Naming};
 use flush::FlushPhase;
 
 /// What the binding layer knows about an object when it is sampled.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ObjectInfo {
     pub class: ClassRef,
-    /// Number of GCs so far (`GC.count`), to tell the object's age later.
+    /// Number of GCs so far (`GC.count`), to tell the object's age later;
+    /// also which sampling window (a GC cycle) the sample was taken in.
     pub gc_count: u32,
+    /// The probability that its sampling window was on (1.0 without
+    /// windows): how sure an estimate is depends on it (sampler/spread.rs).
+    pub window_probability: f32,
+}
+
+impl Default for ObjectInfo {
+    fn default() -> Self {
+        ObjectInfo {
+            class: 0,
+            gc_count: 0,
+            window_probability: 1.0,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -452,6 +452,7 @@ fn classes_of_a_flush_stay_held_until_it_finishes() {
     let info = ObjectInfo {
         class: 0x5000,
         gc_count: 3,
+        ..ObjectInfo::default()
     };
     let admission = st.admission();
     st.record_allocation(0x1000, info, &frames(&[8]), 1.0, admission);
@@ -474,6 +475,7 @@ fn live_samples_carry_their_gc_age() {
     let info = ObjectInfo {
         class: 0x5000,
         gc_count: 3,
+        ..ObjectInfo::default()
     };
     st.record_allocation(0x1000, info, &frames(&[8]), 1.0, admission);
     let snap = st.take_snapshot(10, |_| Some(40));
@@ -577,7 +579,7 @@ fn classes_of_live_samples_stay_held_while_a_flush_walks() {
     let admission = st.admission();
     let info = ObjectInfo {
         class: 0x5550,
-        gc_count: 0,
+        ..ObjectInfo::default()
     };
     st.record_allocation(0x1000, info, &frames(&[1]), 1.0, admission);
     st.measure_pending(|_| Some(40));
