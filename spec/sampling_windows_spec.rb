@@ -303,11 +303,12 @@ RSpec.describe MemprofilerPprof::Collector, "sampling windows" do
   end
 
   it "calls an interval's allocations unknown, not 0, when no window hooked any of them" do
-    data = (1..64).lazy.map do |seed|
+    profile_with_seed = lambda do |seed|
       collector = described_class.new(mode: :light, sample_rate: 0.5, window_probability: 0.05, window_warm_up: 0,
                                       seed: seed)
       collector.profile { Array.new(1_000) { |i| i.to_s } }
-    end.find { |d| d.window_coverage.zero? }
+    end
+    data = (1..64).lazy.map(&profile_with_seed).find { |d| d.window_coverage.zero? }
     expect(data).not_to be_nil
     expect(data.relative_standard_errors.values_at(:alloc_objects, :alloc_space)).to eq([nil, nil])
     expect(data.effective_samples[:alloc_objects]).to be_nil
