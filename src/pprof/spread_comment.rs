@@ -28,30 +28,48 @@ pub enum TotalSpread {
     NothingHooked,
 }
 
-/// The comment for a flush's four spreads. `nothing_hooked`: sampling
-/// windows left every allocation of the interval unhooked.
-pub fn format_spread_comment(spreads: &[Spread; 4], nothing_hooked: bool) -> String {
+impl TotalSpread {
+    /// The relative standard error and the effective samples (infinite
+    /// when exact); None for both where they cannot be known.
+    pub fn figures(self) -> (Option<f64>, Option<f64>) {
+        match self {
+            TotalSpread::Estimated {
+                rse,
+                effective_samples,
+            } => (Some(rse), Some(effective_samples)),
+            TotalSpread::Exact => (Some(0.0), Some(f64::INFINITY)),
+            TotalSpread::NoSamples | TotalSpread::NothingHooked => (None, None),
+        }
+    }
+}
+
+/// What a flush's four spreads say. `nothing_hooked`: sampling windows
+/// left every allocation of the interval unhooked, so alloc_* are unknown.
+pub fn total_spreads(spreads: &[Spread; 4], nothing_hooked: bool) -> [TotalSpread; 4] {
+    let mut index = 0;
+    spreads.map(|spread| {
+        let allocations = index < 2;
+        index += 1;
+        if allocations && nothing_hooked {
+            return TotalSpread::NothingHooked;
+        }
+        match (spread.relative_standard_error(), spread.effective_samples()) {
+            (Some(rse), Some(effective)) if effective.is_finite() => TotalSpread::Estimated {
+                rse,
+                effective_samples: effective,
+            },
+            (Some(_), Some(_)) => TotalSpread::Exact,
+            _ => TotalSpread::NoSamples,
+        }
+    })
+}
+
+/// The comment for a flush's four totals.
+pub fn format_spread_comment(totals: &[TotalSpread; 4]) -> String {
     let parts: Vec<String> = NAMES
         .iter()
-        .zip(spreads)
-        .enumerate()
-        .map(|(index, (name, spread))| {
-            let total = if index < 2 && nothing_hooked {
-                TotalSpread::NothingHooked
-            } else {
-                match (spread.relative_standard_error(), spread.effective_samples()) {
-                    (Some(rse), Some(effective)) if effective.is_finite() => {
-                        TotalSpread::Estimated {
-                            rse,
-                            effective_samples: effective,
-                        }
-                    }
-                    (Some(_), Some(_)) => TotalSpread::Exact,
-                    _ => TotalSpread::NoSamples,
-                }
-            };
-            format!("{name} {}", describe(total))
-        })
+        .zip(totals)
+        .map(|(name, &total)| format!("{name} {}", describe(total)))
         .collect();
     format!("{PREFIX}{}", parts.join("; "))
 }
@@ -143,7 +161,7 @@ mod tests {
                 variance: 1.0,
             },
         ];
-        let comment = format_spread_comment(&spreads, false);
+        let comment = format_spread_comment(&total_spreads(&spreads, false));
         let read = |t| parse_spread_comment([comment.as_str()], t);
         assert_eq!(
             read("alloc_objects"),
@@ -162,7 +180,11 @@ mod tests {
             })
         );
         assert_eq!(read("cpu"), None);
-        let unhooked = format_spread_comment(&spreads, true);
+        assert_eq!(
+            read("alloc_space").unwrap().figures(),
+            (Some(0.0), Some(f64::INFINITY))
+        );
+        let unhooked = format_spread_comment(&total_spreads(&spreads, true));
         assert_eq!(
             parse_spread_comment([unhooked.as_str()], "alloc_space"),
             Some(TotalSpread::NothingHooked)

@@ -24,11 +24,11 @@ use super::heap;
 use super::hooks::Hook;
 use super::registry::{self, Registered};
 use crate::pprof::heap_profile::{build_profile_gzipped, ProfileMeta, SampleLabels};
-use crate::pprof::spread_comment::format_spread_comment;
+use crate::pprof::spread_comment::{format_spread_comment, total_spreads, TotalSpread};
 use crate::sampler::address_filter::AddressFilter;
 use crate::sampler::gaps::{entropy_seed, mix_seed, GapSampler, SkipCountdown};
 use crate::sampler::lock::{LockError, SamplerLock};
-use crate::sampler::spread::{spreads, Spread};
+use crate::sampler::spread::spreads;
 use crate::sampler::state::{DropCounters, SamplerState};
 use crate::sampler::windows::{WindowPolicy, Windows};
 
@@ -113,25 +113,7 @@ pub struct FlushResult {
     pub window_coverage: f64,
     /// How sure each value's total is (alloc_objects, alloc_space,
     /// inuse_objects, inuse_space).
-    pub spreads: [Spread; 4],
-    /// Sampling windows left every allocation of the interval unhooked: its
-    /// alloc_* read 0 without having looked.
-    pub nothing_hooked: bool,
-}
-
-impl FlushResult {
-    /// Each value's relative standard error (None: unknown), and its
-    /// effective sample count (None: unknown; infinite: exact).
-    pub fn spread_figures(&self) -> [(Option<f64>, Option<f64>); 4] {
-        let mut figures = self
-            .spreads
-            .map(|s| (s.relative_standard_error(), s.effective_samples()));
-        if self.nothing_hooked {
-            figures[0] = (None, None);
-            figures[1] = (None, None);
-        }
-        figures
-    }
+    pub spreads: [TotalSpread; 4],
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -856,8 +838,8 @@ impl Collector {
             )
         })?;
         let windows = window_policy != WindowPolicy::Fixed(1.0);
-        let spreads = spreads(&snapshot.samples);
-        let nothing_hooked = windows && coverage == 0.0;
+        // (Nothing hooked: alloc_* read 0 without having looked.)
+        let spreads = total_spreads(&spreads(&snapshot.samples), windows && coverage == 0.0);
         if options.proactively_yield_gvl {
             yield_to_other_threads()?;
         }
@@ -913,7 +895,7 @@ impl Collector {
                         coverage * 100.0
                     ));
                 }
-                comments.push(format_spread_comment(&spreads, nothing_hooked));
+                comments.push(format_spread_comment(&spreads));
                 comments
             },
             max_raw_bytes: options.max_profile_bytes,
@@ -960,7 +942,6 @@ impl Collector {
             serialization_nanos: serialization_began.elapsed().as_nanos() as u64,
             window_coverage: coverage,
             spreads,
-            nothing_hooked,
         })
     }
 

@@ -449,7 +449,7 @@ unsafe extern "C" fn native_flush(
         let pprof = &result.pprof;
         let rate = result.sample_rate;
         let coverage = result.window_coverage;
-        let spread = result.spread_figures();
+        let spread = result.spreads.map(|total| total.figures());
         // Everything captured by reference: a raise inside skips no owner.
         protect(|| {
             // SAFETY: plain Ruby allocations with valid pointers and lengths;
