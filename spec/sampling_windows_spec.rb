@@ -1,11 +1,11 @@
 # frozen_string_literal: true
 
-# window_probability below 1.0: the NEWOBJ hook is on only in randomly
-# chosen GC cycles (src/sampler/windows.rs). Each sample weighs 1 / its
-# cycle's probability, so estimates are unbiased; how close one run gets
-# depends on how many GC cycles it spans, and each profile says how close
-# (ProfileData#relative_standard_errors): the truth must lie within its
-# error bars.
+# window_probability below 1.0: the NEWOBJ hook is on only in short
+# windows of allocations placed at random, one per block of the allocation
+# sequence (src/sampler/windows.rs). Each sample weighs 1 / its window's
+# probability, so estimates are unbiased, and each profile says how close
+# it is (ProfileData#relative_standard_errors): the truth must lie within
+# its error bars.
 RSpec.describe MemprofilerPprof::Collector, "sampling windows" do
   let(:allocator) { Workload::Allocator.new }
   let(:unlimited) { { max_allocation_samples: 10_000_000, max_heap_samples: 10_000_000 } }
@@ -77,34 +77,31 @@ RSpec.describe MemprofilerPprof::Collector, "sampling windows" do
     end
   end
 
-  # Two biases of the estimates scaled at flush (before 0.4): an interval
-  # with no window read 0 while one with a window read the exact total, so
-  # short intervals summed low; and every live sample was multiplied by a
-  # ratio of all the run's windows, so data kept from the warm-up swung
-  # with windows long after it was made.
-  it "sums short intervals to the truth: an interval without a window reads 0, one with a window more" do
+  # Two biases of the estimates scaled at flush (before 0.4), when a window
+  # was a whole GC cycle: an interval with no window read 0 while one with
+  # a window read the exact total, so short intervals summed low; and every
+  # live sample was multiplied by a ratio of all the run's windows, so data
+  # kept from the warm-up swung with windows long after it was made.
+  it "samples every short interval, each within its reported error, and they sum to the truth" do
     collector = described_class.new(mode: :light, sample_rate: 0.2, window_probability: 0.5, window_warm_up: 0,
                                     seed: 12, **unlimited)
     collector.start!
-    sum = 0.0
-    empty = 0
-    truth = 0
-    # 200 intervals of two GC cycles: a quarter of them hook nothing.
-    200.times do
-      2.times do
-        GC.start(full_mark: false)
-        5_000.times { |i| allocator.temporary(i) }
-      end
-      truth += 10_000
-      data = collector.flush
-      estimate = total_through(parse_profile(data), "Workload::Allocator#temporary", "alloc_objects")
-      empty += 1 if estimate.zero?
-      sum += estimate
+    # 200 intervals of 10,000 allocations: about 5 windows each. (Read
+    # after the loop: reading allocates, and would be most of the next
+    # interval, whose reported error is its total's.)
+    flushed = Array.new(200) do |interval|
+      GC.start(full_mark: false) if (interval % 20).zero?
+      10_000.times { |i| allocator.temporary(i) }
+      collector.flush
     end
     collector.stop!
-    expect(empty).to be_between(20, 100)
-    # ~400 cycles at q 0.5: about 5% standard error (the old scaling: -25%).
-    expect(sum).to be_within(truth * 0.15).of(truth)
+    estimates = flushed.each_with_index.map do |data, interval|
+      estimate = total_through(parse_profile(data), "Workload::Allocator#temporary", "alloc_objects")
+      expect(estimate).to be_positive
+      expect_within_reported_error(estimate, 10_000, data, :alloc_objects, floor: 0.1, context: "interval #{interval}")
+      estimate
+    end
+    expect(estimates.sum).to be_within(2_000_000 * 0.03).of(2_000_000)
   end
 
   [21, 22, 23].each do |seed|

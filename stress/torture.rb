@@ -343,8 +343,8 @@ module Torture
       @validator = options.go ? GoValidator.new(@failures, @stats, options.keep_dir) : nil
       # The main collector at the defaults (--main-mode to choose): no
       # FREEOBJ hook (deaths found by object id), and past its warm-up
-      # sampling windows (the NEWOBJ hook switched on and off at GC cycles,
-      # with a budget).
+      # sampling windows (the NEWOBJ hook switched on and off around short
+      # windows at random places in the allocation sequence, with a budget).
       @main = MemprofilerPprof::Collector.new(sample_rate: 0.01, seed: @random.rand(2**32),
                                               mode: options.main_mode, **MAIN_CAPS)
       # The side collector with both hooks always on (mode :exact, 0.1.0's

@@ -2,7 +2,7 @@
 
 module MemprofilerPprof
   # Samples allocations (NEWOBJ: by default every one for the first
-  # 250,000, then in random GC cycles; see window_budget), tracks which
+  # 250,000, then in short windows at random places; see window_budget), tracks which
   # sampled objects are still alive, and turns both into a gzipped pprof
   # profile on #flush.
   #
@@ -110,13 +110,16 @@ module MemprofilerPprof
       apply_window_budget(auto_window_budget) if @window_budget_auto
     end
 
-    # Sampling windows: each GC cycle is sampled (the NEWOBJ hook on) with
-    # this probability, from 1.0 (always: no windows) down to just above 0.
-    # Ruby's NEWOBJ hook slows every allocation while it is on, so 0.25
-    # costs about a quarter of that; values are scaled by all allocations
-    # over those made in sampled cycles, so estimates stay unbiased but
-    # need more GC cycles to settle (see docs/performance.md). Only while
-    # stopped.
+    # Sampling windows: each allocation is in a window (the NEWOBJ hook
+    # on) with this probability, from 1.0 (always: no windows) down to just
+    # above 0: windows of 1,000 consecutive allocations, one at a random
+    # place in each block of 1,000 / probability. Ruby's NEWOBJ hook slows
+    # every allocation while it is on, so 0.25 costs about a quarter of
+    # that (plus the hook's lead-in before each window). Each sample weighs
+    # 1 / (its sample rate x the probability), so estimates are unbiased;
+    # inside windows the sample rate is sample_rate / probability, up to
+    # 0.1, so as many samples are taken as without windows where that
+    # allows (see docs/performance.md). Only while stopped.
     def window_probability=(probability)
       q = self.class.validate_fraction(probability, :window_probability)
       if window_budget && q < 1.0 && !@window_budget_auto
@@ -136,13 +139,14 @@ module MemprofilerPprof
     end
 
     # Sampling windows whose probability is chosen for you: at most about
-    # this many allocations a second go through the NEWOBJ hook. At each GC,
-    # the probability becomes this over the process's recent allocation
-    # rate (at most 1.0, at least 0.01), so a process that allocates less
-    # keeps the hook on all the time, and a busy server pays for about this
-    # many (at the 80-300 ns per hooked allocation measured in bench/, 100,000
-    # a second is 1-3% of a core). Each sample is weighted by
-    # its window's probability. :auto (the default): DEFAULTS[:window_budget]
+    # this many allocations a second go through the NEWOBJ hook. For each
+    # block of allocations the probability becomes this over the process's
+    # recent allocation rate (and the hook's lead-in before each window; at
+    # most 1.0, at least 0.001), so a process that allocates less keeps the
+    # hook on all the time, and a busy server pays for about this many (at
+    # the 80-300 ns per hooked allocation measured in bench/, 100,000 a
+    # second is 1-3% of a core, and the samples as much again). Each sample
+    # is weighted by its window's probability. :auto (the default): DEFAULTS[:window_budget]
     # in mode :light below sample_rate 1.0 without a window_probability
     # (re-chosen when mode or window_probability change; sample_rate= does
     # not change it), else nil; nil: no budget. A number excludes a
@@ -152,11 +156,10 @@ module MemprofilerPprof
       apply_window_budget(@window_budget_auto ? auto_window_budget : per_second)
     end
 
-    # Every sampling window is on (every allocation hooked) until this many
-    # allocations have been made since start!: a short profile (a block, a
-    # test, a script) spans too few GC cycles for windows to sample it
-    # well, and a busy server pays for the hook in less than its first
-    # second only. 0: windows from the first GC. Only while stopped.
+    # Every allocation is hooked until this many have been made since
+    # start!: a short profile (a block, a test, a script) is then complete,
+    # at the sample rate, and a busy server pays for the hook in less than
+    # its first second only. 0: windows from the start. Only while stopped.
     def window_warm_up=(allocations)
       Validation.integer(allocations, :window_warm_up, min: 0)
       _native_set_window_warm_up(allocations)

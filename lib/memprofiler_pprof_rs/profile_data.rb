@@ -40,7 +40,7 @@ module MemprofilerPprof
 
     def self.from_native(values, sample_labels: nil)
       pprof, allocs, heap, nolock, alloc_buf, heap_buf, flush_ns, ser_ns, folded, rate, start_ns, end_ns,
-        coverage, *spread = values
+        coverage, errors, effective = values
       new(
         pprof_data: pprof, allocation_samples_count: allocs, heap_samples_count: heap,
         dropped_samples_nolock: nolock, dropped_samples_allocation_bufsize: alloc_buf,
@@ -49,22 +49,9 @@ module MemprofilerPprof
         started_at: Time.at(Rational(start_ns, 1_000_000_000)),
         finished_at: Time.at(Rational(end_ns, 1_000_000_000)), window_coverage: coverage,
         sample_labels: sample_labels,
-        **spread_hashes(spread)
+        relative_standard_errors: errors, effective_samples: effective
       )
     end
-
-    # The native flush's 8 spread figures, as the two Hashes (with few
-    # allocations: they count in the next interval's profile).
-    def self.spread_hashes(spread)
-      errors = {}
-      effective = {}
-      SAMPLE_TYPES.each_with_index do |type, i|
-        errors[type] = spread[2 * i]
-        effective[type] = spread[(2 * i) + 1]
-      end
-      { relative_standard_errors: errors, effective_samples: effective }
-    end
-    private_class_method :spread_hashes
 
     def initialize(pprof_data:, allocation_samples_count: 0, heap_samples_count: 0,
                    dropped_samples_nolock: 0, dropped_samples_allocation_bufsize: 0,

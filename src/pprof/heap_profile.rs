@@ -771,11 +771,7 @@ mod tests {
         let stack = [frame(8, 12), frame(16, 30)];
         for (i, (class, gc_count)) in [(1, 0), (1, 3), (2, 5)].into_iter().enumerate() {
             let admission = state.admission();
-            let info = ObjectInfo {
-                class,
-                gc_count,
-                ..ObjectInfo::default()
-            };
+            let info = ObjectInfo::new(class, gc_count);
             state.record_allocation(0x1000 + i * 40, info, &stack, 1.0, admission);
         }
         state.measure_pending(|_| Some(40));
@@ -1141,10 +1137,7 @@ mod tests {
                 .map(|d| frame(8 * (1 + (i * 40 + d) % 3_000), d as i32))
                 .collect();
             let admission = state.admission();
-            let object = ObjectInfo {
-                class: i,
-                ..ObjectInfo::default()
-            };
+            let object = ObjectInfo::new(i, 0);
             state.record_allocation(0x10_0000 + i as usize * 40, object, &stack, 1.0, admission);
         }
         for f in 1..=3_000u64 {

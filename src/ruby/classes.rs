@@ -73,12 +73,8 @@ pub unsafe fn object_info(object: VALUE) -> ObjectInfo {
     } else {
         klass as ClassRef
     };
-    ObjectInfo {
-        class,
-        // SAFETY: reads a counter; no allocation, no raise.
-        gc_count: unsafe { rb_gc_count() } as u32,
-        window_probability: 1.0,
-    }
+    // SAFETY: reads a counter; no allocation, no raise.
+    ObjectInfo::new(class, unsafe { rb_gc_count() } as u32)
 }
 
 /// Class handles that are real class VALUEs (to be marked).

@@ -6,7 +6,7 @@ use std::cell::Cell;
 use std::ffi::c_int;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use rb_sys::{
@@ -23,6 +23,7 @@ use super::gvl::{current_thread, without_gvl, yield_to_other_threads};
 use super::heap;
 use super::hooks::Hook;
 use super::registry::{self, Registered};
+use super::window_timer::{self, monotonic_ns};
 use crate::pprof::heap_profile::{build_profile_gzipped, ProfileMeta, SampleLabels};
 use crate::pprof::spread_comment::{format_spread_comment, total_spreads, TotalSpread};
 use crate::sampler::address_filter::AddressFilter;
@@ -45,8 +46,7 @@ pub const DEFAULT_MAX_HEAP_SAMPLES: usize = 50_000;
 pub const DEFAULT_WINDOW_BUDGET: u64 = 50_000;
 /// .. after every allocation is hooked for this many: a fraction of a
 /// second of a busy server, and all of most short profiles (a block, a
-/// test, a script), which would otherwise span too few GC cycles to be
-/// sampled. At the default rate that is 2,500 samples, a quarter of the
+/// test, a script), which are then complete at the sample rate. At the default rate that is 2,500 samples, a quarter of the
 /// allocation reservoir. Why not more: a loop that allocates 4,000,000
 /// objects from start pays the whole hook for this share of itself. Its
 /// cost over no profiler, in instructions and on the clock (median of 15):
@@ -137,6 +137,10 @@ pub struct Collector {
     /// Allocations not sampled because the lock was taken; outside the lock
     /// by necessity.
     nolock_drops: AtomicU64,
+    /// With windows: allocations since the countdown's event that could not
+    /// be handled (lock busy, or this collector's own flush allocating), so
+    /// the next one handled knows its position.
+    overrun: AtomicU64,
     /// pthread_self() of a thread whose allocations must not be sampled (this
     /// collector's own flush while it calls into Ruby), or 0.
     suppressed_thread: AtomicUsize,
@@ -182,12 +186,17 @@ impl Collector {
             free_filter,
             sampler: SamplerLock::new(Sampler {
                 state,
-                windows: Windows::new(WindowPolicy::Fixed(1.0), window_seed(seed)),
+                windows: {
+                    let mut windows = Windows::new(WindowPolicy::Fixed(1.0), window_seed(seed));
+                    windows.set_sample_rate(DEFAULT_SAMPLE_RATE);
+                    windows
+                },
                 backtrace: BacktraceBuffer::default(),
                 interval_started_at: SystemTime::now(),
             }),
             countdown: SkipCountdown::default(),
             nolock_drops: AtomicU64::new(0),
+            overrun: AtomicU64::new(0),
             suppressed_thread: AtomicUsize::new(0),
             has_pending: AtomicBool::new(false),
             // SAFETY: reads a counter (GVL held: collectors are made by
@@ -217,9 +226,14 @@ impl Collector {
     pub fn set_sample_rate(&self, rate: f64) -> RbResult<()> {
         let gap = self.with_sampler(|s| {
             s.state.gaps.set_rate(rate);
-            s.state.gaps.next_gap()
+            s.windows.set_sample_rate(rate);
+            // (With windows the countdown runs to the next event, and the
+            // windows take the rate from their next block.)
+            (!s.windows.enabled()).then(|| s.state.gaps.next_gap())
         })?;
-        self.countdown.set(gap);
+        if let Some(gap) = gap {
+            self.countdown.set(gap);
+        }
         Ok(())
     }
 
@@ -247,9 +261,9 @@ impl Collector {
         self.mode.get() == Mode::Light
     }
 
-    /// Sets how sampling windows are chosen: a fixed probability that a GC
-    /// cycle is one (1.0: the NEWOBJ hook always on), or a budget of
-    /// hooked allocations per second. Only while stopped.
+    /// Sets how sampling windows are chosen: a fixed probability that an
+    /// allocation is in one (1.0: the NEWOBJ hook always on), or a budget
+    /// of hooked allocations per second. Only while stopped.
     pub fn set_window_policy(&self, policy: WindowPolicy) -> RbResult<()> {
         if self.is_running() {
             return Err(RbError::runtime(
@@ -257,9 +271,7 @@ impl Collector {
             ));
         }
         self.with_sampler(|s| {
-            let warm_up = s.windows.warm_up();
-            s.windows = Windows::new(policy, window_seed(s.state.gaps.seed()));
-            s.windows.set_warm_up(warm_up);
+            s.windows = s.windows.renewed(policy, window_seed(s.state.gaps.seed()));
         })
     }
 
@@ -283,9 +295,7 @@ impl Collector {
 
     pub fn reseed(&self, seed: u64) -> RbResult<()> {
         let gap = self.with_sampler(|s| {
-            let warm_up = s.windows.warm_up();
-            s.windows = Windows::new(s.windows.policy(), window_seed(seed));
-            s.windows.set_warm_up(warm_up);
+            s.windows = s.windows.renewed(s.windows.policy(), window_seed(seed));
             s.state.reseed(seed);
             s.state.gaps.next_gap()
         })?;
@@ -323,6 +333,8 @@ impl Collector {
     fn on_sampled_newobj(&self, object: VALUE, top_line: impl FnOnce() -> c_int) {
         let suppressed = self.suppressed_thread.load(Ordering::Relaxed);
         if suppressed != 0 && suppressed == current_thread() {
+            // (The countdown stays at 0: the next allocation is this event.)
+            self.overrun.fetch_add(1, Ordering::Relaxed);
             return;
         }
         let mut sampler = match self.sampler.try_lock() {
@@ -332,6 +344,7 @@ impl Collector {
                     self.count_internal_error();
                 }
                 self.nolock_drops.fetch_add(1, Ordering::Relaxed);
+                self.overrun.fetch_add(1, Ordering::Relaxed);
                 return;
             }
         };
@@ -341,20 +354,41 @@ impl Collector {
             windows,
             ..
         } = &mut *sampler;
-        self.countdown.set(state.gaps.next_gap());
+        let overrun = self.overrun.swap(0, Ordering::Relaxed);
+        // With windows the countdown runs to the next event (a sample or a
+        // window's end: sampler/windows.rs); without, to the next sample.
+        let window = if windows.enabled() {
+            let event = windows.on_event(overrun);
+            self.countdown.set(event.countdown);
+            if event.switch_off {
+                registry::request_measurement();
+            }
+            match event.sample {
+                Some(window) => Some(window),
+                None => return,
+            }
+        } else {
+            self.countdown.set(state.gaps.next_gap());
+            None
+        };
         let admission = state.admission();
         if admission.is_dropped() {
             // Still forget a sample whose address was reused without a free.
             state.record_free(object as usize);
             return;
         }
-        // (With a window budget, a sample also stands for the windows that
-        // were off: sampler/windows.rs.)
-        let weight = state.gaps.weight() * windows.sample_weight();
         // SAFETY: we are in the NEWOBJ hook for `object`, on a Ruby thread
         // with the GVL.
         let (mut info, frames) = unsafe { (object_info(object), backtrace.capture(top_line)) };
-        info.window_probability = windows.probability() as f32;
+        // A sample in a window also stands for the allocations the windows
+        // left out: 1 / (its window's sample rate x probability).
+        let weight = match window {
+            Some(sampled) => {
+                info.set_window(sampled.window, sampled.window_probability);
+                1.0 / sampled.probability
+            }
+            None => state.gaps.weight(),
+        };
         state.record_allocation(object as usize, info, frames, weight, admission);
         // Measuring costs a postponed job; samples of types that can be
         // sized at their free wait for a batch (a flush measures the rest).
@@ -545,28 +579,32 @@ impl Collector {
         marked == now || (marked == now.wrapping_sub(1) && heap::gc_is_marking())
     }
 
-    /// With sampling windows, after a GC started (postponed job): throws
-    /// the next window's coin and switches the NEWOBJ hook to match.
+    /// With sampling windows (postponed job, woken by the windows' timer
+    /// thread, a GC or the hook): polls the windows, switches the NEWOBJ
+    /// hook to match, and says when to poll next.
     fn next_window(&self) {
         // (The job runs for every batch of samples too: nothing to do there
         // without windows.)
         if !self.windows_active.load(Ordering::Relaxed) || self.is_paused_for_ractors() {
             return;
         }
-        // SAFETY: reads a counter.
-        let gc_count = unsafe { rb_gc_count() } as u32;
         let counter = heap::allocation_counter();
-        let switched = self.with_sampler(|s| {
-            let was_on = s.windows.is_on();
-            s.windows.next_window(counter, gc_count, monotonic_ns()) == Some(!was_on)
+        let polled = self.with_sampler(|s| {
+            let poll = s.windows.poll(counter, monotonic_ns());
+            if let Some(countdown) = poll.countdown {
+                // Armed: the countdown runs from the next allocation.
+                self.countdown.set(countdown);
+                self.overrun.store(0, Ordering::Relaxed);
+            }
+            poll
         });
-        match switched {
-            Ok(true) => {
-                if self.apply_hooks().is_err() {
+        match polled {
+            Ok(poll) => {
+                window_timer::schedule(poll.next_poll_in_ns, registry::request_measurement);
+                if self.newobj.is_enabled() != poll.hook_on && self.apply_hooks().is_err() {
                     self.count_internal_error();
                 }
             }
-            Ok(false) => {}
             Err(_) => self.count_internal_error(),
         }
     }
@@ -580,15 +618,15 @@ impl Collector {
             return Ok(false);
         }
         let counter = heap::allocation_counter();
-        // SAFETY: reads a counter.
-        let gc_count = unsafe { rb_gc_count() } as u32;
-        let gap = self.with_sampler(|s| {
+        let (gap, poll) = self.with_sampler(|s| {
             s.state.clear();
-            s.windows.start(counter, gc_count, monotonic_ns());
+            let poll = s.windows.start(counter, monotonic_ns());
             s.interval_started_at = SystemTime::now();
-            s.state.gaps.next_gap()
+            (s.state.gaps.next_gap(), poll)
         })?;
-        self.countdown.set(gap);
+        // With windows the first poll sets the countdown (if it armed).
+        self.countdown.set(poll.countdown.unwrap_or(gap));
+        self.overrun.store(0, Ordering::Relaxed);
         self.nolock_drops.store(0, Ordering::Relaxed);
         self.paused_for_ractors
             .store(paused_for_ractors, Ordering::Relaxed);
@@ -597,6 +635,9 @@ impl Collector {
             self.running.store(false, Ordering::Relaxed);
             let _ = self.apply_hooks();
             return Err(error);
+        }
+        if self.windows_active.load(Ordering::Relaxed) {
+            window_timer::schedule(poll.next_poll_in_ns, registry::request_measurement);
         }
         Ok(true)
     }
@@ -759,6 +800,11 @@ impl Collector {
             Ok(gap) => self.countdown.set(gap),
             Err(_) => self.count_internal_error(),
         }
+        if self.windows_active.load(Ordering::Relaxed) {
+            // The parent's timer thread is not here: the child's first job
+            // polls the windows and starts one.
+            registry::request_measurement();
+        }
     }
 
     fn flush_inner(&self, options: FlushOptions) -> RbResult<FlushResult> {
@@ -830,14 +876,16 @@ impl Collector {
         // Sampling windows: samples already weigh 1 / their window's
         // probability (sampler/windows.rs); nothing is rescaled here.
         let counter = heap::allocation_counter();
-        let (coverage, window_policy, warm_up) = self.with_sampler(|s| {
+        let (window_flush, window_policy, warm_up, window_length) = self.with_sampler(|s| {
             (
                 s.windows.flush(counter),
                 s.windows.policy(),
                 s.windows.warm_up(),
+                s.windows.window_length(),
             )
         })?;
         let windows = window_policy != WindowPolicy::Fixed(1.0);
+        let coverage = window_flush.coverage;
         // (Nothing hooked: alloc_* read 0 without having looked.)
         let spreads = total_spreads(&spreads(&snapshot.samples), windows && coverage == 0.0);
         if options.proactively_yield_gvl {
@@ -878,9 +926,9 @@ impl Collector {
                 }
                 if windows {
                     let chosen = match window_policy {
-                        WindowPolicy::Fixed(q) => format!("each GC cycle sampled with probability {q}"),
+                        WindowPolicy::Fixed(q) => format!("a share {q} of allocations"),
                         WindowPolicy::Budget(budget) => format!(
-                            "each GC cycle sampled with a probability chosen to hook about {budget} allocations a second"
+                            "a share of allocations chosen to hook about {budget} allocations a second"
                         ),
                     };
                     let warm_up = if warm_up > 0 {
@@ -888,10 +936,20 @@ impl Collector {
                     } else {
                         String::new()
                     };
+                    let missed = if window_flush.missed > 0 {
+                        format!(
+                            "; {} allocations of windows the hook came on too late for were not sampled",
+                            window_flush.missed
+                        )
+                    } else {
+                        String::new()
+                    };
                     comments.push(format!(
-                        "sampling windows: {chosen}{warm_up}; \
-                         the NEWOBJ hook was on for {:.1}% of this interval's allocations, \
-                         and each sample weighs 1 / its window's probability too",
+                        "sampling windows: {window_length}-allocation windows at random places, \
+                         {chosen}{warm_up}; {} windows, in which the hook saw {:.2}% of this \
+                         interval's allocations; each sample weighs 1 / (its window's sample rate \
+                         x probability){missed}",
+                        window_flush.windows,
                         coverage * 100.0
                     ));
                 }
@@ -1081,13 +1139,6 @@ impl Drop for FlushEnd<'_> {
     fn drop(&mut self) {
         self.0.end_flush();
     }
-}
-
-/// Nanoseconds on a monotonic clock (from the first call): what a window
-/// budget measures allocation rates against.
-fn monotonic_ns() -> u64 {
-    static BASE: OnceLock<Instant> = OnceLock::new();
-    BASE.get_or_init(Instant::now).elapsed().as_nanos() as u64
 }
 
 /// The seed of the windows' coin: derived from the sampler's, so one

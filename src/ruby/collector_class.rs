@@ -8,12 +8,21 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use rb_sys::{
     rb_ary_new_capa, rb_ary_push, rb_data_type_struct, rb_data_type_struct__bindgen_ty_1,
-    rb_data_type_t, rb_data_typed_object_wrap, rb_float_new, rb_str_new, rb_ull2inum, Qfalse, Qnil,
-    Qtrue, FIX2LONG, FIXNUM_P, NIL_P, NUM2DBL, RB_FLOAT_TYPE_P, RTYPEDDATA_GET_DATA, RTYPEDDATA_P,
-    RTYPEDDATA_TYPE, TEST, VALUE,
+    rb_data_type_t, rb_data_typed_object_wrap, rb_float_new, rb_hash_aset, rb_hash_new, rb_id2sym,
+    rb_intern, rb_obj_freeze, rb_str_new, rb_ull2inum, Qfalse, Qnil, Qtrue, FIX2LONG, FIXNUM_P,
+    NIL_P, NUM2DBL, RB_FLOAT_TYPE_P, RTYPEDDATA_GET_DATA, RTYPEDDATA_P, RTYPEDDATA_TYPE, TEST,
+    VALUE,
 };
 
 use super::collector::{Collector, FlushOptions, FlushResult, Mode, SizeMeasurement};
+
+/// ProfileData's keys for the spread figures, in FlushResult's order.
+const SAMPLE_TYPE_NAMES: [&std::ffi::CStr; 4] = [
+    c"alloc_objects",
+    c"alloc_space",
+    c"inuse_objects",
+    c"inuse_space",
+];
 use super::convert::count_arg;
 use super::errors::{method_entry, protect, RbError, RbResult};
 use super::method_table::{method_def, MethodDef, MethodKind};
@@ -468,10 +477,18 @@ unsafe extern "C" fn native_flush(
                     rb_ary_push(array, rb_ull2inum(t));
                 }
                 rb_ary_push(array, rb_float_new(coverage));
-                for (rse, effective) in spread {
-                    rb_ary_push(array, rse.map_or(Qnil as VALUE, |x| rb_float_new(x)));
-                    rb_ary_push(array, effective.map_or(Qnil as VALUE, |x| rb_float_new(x)));
+                // Two frozen Hashes by sample type, made here: ProfileData
+                // keeps them as they are.
+                let errors = rb_hash_new();
+                let effective_samples = rb_hash_new();
+                for (name, (rse, effective)) in SAMPLE_TYPE_NAMES.iter().zip(spread) {
+                    let key = rb_id2sym(rb_intern(name.as_ptr()));
+                    rb_hash_aset(errors, key, rse.map_or(Qnil as VALUE, |x| rb_float_new(x)));
+                    let effective = effective.map_or(Qnil as VALUE, |x| rb_float_new(x));
+                    rb_hash_aset(effective_samples, key, effective);
                 }
+                rb_ary_push(array, rb_obj_freeze(errors));
+                rb_ary_push(array, rb_obj_freeze(effective_samples));
                 array
             }
         })

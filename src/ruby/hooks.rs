@@ -63,6 +63,10 @@ impl Hook {
         })
     }
 
+    pub fn is_enabled(&self) -> bool {
+        self.enabled.load(Ordering::Relaxed)
+    }
+
     pub fn set(&self, on: bool, data: VALUE) -> RbResult<()> {
         if self.enabled.load(Ordering::Relaxed) == on {
             return Ok(());

@@ -17,6 +17,7 @@ mod method_blocks;
 mod method_table;
 mod profile_class;
 mod registry;
+mod window_timer;
 
 use rb_sys::{
     rb_cObject, rb_define_alloc_func, rb_define_class_under, rb_define_const, rb_define_module,

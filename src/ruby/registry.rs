@@ -13,6 +13,7 @@ use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{LazyLock, Once};
 
+use super::window_timer;
 use crate::sampler::lock::SamplerLock;
 
 /// What the registry asks of a collector. Every method runs with the GVL
@@ -105,6 +106,8 @@ unsafe extern "C" fn measure_pending_job(_data: *mut c_void) {
 pub unsafe extern "C" fn disable_all_at_exit(_data: rb_sys::VALUE) {
     let _ = catch_unwind(AssertUnwindSafe(|| {
         for_each(|collector| collector.disable_hooks_at_exit());
+        // No job may be asked for once Ruby tears down.
+        window_timer::stop_at_exit();
     }));
 }
 

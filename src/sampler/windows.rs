@@ -1,93 +1,234 @@
 //! Sampling windows: the NEWOBJ hook on for only part of the program.
 //!
 //! While Ruby has a NEWOBJ hook, every allocation takes its slow path, a
-//! cost the gem cannot lower from inside the hook. So the hook can be on
-//! for a random part of the time only: each GC cycle (from one GC's start
-//! to the next) is a window, and a window is on with probability `q`,
-//! decided by a coin that knows nothing of the program. The hook is
-//! switched from a postponed job after the GC starts, never from a hook.
+//! cost the gem cannot lower from inside the hook. So the hook is on only
+//! in short windows of `window_length` consecutive allocations, placed at
+//! random in the sequence of the process's allocations (Ruby's allocation
+//! counter, `GC.stat(:total_allocated_objects)`), many a second.
 //!
-//! Why GC cycles and not clock slots: a window's bounds must not depend on
-//! whether it is on. Time slots would: the program runs slower while the
-//! hook is on, so an on-slot would hold fewer allocations than an off-slot
-//! and every estimate would come out low, by more for code that allocates
-//! more. A GC cycle ends after a number of allocations that the hook does
-//! not change (the gem allocates no Ruby object), so every allocation is in
-//! an on-window with the same probability.
+//! Where they are: the allocation sequence is cut into blocks, block k
+//! `B_k` allocations long, and each block holds one window at a uniformly
+//! random offset, wrapping around within the block (a window that would
+//! run past the block's end continues at its start). So every allocation
+//! of block k is in a window with probability exactly `q_k = L / B_k`,
+//! whatever the program does, and a sample weighs 1 / (sample rate x q_k),
+//! fixed when it is taken (Horvitz-Thompson): right for every site in
+//! every interval on average, with nothing rescaled at a flush. One window
+//! per block also spreads them evenly: an interval of N allocations holds
+//! N / B windows, give or take one, so no interval of many blocks goes
+//! without.
 //!
-//! Each sample weighs 1 / (its window's probability) on top of 1 / the
-//! sample rate, fixed when it is taken (`sample_weight`): a Horvitz-Thompson
-//! estimate, right in expectation for every call site and every interval
-//! alike. Nothing is rescaled at a flush. (Before, a flush multiplied
-//! every sample by all allocations over the allocations in on-windows, per
-//! interval for allocations and since start for live objects: exact totals,
-//! but an interval without an on-window read 0, so sums over intervals came
-//! out low, and a live object sampled in one window was multiplied by a
-//! factor that belonged to every other window since start.) How sure an
-//! estimate is, is reported beside it (sampler/spread.rs).
+//! Why allocation counts and not the clock: a window's bounds must not
+//! depend on the program. Clock time would: the program runs slower while
+//! the hook is on (on-time holds fewer allocations than off-time, more so
+//! for code that allocates more), and a timer that fires while a server
+//! waits for IO would open its window on whatever runs right after the IO.
 //!
-//! With a budget (`WindowPolicy::Budget`), q is chosen at each GC from the
-//! allocation rate so far: budget / rate, between `MIN_BUDGET_PROBABILITY`
-//! and 1. A process that allocates less than its budget keeps the hook on
-//! all the time; a busy server samples a share that keeps the hooked
-//! allocations near the budget. A window's q depends only on earlier
-//! windows, never on what its own allocations are, so nothing is biased.
+//! How the hook comes on in time: it cannot count allocations while off,
+//! so a postponed job polls Ruby's counter (`poll`), woken by a timer
+//! thread at times chosen from the allocation rate, closer together as the
+//! next window nears, and arms the hook a little before the window starts
+//! (`lead`). While on, the hook counts itself: the collector's countdown
+//! runs to the next event (a sample, or a window's end), so an allocation
+//! that is not sampled still costs one decrement. At a window's end the
+//! hook asks the job to switch it off, or stays on if the next window is
+//! near. A poll that comes after a window's start (a long C call that let
+//! no job run) arms late: the part of the window before it is counted as
+//! missed (`WindowFlush::missed`), never sampled and never scaled for.
 //!
-//! A warm-up keeps every window on until this many allocations have been
-//! made since start (`set_warm_up`): a short profile (a block, a script, a
-//! test) spans few GC cycles, and would otherwise often sample none of
-//! them, while a server pays the hook for under a second of its start.
-//! Whether the warm-up is over depends only on the allocation counter at
-//! earlier decisions, so it is one more way of choosing q from the past.
+//! With a budget (`WindowPolicy::Budget`), each block's q is chosen when
+//! the block begins, from the allocation rate so far and how many
+//! allocations each window really hooked (its lead included), so that the
+//! hook sees about `budget` allocations a second; a block's q depends only
+//! on what came before it, so nothing is biased. A warm-up keeps the hook
+//! on for the first `warm_up` allocations since start (one block of
+//! q = 1): a short profile (a block, a script, a test) is then complete.
 
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 
-/// How the probability that a window is on is chosen.
+use super::gaps::GapSampler;
+
+/// How the probability that an allocation is in a window is chosen.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum WindowPolicy {
-    /// The same for every window (1.0: always on, no windows).
+    /// The same for every block (1.0: always on, no windows).
     Fixed(f64),
-    /// Allocations per second the hook may see: each window's probability
-    /// is this over the allocation rate so far, at most 1.
+    /// Allocations per second the hook may see: each block's probability
+    /// is chosen from the allocation rate so far, at most 1.
     Budget(f64),
 }
 
-/// The lowest probability a budget chooses: below it, windows would be so
-/// rare that a flush interval of a busy server held only a handful.
-pub const MIN_BUDGET_PROBABILITY: f64 = 0.01;
+/// Allocations per window by default.
+pub const DEFAULT_WINDOW_LENGTH: u64 = 1_000;
 
-/// The allocation rate's estimate is an exponential average over about
-/// this many nanoseconds: a busy server's GC cycles last milliseconds, and
-/// one cycle should not swing q; a quiet process's cycle can last minutes,
-/// and should count fully.
+/// Inside a window the hook is paid for already, so a sample costs only
+/// itself: windows sample at sample_rate / q, so that a process takes as
+/// many samples as it would without windows, up to this rate.
+pub const MAX_IN_WINDOW_RATE: f64 = 0.1;
+
+/// The lowest probability a budget chooses.
+pub const MIN_BUDGET_PROBABILITY: f64 = 0.001;
+
+/// Polls come at least this far apart, and at most this far apart while
+/// the process runs Ruby code (ns).
+const POLL_MIN_NS: u64 = 50_000;
+const POLL_MAX_NS: u64 = 20_000_000;
+
+/// The hook is armed when the next window is at most this many allocations
+/// away, or one and a half times as many as the process made between two
+/// polls asked for at the shortest interval (bursts included), whichever
+/// is more.
+const MIN_LEAD: u64 = 500;
+
+/// A window whose start is at most this many allocations after the end of
+/// the last keeps the hook on in between (switching costs more).
+const KEEP_ON_GAP: u64 = 2_000;
+
+/// The average allocation rate is an exponential average over about this
+/// many nanoseconds.
 const RATE_TIME_CONSTANT_NS: f64 = 1e9;
+
+/// One block of the allocation sequence and its window.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Block {
+    id: u32,
+    begin: u64,
+    len: u64,
+    /// Where its window starts, from `begin` (wrapping within the block).
+    offset: u64,
+    /// Allocations of its window (min(window_length, len)).
+    window: u64,
+    probability: f64,
+    /// The sample rate inside its window.
+    sample_rate: f64,
+}
+
+impl Block {
+    /// Its window as at most two stretches [start, end), in order.
+    fn stretches(&self) -> ([(u64, u64); 2], usize) {
+        let end = self.offset + self.window;
+        if end <= self.len {
+            let s = self.begin + self.offset;
+            ([(s, s + self.window), (0, 0)], 1)
+        } else {
+            let wrapped = end - self.len;
+            (
+                [
+                    (self.begin, self.begin + wrapped),
+                    (self.begin + self.offset, self.begin + self.len),
+                ],
+                2,
+            )
+        }
+    }
+}
+
+/// A sampled allocation's window.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sampled {
+    /// The block's id.
+    pub window: u32,
+    /// The probability that the allocation was in a window (q).
+    pub window_probability: f64,
+    /// The probability that it was sampled at all (the sample rate in
+    /// its window x q): the sample weighs 1 / this.
+    pub probability: f64,
+}
+
+/// What the hook is to do at an event.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Event {
+    /// Sample this allocation.
+    pub sample: Option<Sampled>,
+    /// Allocations to skip before the next event (`u64::MAX`: none).
+    pub countdown: u64,
+    /// The hook should go off: ask the job to switch it.
+    pub switch_off: bool,
+}
+
+/// What a poll decided.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Poll {
+    /// Whether the hook should be on.
+    pub hook_on: bool,
+    /// When it was just armed: the countdown to set before switching it on.
+    pub countdown: Option<u64>,
+    /// When to poll next, from now (ns); None: no need (sampling stopped).
+    pub next_poll_in_ns: Option<u64>,
+}
+
+/// An interval's windows, read by a flush.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct WindowFlush {
+    /// Share of the interval's allocations in windows the hook saw (1.0
+    /// without windows; 0.0 without allocations).
+    pub coverage: f64,
+    /// Allocations in windows the hook came on too late for.
+    pub missed: u64,
+    /// Windows the interval's allocations crossed.
+    pub windows: u64,
+}
 
 #[derive(Debug)]
 pub struct Windows {
     policy: WindowPolicy,
-    /// Allocations since start during which every window is on.
     warm_up: u64,
+    window_length: u64,
+    /// The collector's sample rate, and the gaps between samples inside
+    /// windows (at each block's rate).
+    sample_rate: f64,
+    gaps: GapSampler,
     rng: SmallRng,
-    /// Whether the current window is on, and the probability it had.
-    on: bool,
-    probability: f64,
-    /// Ruby's allocation counter when the current on-window began.
-    on_since: u64,
-    /// The GC count of the last decision (one decision per GC).
-    decided_at_gc: Option<u32>,
-    /// Budget: the counter and clock (ns) at the last decision, and the
-    /// smoothed allocation rate (per second).
-    last_tick: Option<(u64, u64)>,
+    block: Block,
+    /// The stretch of `block` the cursor is in (0 or 1).
+    stretch: usize,
+    next_block_id: u32,
+    /// The hook is on (as far as the windows know): armed by a poll, until
+    /// a window's end asks for it off.
+    armed: bool,
+    /// Since when (counter) the hook has been on without a break.
+    on_since: Option<u64>,
+    /// Position of the next event while armed.
+    next_event: u64,
+    /// In-window allocations to skip before the next sample.
+    pending_gap: u64,
+    /// While the hook is on in the cursor's stretch: where it began to see
+    /// it (the part not yet counted in `stretch_seen` and `interval_on`).
+    observed_from: Option<u64>,
+    /// Allocations of the cursor's stretch the hook saw, counted so far.
+    stretch_seen: u64,
+    /// How near (allocations) a window must be to arm the hook, from the
+    /// busy rate at the last poll.
+    lead: u64,
+    // Rates: the last poll (counter, ns), the average rate (per second),
+    // the rate while the process runs, and hooked / in-window allocations.
+    last_poll: Option<(u64, u64)>,
     rate: Option<f64>,
-    /// Allocations in on-windows this interval; the counter when the
-    /// interval began (the last flush or start).
+    busy_rate: f64,
+    /// How far ahead the last poll asked for the next (ns), and the most
+    /// allocations seen between two polls asked for at the shortest
+    /// interval (decaying).
+    last_poll_asked: u64,
+    approach_max: f64,
+    /// The hook was on at some time since the last poll: the process ran
+    /// slower than it does unwatched, so the busy rate learns nothing.
+    hooked_since_poll: bool,
+    /// The busy rate has been measured with the hook off at least once
+    /// (until then it is the hooked rate: too low to plan polls by).
+    busy_rate_unhooked: bool,
+    hook_ratio: f64,
+    /// This interval: allocations the hook saw in windows, missed, hooked
+    /// in all, and windows crossed; the counter at its start.
     interval_on: u64,
+    interval_missed: u64,
+    interval_windows: u64,
     interval_began: u64,
-    /// The counter at start (the warm-up counts from it).
+    /// Since the last update of `hook_ratio`.
+    ratio_hooked: u64,
+    ratio_on: u64,
     run_began: u64,
-    /// The counter when sampling stopped (stop, or paused for Ractors):
-    /// later allocations were not sampled, so no flush counts them.
+    /// The counter when sampling stopped (stop, or paused for Ractors).
     frozen_at: Option<u64>,
 }
 
@@ -97,29 +238,69 @@ impl Windows {
             WindowPolicy::Fixed(q) => WindowPolicy::Fixed(q.clamp(0.0, 1.0)),
             budget => budget,
         };
-        Windows {
+        let mut windows = Windows {
             policy,
             warm_up: 0,
+            window_length: DEFAULT_WINDOW_LENGTH,
+            sample_rate: 1.0,
+            gaps: GapSampler::new(1.0, seed.wrapping_add(1)),
             rng: SmallRng::seed_from_u64(seed),
-            on: true,
-            probability: 1.0,
-            on_since: 0,
-            decided_at_gc: None,
-            last_tick: None,
+            block: Block {
+                id: 0,
+                begin: 0,
+                len: 1,
+                offset: 0,
+                window: 1,
+                probability: 1.0,
+                sample_rate: 1.0,
+            },
+            stretch: 0,
+            next_block_id: 0,
+            armed: false,
+            on_since: None,
+            next_event: 0,
+            pending_gap: 0,
+            observed_from: None,
+            stretch_seen: 0,
+            lead: MIN_LEAD,
+            last_poll: None,
             rate: None,
+            busy_rate: 0.0,
+            last_poll_asked: POLL_MIN_NS,
+            approach_max: 0.0,
+            hooked_since_poll: false,
+            busy_rate_unhooked: false,
+            hook_ratio: 2.0,
             interval_on: 0,
+            interval_missed: 0,
+            interval_windows: 0,
             interval_began: 0,
+            ratio_hooked: 0,
+            ratio_on: 0,
             run_began: 0,
             frozen_at: None,
-        }
+        };
+        windows.block = windows.new_block(0);
+        windows
     }
 
     pub fn policy(&self) -> WindowPolicy {
         self.policy
     }
 
-    /// Every window is on until `allocations` have been made since start
-    /// (0: windows from the first GC). Takes effect at the next start.
+    /// New windows with `policy` and `seed`, and these' settings (warm-up,
+    /// window length, sample rate).
+    pub fn renewed(&self, policy: WindowPolicy, seed: u64) -> Windows {
+        let mut windows = Windows::new(policy, seed);
+        windows.warm_up = self.warm_up;
+        windows.window_length = self.window_length;
+        windows.sample_rate = self.sample_rate;
+        windows
+    }
+
+    /// Every allocation is in a window until `allocations` have been made
+    /// since start (0: windows from the start). Takes effect at the next
+    /// start.
     pub fn set_warm_up(&mut self, allocations: u64) {
         self.warm_up = allocations;
     }
@@ -128,9 +309,30 @@ impl Windows {
         self.warm_up
     }
 
-    /// Whether the warm-up still keeps every window on at `counter`.
-    fn warming_up(&self, counter: u64) -> bool {
-        counter.saturating_sub(self.run_began) < self.warm_up
+    /// Allocations per window (at least 1). Takes effect at the next start.
+    pub fn set_window_length(&mut self, allocations: u64) {
+        self.window_length = allocations.max(1);
+    }
+
+    pub fn window_length(&self) -> u64 {
+        self.window_length
+    }
+
+    /// The collector's sample rate (0..=1): what windows sample at where
+    /// q is 1, and what they make up for elsewhere. From the next block on.
+    pub fn set_sample_rate(&mut self, rate: f64) {
+        self.sample_rate = rate.clamp(0.0, 1.0);
+    }
+
+    /// The sample rate inside a window of probability q.
+    fn in_window_rate(&self, q: f64) -> f64 {
+        if q >= 1.0 {
+            self.sample_rate
+        } else {
+            (self.sample_rate / q)
+                .min(MAX_IN_WINDOW_RATE)
+                .max(self.sample_rate)
+        }
     }
 
     /// Whether windows are in use at all.
@@ -141,491 +343,448 @@ impl Windows {
         }
     }
 
+    /// Whether the hook should be on now.
     pub fn is_on(&self) -> bool {
-        self.on
+        !self.enabled() || self.armed
     }
 
-    /// The probability that the current window is on (1.0 without windows).
-    pub fn probability(&self) -> f64 {
-        self.probability
-    }
+    // ----- the schedule --------------------------------------------------
 
-    /// What a sample taken now weighs for the window it is in: 1 / its
-    /// probability (1.0 without windows).
-    pub fn sample_weight(&self) -> f64 {
-        1.0 / self.probability
-    }
-
-    /// At start: the first window's coin is thrown like every other (with
-    /// a budget, the rate is not known yet: the first window is on).
-    /// `counter`: Ruby's allocation counter; `gc_count`: its GC count;
-    /// `now_ns`: a monotonic clock.
-    pub fn start(&mut self, counter: u64, gc_count: u32, now_ns: u64) -> bool {
-        self.interval_on = 0;
-        self.interval_began = counter;
-        self.run_began = counter;
-        self.last_tick = Some((counter, now_ns));
-        self.rate = None;
-        self.frozen_at = None;
-        self.probability = self.next_probability(counter);
-        self.on = self.throw();
-        self.on_since = counter;
-        self.decided_at_gc = Some(gc_count);
-        self.on
-    }
-
-    fn next_probability(&self, counter: u64) -> f64 {
-        if self.warming_up(counter) {
-            return 1.0;
-        }
+    /// The probability for a block beginning at `begin` (not in the warm-up).
+    fn next_probability(&self) -> f64 {
         match (self.policy, self.rate) {
             (WindowPolicy::Fixed(q), _) => q,
             (WindowPolicy::Budget(_), None) => 1.0,
             (WindowPolicy::Budget(budget), Some(rate)) => {
-                if rate <= budget {
+                let hooked_rate = rate * self.hook_ratio.max(1.0);
+                if hooked_rate <= budget {
                     1.0
                 } else {
-                    (budget / rate).max(MIN_BUDGET_PROBABILITY)
+                    (budget / hooked_rate).max(MIN_BUDGET_PROBABILITY)
                 }
             }
         }
     }
 
-    fn throw(&mut self) -> bool {
-        self.probability >= 1.0 || self.rng.random::<f64>() < self.probability
-    }
-
-    fn close_on_window(&mut self, counter: u64) {
-        if self.on {
-            self.interval_on += counter.saturating_sub(self.on_since);
+    fn new_block(&mut self, begin: u64) -> Block {
+        let id = self.next_block_id;
+        self.next_block_id = self.next_block_id.wrapping_add(1);
+        let into_run = begin.saturating_sub(self.run_began);
+        if into_run < self.warm_up {
+            // The warm-up: one block, all of it in the window.
+            let len = self.warm_up - into_run;
+            return Block {
+                id,
+                begin,
+                len,
+                offset: 0,
+                window: len,
+                probability: 1.0,
+                sample_rate: self.sample_rate,
+            };
         }
-        self.on_since = counter;
+        let q = self.next_probability();
+        let window = self.window_length;
+        // len = window / q, so that window / len is q (up to rounding,
+        // which the probability follows exactly).
+        let len = ((window as f64 / q.max(f64::MIN_POSITIVE)).round() as u64).max(window);
+        let probability = window as f64 / len as f64;
+        Block {
+            id,
+            begin,
+            len,
+            offset: self.rng.random_range(0..len),
+            window,
+            probability,
+            sample_rate: self.in_window_rate(probability),
+        }
     }
 
-    /// Budget: folds the allocation rate since the last decision into the
-    /// estimate.
+    /// The cursor's stretch.
+    fn current(&self) -> (u64, u64) {
+        self.block.stretches().0[self.stretch]
+    }
+
+    /// Moves the cursor to the next stretch, beginning blocks as needed.
+    fn advance(&mut self) {
+        let (_, count) = self.block.stretches();
+        self.stretch += 1;
+        if self.stretch >= count {
+            let begin = self.block.begin + self.block.len;
+            self.block = self.new_block(begin);
+            self.stretch = 0;
+            self.enter_block();
+        }
+        self.interval_windows += 1;
+        self.observed_from = None;
+        self.stretch_seen = 0;
+    }
+
+    /// The cursor entered a new block: samples from here at its rate. (A
+    /// gap drawn at another rate is drawn again: gaps are memoryless, so
+    /// every allocation of the block is sampled with exactly its rate.)
+    fn enter_block(&mut self) {
+        if self.gaps.rate() != self.block.sample_rate {
+            self.gaps.set_rate(self.block.sample_rate);
+            self.pending_gap = self.gaps.next_gap();
+        }
+    }
+
+    /// Counts what the hook saw of the cursor's stretch up to `to` (the
+    /// hook on since `observed_from`), and ends that observation.
+    fn close_observation(&mut self, to: u64) {
+        if let Some(from) = self.observed_from.take() {
+            let (s, e) = self.current();
+            let to = to.clamp(s, e);
+            if to > from {
+                let seen = to - from;
+                self.interval_on += seen;
+                self.ratio_on += seen;
+                self.stretch_seen += seen;
+            }
+        }
+    }
+
+    /// Leaves the cursor's stretch (it ended): what the hook did not see of
+    /// it was missed.
+    fn leave_stretch(&mut self) {
+        let (s, e) = self.current();
+        self.close_observation(e);
+        self.interval_missed += (e - s).saturating_sub(self.stretch_seen);
+        self.advance();
+    }
+
+    /// With the hook on from `x` (the next allocation's position) and
+    /// `gap` in-window allocations to skip: the next event. Leaves the
+    /// cursor on the stretch the event is in or at.
+    fn schedule_from(&mut self, x: u64, mut gap: u64) -> Event {
+        loop {
+            let (s, e) = self.current();
+            if e <= x {
+                self.leave_stretch();
+                continue;
+            }
+            if s > x && s - x > KEEP_ON_GAP.max(self.lead) {
+                // Far: off until a poll arms it again.
+                self.armed = false;
+                self.pending_gap = gap;
+                return Event {
+                    sample: None,
+                    countdown: u64::MAX,
+                    switch_off: true,
+                };
+            }
+            let from = s.max(x);
+            if self.observed_from.is_none() {
+                self.observed_from = Some(from);
+            }
+            let target = from.saturating_add(gap);
+            if target < e {
+                self.next_event = target;
+                self.pending_gap = 0;
+                return Event {
+                    sample: None,
+                    countdown: target - x,
+                    switch_off: false,
+                };
+            }
+            // No sample in the rest of this stretch: an event at its end.
+            gap -= e - from;
+            self.next_event = e;
+            self.pending_gap = gap;
+            return Event {
+                sample: None,
+                countdown: e - x,
+                switch_off: false,
+            };
+        }
+    }
+
+    // ----- the hook --------------------------------------------------------
+
+    /// In the NEWOBJ hook, when the countdown reached an event. `overrun`:
+    /// allocations since the event that could not be handled (the sampler
+    /// lock busy), so this one is that many past it. Returns whether to
+    /// sample this allocation, and the next countdown.
+    pub fn on_event(&mut self, overrun: u64) -> Event {
+        if !self.armed || self.frozen_at.is_some() {
+            return Event {
+                sample: None,
+                countdown: u64::MAX,
+                switch_off: true,
+            };
+        }
+        let position = self.next_event.saturating_add(overrun);
+        let (s, e) = self.current();
+        if position >= s && position < e {
+            let sample = Some(Sampled {
+                window: self.block.id,
+                window_probability: self.block.probability,
+                probability: self.block.sample_rate * self.block.probability,
+            });
+            let gap = self.gaps.next_gap();
+            let mut event = self.schedule_from(position + 1, gap);
+            event.sample = sample;
+            return event;
+        }
+        let gap = self.pending_gap;
+        self.schedule_from(position + 1, gap)
+    }
+
+    // ----- the job -----------------------------------------------------------
+
+    /// At start: a first block from `counter`, the warm-up if any.
+    /// Returns the first poll's decision.
+    pub fn start(&mut self, counter: u64, now_ns: u64) -> Poll {
+        self.run_began = counter;
+        self.interval_began = counter;
+        self.interval_on = 0;
+        self.interval_missed = 0;
+        self.interval_windows = 0;
+        self.frozen_at = None;
+        self.armed = false;
+        self.on_since = None;
+        self.last_poll = None;
+        self.rate = None;
+        self.busy_rate = 0.0;
+        self.busy_rate_unhooked = false;
+        self.approach_max = 0.0;
+        self.block = self.new_block(counter);
+        self.stretch = 0;
+        self.observed_from = None;
+        self.stretch_seen = 0;
+        self.gaps.set_rate(self.block.sample_rate);
+        self.pending_gap = self.gaps.next_gap();
+        self.poll(counter, now_ns)
+    }
+
+    /// The hook is being switched off (the collector applied a poll's
+    /// `hook_on: false`) at `counter`.
+    fn hook_went_off(&mut self, counter: u64) {
+        if let Some(since) = self.on_since.take() {
+            self.ratio_hooked += counter.saturating_sub(since);
+            self.close_observation(counter);
+        }
+        if self.ratio_on >= 20 * self.window_length {
+            let observed = self.ratio_hooked as f64 / self.ratio_on as f64;
+            self.hook_ratio += 0.5 * (observed.max(1.0) - self.hook_ratio);
+            self.ratio_hooked = 0;
+            self.ratio_on = 0;
+        }
+    }
+
     fn observe_rate(&mut self, counter: u64, now_ns: u64) {
-        if let Some((last_counter, last_ns)) = self.last_tick {
+        if let Some((last_counter, last_ns)) = self.last_poll {
             let elapsed = now_ns.saturating_sub(last_ns);
             if elapsed > 0 {
-                let rate = counter.saturating_sub(last_counter) as f64 * 1e9 / elapsed as f64;
+                let made = counter.saturating_sub(last_counter) as f64;
+                let rate = made * 1e9 / elapsed as f64;
                 let share = 1.0 - (-(elapsed as f64) / RATE_TIME_CONSTANT_NS).exp();
                 self.rate = Some(match self.rate {
                     Some(old) => old + share * (rate - old),
                     None => rate,
                 });
+                // (A first estimate from hooked time all the same: too low,
+                // until the first unhooked stretch raises it.)
+                let unhooked = !self.hooked_since_poll || self.busy_rate <= 0.0;
+                if unhooked && self.last_poll_asked <= POLL_MIN_NS {
+                    self.approach_max = (self.approach_max * 0.99).max(made);
+                }
+                // While running: polls close together. A poll after a
+                // quiet spell says nothing of how fast a burst will be.
+                if unhooked && elapsed <= 4 * POLL_MAX_NS {
+                    self.busy_rate_unhooked |= !self.hooked_since_poll;
+                    self.busy_rate = if rate > self.busy_rate {
+                        rate
+                    } else {
+                        self.busy_rate + 0.05 * (rate - self.busy_rate)
+                    };
+                }
             }
         }
-        self.last_tick = Some((counter, now_ns));
+        self.last_poll = Some((counter, now_ns));
+        self.hooked_since_poll = self.armed;
+    }
+
+    /// From the postponed job, with Ruby's allocation counter and a
+    /// monotonic clock: arms the hook when the next window is near, and
+    /// says when to poll again.
+    pub fn poll(&mut self, counter: u64, now_ns: u64) -> Poll {
+        if !self.enabled() {
+            return Poll {
+                hook_on: true,
+                countdown: None,
+                next_poll_in_ns: None,
+            };
+        }
+        if self.frozen_at.is_some() {
+            return Poll {
+                hook_on: false,
+                countdown: None,
+                next_poll_in_ns: None,
+            };
+        }
+        self.observe_rate(counter, now_ns);
+        let per_shortest_poll = self.busy_rate * POLL_MIN_NS as f64 / 1e9;
+        self.lead = if self.busy_rate <= 0.0 {
+            // The rate is not known yet (the first poll): on until the
+            // first window rather than risk missing it.
+            u64::MAX
+        } else if !self.busy_rate_unhooked {
+            // Known only from hooked time, which runs up to ~4 times slower.
+            MIN_LEAD.max((6.0 * per_shortest_poll) as u64)
+        } else {
+            MIN_LEAD.max((1.5 * per_shortest_poll.max(self.approach_max)) as u64)
+        };
+        if self.armed {
+            // (Soon while the rate, and so the lead, is not known yet.)
+            let next = if self.busy_rate <= 0.0 {
+                POLL_MIN_NS
+            } else {
+                POLL_MAX_NS
+            };
+            self.last_poll_asked = next;
+            return Poll {
+                hook_on: true,
+                countdown: None,
+                next_poll_in_ns: Some(next),
+            };
+        }
+        self.hook_went_off(counter);
+        // Stretches that went by with the hook off were missed.
+        loop {
+            let (_, e) = self.current();
+            if e > counter {
+                break;
+            }
+            self.leave_stretch();
+        }
+        let (s, _) = self.current();
+        if s <= counter.saturating_add(self.lead) {
+            self.armed = true;
+            self.hooked_since_poll = true;
+            self.on_since = Some(counter);
+            let gap = self.pending_gap;
+            let event = self.schedule_from(counter, gap);
+            if event.switch_off {
+                // (Cannot happen: the window is within the lead.)
+                self.armed = false;
+                self.on_since = None;
+            } else {
+                let next = if self.busy_rate <= 0.0 {
+                    POLL_MIN_NS
+                } else {
+                    POLL_MAX_NS
+                };
+                self.last_poll_asked = next;
+                return Poll {
+                    hook_on: true,
+                    countdown: Some(event.countdown),
+                    next_poll_in_ns: Some(next),
+                };
+            }
+        }
+        // Half the time the rest of the way should take, ahead of the lead:
+        // closer together as the window nears. (At the shortest interval
+        // until the rate is known.)
+        let next = if !self.busy_rate_unhooked {
+            POLL_MIN_NS
+        } else {
+            let ahead = (s - counter).saturating_sub(self.lead) as f64;
+            ((ahead / self.busy_rate * 1e9 / 2.0) as u64).clamp(POLL_MIN_NS, POLL_MAX_NS)
+        };
+        self.last_poll_asked = next;
+        Poll {
+            hook_on: false,
+            countdown: None,
+            next_poll_in_ns: Some(next),
+        }
     }
 
     /// Sampling stopped at `counter` (stop, or paused for Ractors): what
     /// is allocated from here on is in no window.
     pub fn freeze(&mut self, counter: u64) {
-        if self.frozen_at.is_none() {
-            self.close_on_window(counter);
+        if self.frozen_at.is_none() && self.enabled() {
+            self.armed = false;
+            self.hook_went_off(counter);
             self.frozen_at = Some(counter);
         }
     }
 
-    /// In a forked child: its own coins (else every worker forked from one
-    /// parent would sample the same cycles), and an interval starting now,
-    /// as its allocation samples do.
+    /// In a forked child: its own windows from here (else every worker
+    /// forked from one parent would sample the same allocations), and an
+    /// interval starting now, as its allocation samples do.
     pub fn start_child_interval(&mut self, counter: u64, seed: u64) {
         self.rng = SmallRng::seed_from_u64(seed);
-        if self.frozen_at.is_none() {
-            self.on_since = counter;
-            self.interval_on = 0;
-            self.interval_began = counter;
+        self.gaps = GapSampler::new(self.gaps.rate(), seed.wrapping_add(1));
+        if self.frozen_at.is_none() && self.enabled() {
+            let was_on = self.on_since.is_some();
+            self.block = self.new_block(counter.max(self.block.begin));
+            self.stretch = 0;
+            self.observed_from = None;
+            self.stretch_seen = 0;
+            self.armed = false;
+            self.on_since = was_on.then_some(counter);
+            self.gaps.set_rate(self.block.sample_rate);
+            self.pending_gap = self.gaps.next_gap();
+            self.last_poll = None;
+        }
+        self.interval_on = 0;
+        self.interval_missed = 0;
+        self.interval_windows = 0;
+        self.interval_began = counter;
+    }
+
+    /// What the hook has seen of the cursor's stretch up to `counter` and
+    /// not counted yet.
+    fn open_observation(&self, counter: u64) -> u64 {
+        match self.observed_from {
+            Some(from) => {
+                let (s, e) = self.current();
+                counter.clamp(s, e).saturating_sub(from)
+            }
+            None => 0,
         }
     }
 
-    /// After a GC started (from the postponed job): a new window, on or
-    /// off. Returns the new state, or None if this GC was decided already.
-    pub fn next_window(&mut self, counter: u64, gc_count: u32, now_ns: u64) -> Option<bool> {
-        if !self.enabled() || self.frozen_at.is_some() || self.decided_at_gc == Some(gc_count) {
-            return None;
-        }
-        self.close_on_window(counter);
-        self.decided_at_gc = Some(gc_count);
-        if matches!(self.policy, WindowPolicy::Budget(_)) {
-            self.observe_rate(counter, now_ns);
-        }
-        self.probability = self.next_probability(counter);
-        self.on = self.throw();
-        Some(self.on)
-    }
-
-    /// The share of the allocations since the last flush (or start) made
-    /// while the hook was on, without ending the interval (1.0 without
+    /// The share of the allocations since the last flush (or start) in
+    /// windows the hook saw, without ending the interval (1.0 without
     /// windows; 0.0 before any allocation).
     pub fn coverage_so_far(&self, counter: u64) -> f64 {
         if !self.enabled() {
             return 1.0;
         }
         let counter = self.frozen_at.map_or(counter, |frozen| frozen.min(counter));
-        let open = if self.on && self.frozen_at.is_none() {
-            counter.saturating_sub(self.on_since)
-        } else {
-            0
-        };
         let all = counter.saturating_sub(self.interval_began);
         if all == 0 {
             0.0
         } else {
-            (self.interval_on + open) as f64 / all as f64
+            ((self.interval_on + self.open_observation(counter)) as f64 / all as f64).min(1.0)
         }
     }
 
-    /// At a flush: the share of the interval's allocations made while the
-    /// hook was on (1.0 without windows, 0.0 without allocations); starts
-    /// the next interval.
-    pub fn flush(&mut self, counter: u64) -> f64 {
+    /// At a flush: the interval's windows; starts the next interval.
+    pub fn flush(&mut self, counter: u64) -> WindowFlush {
         let counter = self.frozen_at.map_or(counter, |frozen| frozen.min(counter));
-        self.close_on_window(counter);
-        let all = counter.saturating_sub(self.interval_began);
-        let coverage = if !self.enabled() {
-            1.0
-        } else if all == 0 {
-            0.0
-        } else {
-            self.interval_on as f64 / all as f64
+        let flush = WindowFlush {
+            coverage: self.coverage_so_far(counter),
+            missed: self.interval_missed,
+            windows: self.interval_windows,
         };
+        // What the hook saw of the open stretch belongs to this interval.
+        if let Some(from) = self.observed_from {
+            self.close_observation(counter);
+            let (s, e) = self.current();
+            self.observed_from = Some(counter.clamp(s, e).max(from));
+        }
         self.interval_on = 0;
+        self.interval_missed = 0;
+        self.interval_windows = 0;
         self.interval_began = counter;
-        coverage
+        flush
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const MS: u64 = 1_000_000;
-
-    fn fixed(q: f64, seed: u64) -> Windows {
-        Windows::new(WindowPolicy::Fixed(q), seed)
-    }
-
-    /// `fixed(q, seed)` with a warm-up, started at counter 0.
-    fn warming(q: f64, seed: u64, warm_up: u64) -> Windows {
-        let mut w = fixed(q, seed);
-        w.set_warm_up(warm_up);
-        w.start(0, 0, 0);
-        w
-    }
-
-    /// Decides the windows of GCs 1..=gcs, `per_gc` allocations apart.
-    fn run_cycles(w: &mut Windows, gcs: u32, per_gc: u64) {
-        for gc in 1..=gcs {
-            w.next_window(u64::from(gc) * per_gc, gc, 0);
-        }
-    }
-
-    #[test]
-    fn without_windows_nothing_is_scaled_and_no_gc_switches() {
-        let mut w = fixed(1.0, 1);
-        assert!(w.start(100, 0, 0));
-        assert_eq!(w.next_window(200, 1, MS), None);
-        assert_eq!(w.sample_weight(), 1.0);
-        assert_eq!(w.flush(300), 1.0);
-    }
-
-    #[test]
-    fn one_decision_per_gc() {
-        let mut w = fixed(0.5, 1);
-        w.start(0, 0, 0);
-        assert_eq!(w.next_window(10, 0, MS), None, "GC 0 was decided at start");
-        assert!(w.next_window(10, 1, MS).is_some());
-        assert_eq!(w.next_window(20, 1, 2 * MS), None);
-    }
-
-    /// Each interval's estimate is its samples' weights alone: right on
-    /// average over many intervals, whether or not a given interval had an
-    /// on-window (an interval without one reads 0, one with one more than
-    /// its share), and the coverage is the share of allocations hooked.
-    #[test]
-    fn weights_alone_estimate_every_interval_right_on_average() {
-        let mut w = fixed(0.3, 7);
-        let (mut counter, mut gc) = (0u64, 0u32);
-        let mut on = w.start(counter, 0, 0);
-        let (mut estimated, mut truth, mut empty) = (0.0, 0.0, 0);
-        for _interval in 0..20_000 {
-            // Three GC cycles an interval: often none of them on.
-            let mut interval_estimate = 0.0;
-            for _ in 0..3 {
-                gc += 1;
-                let cycle = 1_000 + u64::from(gc % 7) * 100;
-                if on {
-                    interval_estimate += cycle as f64 * w.sample_weight();
-                }
-                truth += cycle as f64;
-                counter += cycle;
-                on = w
-                    .next_window(counter, gc, u64::from(gc) * MS)
-                    .expect("a new GC");
-            }
-            let coverage = w.flush(counter);
-            assert!((0.0..=1.0).contains(&coverage));
-            if interval_estimate == 0.0 {
-                empty += 1;
-                assert_eq!(coverage, 0.0);
-            }
-            estimated += interval_estimate;
-        }
-        assert!(empty > 5_000, "{empty} intervals without an on-window");
-        assert!(
-            (estimated / truth - 1.0).abs() < 0.03,
-            "{estimated} vs {truth}"
-        );
-    }
-
-    #[test]
-    fn the_share_of_on_windows_is_the_probability() {
-        let mut w = fixed(0.25, 42);
-        w.start(0, 0, 0);
-        let on = (1..=100_000u32)
-            .filter(|&gc| w.next_window(u64::from(gc) * 10, gc, u64::from(gc) * MS) == Some(true))
-            .count();
-        assert!((on as f64 / 100_000.0 - 0.25).abs() < 0.01, "{on}");
-    }
-
-    #[test]
-    fn allocations_after_a_stop_are_in_no_window() {
-        for on_at_stop in [true, false] {
-            let mut w = fixed(0.5, 11);
-            let mut on = w.start(0, 0, 0);
-            let mut gc = 0;
-            while on != on_at_stop {
-                gc += 1;
-                on = w
-                    .next_window(u64::from(gc) * 100, gc, u64::from(gc) * MS)
-                    .unwrap();
-            }
-            let stopped_at = u64::from(gc) * 100 + 50;
-            w.freeze(stopped_at);
-            assert_eq!(w.next_window(stopped_at + 1_000, gc + 1, MS), None);
-            let late = w.flush(stopped_at + 1_000_000);
-            let truth = w.flush(stopped_at);
-            assert_eq!(truth, 0.0, "the second flush has no allocations");
-            let mut again = fixed(0.5, 11);
-            let mut on = again.start(0, 0, 0);
-            for gc in 1..=gc {
-                on = again
-                    .next_window(u64::from(gc) * 100, gc, u64::from(gc) * MS)
-                    .unwrap();
-            }
-            assert_eq!(on, on_at_stop);
-            let expected = again.flush(stopped_at);
-            assert_eq!(late, expected, "a flush after stop counts up to the stop");
-        }
-    }
-
-    #[test]
-    fn a_forked_child_throws_its_own_coins_from_a_fresh_interval() {
-        let mut parent = fixed(0.5, 3);
-        parent.start(0, 0, 0);
-        let mut child = fixed(0.5, 3);
-        let on_at_fork = child.start(0, 0, 0);
-        child.start_child_interval(1_000, 99);
-        let coins = |w: &mut Windows| -> Vec<bool> {
-            (1..=64u32)
-                .map(|gc| w.next_window(1_000 + u64::from(gc), gc, 0).unwrap())
-                .collect()
-        };
-        let child_coins = coins(&mut child);
-        assert_ne!(coins(&mut parent), child_coins);
-        // Allocation 1_000 + k is in the window decided at GC k (the one
-        // before GC 1 is the state at the fork); the parent's 1_000
-        // allocations before the fork are in none of the child's.
-        let on =
-            u32::from(on_at_fork) + child_coins[..63].iter().map(|&c| u32::from(c)).sum::<u32>();
-        assert_eq!(child.flush(1_064), f64::from(on) / 64.0);
-    }
-
-    #[test]
-    fn the_warm_up_keeps_every_window_on_then_windows_begin() {
-        // 10,000 allocations per GC at q 0.1, a warm-up of 50,000: the
-        // windows decided at counters below 50,000 are on and weigh 1.
-        let mut w = fixed(0.1, 11);
-        w.set_warm_up(50_000);
-        assert!(w.start(1_000, 0, 0));
-        for gc in 1..=4u32 {
-            assert_eq!(
-                w.next_window(1_000 + u64::from(gc) * 10_000, gc, 0),
-                Some(true)
-            );
-            assert_eq!(w.sample_weight(), 1.0);
-        }
-        let mut on = 0;
-        for gc in 5..=2_004u32 {
-            if w.next_window(1_000 + u64::from(gc) * 10_000, gc, 0) == Some(true) {
-                on += 1;
-                assert!((w.sample_weight() - 10.0).abs() < 1e-9);
-            }
-        }
-        assert!((f64::from(on) / 2_000.0 - 0.1).abs() < 0.02, "{on}");
-        // A flush within the warm-up is exact: everything was hooked.
-        let mut w = warming(0.1, 11, 1_000_000);
-        run_cycles(&mut w, 50, 10_000);
-        assert_eq!(w.flush(500_000), 1.0);
-        // The warm-up counts from each start, not from the first.
-        w.freeze(600_000);
-        assert!(w.start(2_000_000, 60, 0));
-        assert_eq!(w.next_window(2_010_000, 61, 0), Some(true));
-    }
-
-    #[test]
-    fn coverage_so_far_is_what_the_next_flush_reports() {
-        let mut w = warming(0.5, 21, 20_000);
-        run_cycles(&mut w, 40, 5_000);
-        let so_far = w.coverage_so_far(203_000);
-        assert!(so_far > 0.0 && so_far < 1.0, "{so_far}");
-        assert_eq!(w.flush(203_000), so_far);
-        assert_eq!(fixed(1.0, 1).coverage_so_far(5), 1.0);
-    }
-
-    #[test]
-    fn a_warm_up_keeps_estimates_unbiased() {
-        // Site 0 allocates only in the first 300,000 allocations (inside a
-        // 200,000 warm-up and past it), site 1 throughout. Averaged over
-        // many seeds, the weighted estimates match the truth.
-        let (mut estimate, mut truth) = ([0.0f64; 2], [0.0f64; 2]);
-        for seed in 0..400 {
-            let mut w = fixed(0.2, seed);
-            w.set_warm_up(200_000);
-            let mut on = w.start(0, 0, 0);
-            let mut sampled = [0.0f64; 2];
-            let mut counter = 0u64;
-            for gc in 1..=100u32 {
-                let site = usize::from(counter >= 300_000);
-                if on {
-                    sampled[site] += 10_000.0 * w.sample_weight();
-                }
-                truth[site] += 10_000.0;
-                counter += 10_000;
-                on = w.next_window(counter, gc, 0).expect("a new GC");
-            }
-            w.flush(counter);
-            for site in 0..2 {
-                estimate[site] += sampled[site];
-            }
-        }
-        for site in 0..2 {
-            let error = (estimate[site] - truth[site]).abs() / truth[site];
-            assert!(
-                error < 0.03,
-                "site {site}: {} vs {}",
-                estimate[site],
-                truth[site]
-            );
-        }
-    }
-
-    #[test]
-    fn under_its_budget_a_process_keeps_the_hook_on() {
-        // 10,000 allocations per 100 ms: 100,000/s, under a 200,000/s budget.
-        let mut w = Windows::new(WindowPolicy::Budget(200_000.0), 3);
-        assert!(w.start(0, 0, 0), "the first window is on: no rate yet");
-        for gc in 1..=100u32 {
-            let now = u64::from(gc) * 100 * MS;
-            assert_eq!(w.next_window(u64::from(gc) * 10_000, gc, now), Some(true));
-            assert_eq!(w.sample_weight(), 1.0);
-        }
-        assert_eq!(w.flush(1_000_000), 1.0);
-    }
-
-    #[test]
-    fn over_its_budget_the_share_sampled_is_budget_over_rate() {
-        // 1M allocations/s against a 100,000/s budget: q = 0.1.
-        let mut w = Windows::new(WindowPolicy::Budget(100_000.0), 5);
-        w.start(0, 0, 0);
-        let mut on = 0;
-        for gc in 1..=20_000u32 {
-            let now = u64::from(gc) * 10 * MS;
-            if w.next_window(u64::from(gc) * 10_000, gc, now) == Some(true) {
-                on += 1;
-                assert!((w.sample_weight() - 10.0).abs() < 1e-6);
-            }
-        }
-        assert!((f64::from(on) / 20_000.0 - 0.1).abs() < 0.01, "{on}");
-        // Far over budget, q stops at its floor.
-        let mut w = Windows::new(WindowPolicy::Budget(1.0), 5);
-        w.start(0, 0, 0);
-        w.next_window(1_000_000, 1, 1_000 * MS);
-        assert!((w.sample_weight() - 1.0 / MIN_BUDGET_PROBABILITY).abs() < 1e-6);
-    }
-
-    #[test]
-    fn a_quiet_spell_after_a_busy_one_turns_the_hook_back_on_within_seconds() {
-        let mut w = Windows::new(WindowPolicy::Budget(100_000.0), 9);
-        w.start(0, 0, 0);
-        let (mut counter, mut now, mut gc) = (0u64, 0u64, 0u32);
-        // 2 s at 5M allocations/s, a GC every 10 ms.
-        for _ in 0..200 {
-            (counter, now, gc) = (counter + 50_000, now + 10 * MS, gc + 1);
-            w.next_window(counter, gc, now);
-        }
-        assert!(
-            w.sample_weight() > 40.0,
-            "q about 0.02: {}",
-            w.sample_weight()
-        );
-        // Then 1,000 allocations a second, a GC every 2 s: on after 3.
-        for _ in 0..3 {
-            (counter, now, gc) = (counter + 2_000, now + 2_000 * MS, gc + 1);
-            w.next_window(counter, gc, now);
-        }
-        assert_eq!(w.sample_weight(), 1.0);
-        assert!(w.is_on());
-    }
-
-    /// Two call sites whose mix changes with the allocation rate, so that
-    /// q (chosen from the rate) is lower exactly where one site dominates.
-    /// Weighting each window by 1 / q keeps both sites' estimates right on
-    /// average; without the weights the busy site is undercounted.
-    #[test]
-    fn a_budget_keeps_estimates_unbiased_when_the_mix_follows_the_rate() {
-        let (mut estimate, mut truth) = ([0.0f64; 2], [0.0f64; 2]);
-        // The same sampled windows without the weights, scaled by the
-        // plain ratio of all allocations to sampled ones.
-        let mut unweighted = [0.0f64; 2];
-        for seed in 0..200 {
-            let mut w = Windows::new(WindowPolicy::Budget(100_000.0), seed);
-            let (mut counter, mut now) = (0u64, 0u64);
-            w.start(counter, 0, now);
-            let mut sampled = [0.0f64; 2];
-            let (mut plain, mut on_allocations) = ([0.0f64; 2], 0.0f64);
-            for gc in 1..=400u32 {
-                // Busy phases (1M/s, site 0) and quiet ones (50,000/s, site 1).
-                let busy = (gc / 50) % 2 == 0;
-                let cycle = 10_000u64;
-                let site = usize::from(!busy);
-                if w.is_on() {
-                    sampled[site] += cycle as f64 * w.sample_weight();
-                    plain[site] += cycle as f64;
-                    on_allocations += cycle as f64;
-                }
-                truth[site] += cycle as f64;
-                counter += cycle;
-                now += if busy { 10 * MS } else { 200 * MS };
-                w.next_window(counter, gc, now);
-            }
-            w.flush(counter);
-            for site in 0..2 {
-                estimate[site] += sampled[site];
-                unweighted[site] += plain[site] * counter as f64 / on_allocations;
-            }
-        }
-        // (By a third here: the rate's average lags the half-second phases,
-        // so q only partly follows them.)
-        assert!(
-            unweighted[0] < truth[0] * 0.8,
-            "without weights the busy site is undercounted: {unweighted:?} vs {truth:?}"
-        );
-        for site in 0..2 {
-            let error = (estimate[site] - truth[site]).abs() / truth[site];
-            assert!(error < 0.02, "site {site}: {estimate:?} vs {truth:?}");
-        }
-    }
-}
+#[path = "windows_tests.rs"]
+mod tests;

@@ -78,7 +78,7 @@ pub struct FlushedSample {
     /// For live objects: how many GCs they have survived.
     pub gc_age: Option<u32>,
     pub values: [f64; 4],
-    /// The sampling window it was taken in (its GC cycle), and that
+    /// The sampling window it was taken in (wrapping at 2^16), and that
     /// window's probability: what its spread depends on (sampler/spread.rs).
     pub window: u32,
     pub window_probability: f32,
@@ -195,8 +195,8 @@ impl SamplerState {
                     f64::from(record.weight),
                     f64::from(record.weight) * size as f64,
                 ],
-                window: record.info.gc_count,
-                window_probability: record.info.window_probability,
+                window: record.info.window(),
+                window_probability: record.info.window_probability(),
             });
             // Held for the flush: the sample's object may die (and its
             // record go) before the flush names the class.
@@ -261,8 +261,8 @@ impl SamplerState {
                 class: record.info.class,
                 gc_age: None,
                 values: [weight, weight * record.size as f64, 0.0, 0.0],
-                window: record.info.gc_count,
-                window_probability: record.info.window_probability,
+                window: record.info.window(),
+                window_probability: record.info.window_probability(),
             });
             snapshot.allocation_samples += 1;
             self.release(id);

@@ -1,0 +1,126 @@
+//! The thread that wakes the postponed job for sampling windows' polls
+//! (sampler/windows.rs): one per process, started with the first collector
+//! that uses windows.
+//!
+//! It only ever calls the trigger it is given (the registry's
+//! `request_measurement`: async-signal-safe, no allocation, no Ruby call,
+//! no GVL). After each trigger it waits until
+//! the job has run before it sleeps again: a process idle in IO or sleep
+//! runs no job, so it gets no wake-ups. At exit it is stopped, and waited
+//! for, before Ruby tears down what the trigger writes to. In a forked
+//! child (where it does not exist) the next job starts another.
+
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::thread::Thread;
+use std::time::{Duration, Instant};
+
+/// Nanoseconds on a monotonic clock (from the first call): what polls and
+/// a window budget measure rates against, here and in the job alike.
+pub fn monotonic_ns() -> u64 {
+    static BASE: OnceLock<Instant> = OnceLock::new();
+    BASE.get_or_init(Instant::now).elapsed().as_nanos() as u64
+}
+
+/// When to trigger the job next (monotonic ns); `u64::MAX`: not needed.
+static DEADLINE: AtomicU64 = AtomicU64::new(u64::MAX);
+/// Triggered, and the job has not run since.
+static JOB_PENDING: AtomicBool = AtomicBool::new(false);
+static STOP: AtomicBool = AtomicBool::new(false);
+/// The thread of this process, if any (a leaked handle per thread started:
+/// one per process that profiles with windows).
+static THREAD: AtomicPtr<Thread> = AtomicPtr::new(std::ptr::null_mut());
+/// The process the thread runs in (after fork, the child has none).
+static OWNER: AtomicU32 = AtomicU32::new(0);
+/// The thread's loop has ended.
+static EXITED: AtomicBool = AtomicBool::new(true);
+
+fn wake() {
+    let thread = THREAD.load(Ordering::Acquire);
+    if !thread.is_null() {
+        // SAFETY: a leaked Box, never freed; unparking a thread that is
+        // gone (a forked child's copy) does nothing.
+        unsafe { (*thread).unpark() };
+    }
+}
+
+/// From the postponed job (GVL held): the job ran; call `trigger` (which
+/// asks for it again) `in_ns` from now (None: only when asked again).
+/// Starts the thread in this process if it has none.
+pub fn schedule(in_ns: Option<u64>, trigger: fn()) {
+    JOB_PENDING.store(false, Ordering::Release);
+    let deadline = in_ns.map_or(u64::MAX, |d| monotonic_ns().saturating_add(d));
+    DEADLINE.store(deadline, Ordering::Release);
+    if STOP.load(Ordering::Relaxed) {
+        return;
+    }
+    if OWNER.load(Ordering::Acquire) != std::process::id() {
+        start(trigger);
+    }
+    wake();
+}
+
+fn start(trigger: fn()) {
+    EXITED.store(false, Ordering::Release);
+    OWNER.store(std::process::id(), Ordering::Release);
+    let spawned = std::thread::Builder::new()
+        .name("memprofiler-windows".into())
+        .stack_size(64 * 1024)
+        .spawn(move || run(trigger));
+    match spawned {
+        Ok(handle) => {
+            let thread = Box::into_raw(Box::new(handle.thread().clone()));
+            THREAD.store(thread, Ordering::Release);
+        }
+        Err(_) => {
+            // No thread: polls come from GCs only (windows still unbiased,
+            // just armed less often).
+            EXITED.store(true, Ordering::Release);
+        }
+    }
+}
+
+fn run(trigger: fn()) {
+    // Wake within microseconds of a deadline, not Linux's default 50 us
+    // slack.
+    #[cfg(target_os = "linux")]
+    // SAFETY: sets a property of this thread only.
+    unsafe {
+        libc::prctl(libc::PR_SET_TIMERSLACK, 1_000u64)
+    };
+    while !STOP.load(Ordering::Acquire) {
+        if JOB_PENDING.load(Ordering::Acquire) {
+            std::thread::park_timeout(Duration::from_millis(100));
+            continue;
+        }
+        let deadline = DEADLINE.load(Ordering::Acquire);
+        let now = monotonic_ns();
+        if deadline == u64::MAX {
+            std::thread::park_timeout(Duration::from_secs(1));
+        } else if now < deadline {
+            std::thread::park_timeout(Duration::from_nanos(deadline - now));
+        } else {
+            JOB_PENDING.store(true, Ordering::Release);
+            DEADLINE.store(u64::MAX, Ordering::Release);
+            if !STOP.load(Ordering::Acquire) {
+                trigger();
+            }
+        }
+    }
+    EXITED.store(true, Ordering::Release);
+}
+
+/// At exit (GVL held): stops the thread and waits for it (at most 200 ms),
+/// so that it never triggers a job in a VM being torn down.
+pub fn stop_at_exit() {
+    STOP.store(true, Ordering::Release);
+    if OWNER.load(Ordering::Acquire) != std::process::id() {
+        return;
+    }
+    wake();
+    let began = Instant::now();
+    while !EXITED.load(Ordering::Acquire) && began.elapsed() < Duration::from_millis(200) {
+        std::thread::sleep(Duration::from_micros(200));
+        wake();
+    }
+}

@@ -1,0 +1,300 @@
+//! Windows driven by a simulated process: allocations from call sites, a
+//! clock that runs slower while the hook is on, polls when the windows
+//! ask for them (or late, as in a long C call), and the collector's
+//! countdown. What the estimates must be: each site's truth, per run.
+
+use super::*;
+
+const US: u64 = 1_000;
+
+/// A simulated process with a collector's countdown and hook.
+struct Sim {
+    windows: Windows,
+    counter: u64,
+    now: u64,
+    hook_on: bool,
+    countdown: u64,
+    next_poll: Option<u64>,
+    job_requested: bool,
+    /// Polls are held back until then (a long C call).
+    no_polls_until: u64,
+    /// Per site: allocations, and the weighted samples.
+    truth: Vec<f64>,
+    estimate: Vec<f64>,
+    hooked: u64,
+    /// (window id, probability) of every sample, for the spread tests.
+    samples: Vec<(usize, u32, f64, f64)>,
+}
+
+impl Sim {
+    fn new(policy: WindowPolicy, rate: f64, seed: u64, warm_up: u64, length: u64) -> Sim {
+        let mut windows = Windows::new(policy, seed);
+        windows.set_warm_up(warm_up);
+        windows.set_window_length(length);
+        windows.set_sample_rate(rate);
+        let poll = windows.start(0, 0);
+        let mut sim = Sim {
+            windows,
+            counter: 0,
+            now: 0,
+            hook_on: false,
+            countdown: u64::MAX,
+            next_poll: None,
+            job_requested: false,
+            no_polls_until: 0,
+            truth: vec![0.0; 8],
+            estimate: vec![0.0; 8],
+            hooked: 0,
+            samples: Vec::new(),
+        };
+        sim.apply(poll);
+        sim
+    }
+
+    fn apply(&mut self, poll: Poll) {
+        if let Some(countdown) = poll.countdown {
+            self.countdown = countdown;
+        }
+        self.hook_on = poll.hook_on;
+        self.next_poll = poll.next_poll_in_ns.map(|d| self.now + d);
+    }
+
+    fn run_job(&mut self) {
+        self.job_requested = false;
+        let poll = self.windows.poll(self.counter, self.now);
+        self.apply(poll);
+    }
+
+    /// `n` allocations of `site`, each `ns` long (three times that while
+    /// hooked), with the jobs Ruby would run between them.
+    fn allocate(&mut self, site: usize, n: u64, ns: u64) {
+        for _ in 0..n {
+            let polls_allowed = self.now >= self.no_polls_until;
+            if polls_allowed
+                && (self.job_requested || self.next_poll.is_some_and(|t| self.now >= t))
+            {
+                self.run_job();
+            }
+            self.truth[site] += 1.0;
+            if self.hook_on {
+                self.hooked += 1;
+                self.now += 3 * ns;
+                if self.countdown > 0 {
+                    self.countdown -= 1;
+                } else {
+                    let event = self.windows.on_event(0);
+                    if let Some(sampled) = event.sample {
+                        let weight = 1.0 / sampled.probability;
+                        self.estimate[site] += weight;
+                        self.samples.push((
+                            site,
+                            sampled.window,
+                            sampled.window_probability,
+                            weight,
+                        ));
+                    }
+                    self.countdown = event.countdown;
+                    if event.switch_off {
+                        self.job_requested = true;
+                    }
+                }
+            } else {
+                self.now += ns;
+            }
+            self.counter += 1;
+        }
+    }
+
+    /// Time passes without allocations (IO, sleep).
+    fn idle(&mut self, ns: u64) {
+        self.now += ns;
+    }
+
+    fn ratio(&self, site: usize) -> f64 {
+        self.estimate[site] / self.truth[site]
+    }
+}
+
+#[test]
+fn without_windows_the_hook_stays_on_and_nothing_is_scaled() {
+    let mut sim = Sim::new(WindowPolicy::Fixed(1.0), 1.0, 1, 0, 1_000);
+    assert!(sim.hook_on);
+    assert!(!sim.windows.enabled());
+    assert_eq!(sim.windows.flush(100).coverage, 1.0);
+}
+
+/// Every allocation is in a window with probability q, wherever it is in
+/// the sequence: the share of allocations hooked in windows, stretch by
+/// stretch of 250 positions (a quarter of a block) over many seeds.
+#[test]
+#[cfg_attr(miri, ignore = "statistical and slow under Miri; no unsafe code")]
+fn every_allocation_is_in_a_window_with_probability_q() {
+    let q = 0.1;
+    let (chunk, chunks) = (250u64, 80usize);
+    let mut seen = vec![0.0f64; chunks];
+    let seeds = 2_000;
+    for seed in 0..seeds {
+        let mut sim = Sim::new(WindowPolicy::Fixed(q), 1.0, seed, 0, 100);
+        for seen in seen.iter_mut() {
+            let before = sim.estimate[0];
+            sim.allocate(0, chunk, 50);
+            // At rate 1.0 every in-window allocation is a sample of weight
+            // 1 / q: the chunk's in-window count is its estimate x q.
+            *seen += (sim.estimate[0] - before) * q;
+        }
+    }
+    // ~3.6% standard error a chunk: 15% is four.
+    for (index, &n) in seen.iter().enumerate() {
+        let share = n / (chunk as f64 * seeds as f64);
+        assert!((share / q - 1.0).abs() < 0.15, "chunk {index}: {share}");
+    }
+}
+
+const SERVER_SEEDS: u64 = 40;
+
+/// A server: requests of three sites, bursts, and idle time between
+/// requests (where a clock-timed window would open on the next request's
+/// first site). Each site's estimate over a run is right, and no window
+/// is missed.
+#[test]
+#[cfg_attr(miri, ignore = "statistical and slow under Miri; no unsafe code")]
+fn a_bursty_server_is_estimated_right_per_site() {
+    let mut ratios = vec![Vec::new(); 4];
+    for seed in 0..SERVER_SEEDS {
+        let mut sim = Sim::new(WindowPolicy::Budget(50_000.0), 0.05, seed, 10_000, 1_000);
+        for request in 0..4_000u64 {
+            sim.allocate(0, 200, 40); // parsing: fast
+            sim.allocate(1, 1_000, 200); // the work: slow
+            if request % 10 == 0 {
+                sim.allocate(2, 500, 20); // a burst
+            }
+            sim.allocate(3, 100, 40);
+            sim.idle(500 * US);
+        }
+        for (site, ratios) in ratios.iter_mut().enumerate() {
+            ratios.push(sim.ratio(site));
+        }
+        let flush = sim.windows.flush(sim.counter);
+        assert!(flush.coverage > 0.0 && flush.coverage < 0.5, "{flush:?}");
+    }
+    // Within 4 standard errors of the mean over the seeds (the bursty
+    // site, in few windows, spreads the most), and within 10%.
+    for (site, ratios) in ratios.iter().enumerate() {
+        let n = ratios.len() as f64;
+        let mean = ratios.iter().sum::<f64>() / n;
+        let sd = (ratios.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / (n - 1.0)).sqrt();
+        let tolerance = (4.0 * sd / n.sqrt()).min(0.1);
+        assert!(
+            (mean - 1.0).abs() < tolerance,
+            "site {site}: mean {mean}, {ratios:?}"
+        );
+    }
+}
+
+/// The budget holds the hooked allocations near it, lead included.
+#[test]
+fn a_budget_holds_the_hooked_allocations_near_it() {
+    // 10M allocations a second (100 ns each) against 100,000 a second.
+    let mut sim = Sim::new(WindowPolicy::Budget(100_000.0), 0.01, 3, 0, 1_000);
+    for _ in 0..200 {
+        sim.allocate(0, 10_000, 100);
+    }
+    let hooked_before = sim.hooked;
+    let (counter, now) = (sim.counter, sim.now);
+    for _ in 0..2_000 {
+        sim.allocate(0, 10_000, 100);
+    }
+    let seconds = (sim.now - now) as f64 / 1e9;
+    let hooked_rate = (sim.hooked - hooked_before) as f64 / seconds;
+    assert!(
+        (50_000.0..200_000.0).contains(&hooked_rate),
+        "{hooked_rate} hooked a second"
+    );
+    assert!((sim.ratio(0) - 1.0).abs() < 0.1, "{}", sim.ratio(0));
+    let flush = sim.windows.flush(sim.counter);
+    assert!(flush.windows > 100, "{flush:?}");
+    // (A poll can come an allocation or two after the lead.)
+    assert!(
+        flush.missed * 1_000 < flush.windows * 1_000 / 10,
+        "{flush:?}"
+    );
+    let _ = counter;
+}
+
+/// A long C call that lets no job run: the window it covers is missed,
+/// counted, and never scaled for.
+#[test]
+fn a_window_the_hook_came_on_too_late_for_is_counted_as_missed() {
+    let mut sim = Sim::new(WindowPolicy::Fixed(0.1), 1.0, 5, 0, 1_000);
+    sim.allocate(0, 50_000, 50);
+    assert_eq!(sim.windows.flush(sim.counter).missed, 0);
+    sim.no_polls_until = sim.now + 2_000 * US;
+    sim.allocate(0, 40_000, 50);
+    sim.allocate(0, 10_000, 50);
+    let flush = sim.windows.flush(sim.counter);
+    assert!(flush.missed > 0, "{flush:?}");
+    assert!(flush.coverage < 0.1, "{flush:?}");
+}
+
+#[test]
+fn the_warm_up_hooks_every_allocation_then_windows_begin() {
+    let mut sim = Sim::new(WindowPolicy::Fixed(0.01), 1.0, 7, 30_000, 1_000);
+    sim.allocate(0, 30_000, 50);
+    let flush = sim.windows.flush(sim.counter);
+    assert_eq!(flush.coverage, 1.0);
+    assert_eq!(sim.estimate[0], 30_000.0, "weight 1 each");
+    sim.allocate(1, 1_000_000, 50);
+    let flush = sim.windows.flush(sim.counter);
+    assert!((0.005..0.02).contains(&flush.coverage), "{flush:?}");
+    assert!((sim.ratio(1) - 1.0).abs() < 0.1, "{}", sim.ratio(1));
+    assert!(sim.hooked < 100_000, "{}", sim.hooked);
+}
+
+#[test]
+fn coverage_so_far_is_what_the_next_flush_reports() {
+    let mut sim = Sim::new(WindowPolicy::Fixed(0.2), 1.0, 9, 0, 1_000);
+    sim.allocate(0, 123_457, 50);
+    let so_far = sim.windows.coverage_so_far(sim.counter);
+    assert!((0.1..0.3).contains(&so_far), "{so_far}");
+    assert_eq!(sim.windows.flush(sim.counter).coverage, so_far);
+    // Split across flushes, the coverage adds up.
+    let mut on = 0.0;
+    for _ in 0..10 {
+        sim.allocate(0, 10_000, 50);
+        on += sim.windows.flush(sim.counter).coverage * 10_000.0;
+    }
+    assert!((on / 100_000.0 - 0.2).abs() < 0.05, "{on}");
+}
+
+#[test]
+fn allocations_after_a_freeze_are_in_no_window() {
+    let mut sim = Sim::new(WindowPolicy::Fixed(0.5), 1.0, 11, 0, 1_000);
+    sim.allocate(0, 100_000, 50);
+    sim.windows.freeze(sim.counter);
+    let poll = sim.windows.poll(sim.counter, sim.now);
+    assert!(!poll.hook_on);
+    sim.apply(poll);
+    let estimate = sim.estimate[0];
+    sim.allocate(0, 100_000, 50);
+    assert_eq!(sim.estimate[0], estimate);
+    let flush = sim.windows.flush(sim.counter);
+    assert!(
+        (flush.coverage - 0.5).abs() < 0.1,
+        "counts up to the freeze: {flush:?}"
+    );
+}
+
+#[test]
+fn a_forked_child_draws_its_own_windows() {
+    let mut parent = Sim::new(WindowPolicy::Fixed(0.1), 0.3, 13, 0, 1_000);
+    let mut child = Sim::new(WindowPolicy::Fixed(0.1), 0.3, 13, 0, 1_000);
+    parent.allocate(0, 10_000, 50);
+    child.allocate(0, 10_000, 50);
+    let counter = child.counter;
+    child.windows.start_child_interval(counter, 99);
+    child.run_job();
+    parent.allocate(0, 200_000, 50);
+    child.allocate(0, 200_000, 50);
+    assert_ne!(parent.estimate[0], child.estimate[0]);
+    assert!((child.estimate[0] / 200_000.0 - 1.0).abs() < 0.2);
+}
