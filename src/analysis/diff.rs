@@ -9,6 +9,7 @@ use std::fmt::Write;
 use super::decoded_profile::{DecodedProfile, FrameInfo};
 use super::display::{rank, shown};
 use super::grouping::{describe_site, PathShortener};
+use super::growth_test::{beyond_error, ends_apart, rises_steadily, standard_error, total_errors};
 use super::top::class_label;
 use super::units::{format_percent, format_signed, format_value};
 use crate::analysis::InputMap;
@@ -305,16 +306,25 @@ pub fn diff(profiles: &[&DecodedProfile], options: &DiffOptions) -> Result<Diff,
     let mut describe_class = |(p, s): (usize, usize)| (class_label(profiles[p], s), Vec::new());
 
     // The verdict looks for a steady grower among every stack that grew,
-    // not only those shown: it needs them before `section` ranks them.
-    let steps = n - 1;
+    // not only those shown: it needs them before `section` ranks them. A
+    // sampled profile's values are estimates: a row's growth must be a
+    // steady rise (in every interval, or a trend through the noise) and
+    // larger than its first and last values' error bars (growth_test.rs).
     let total_growth = totals[n - 1].saturating_sub(totals[0]);
+    let errors = total_errors(profiles, &sample_type);
+    let errors_of = |values: &[i64]| -> Vec<f64> {
+        (0..n)
+            .map(|at| standard_error(values[at], totals[at], errors[at]))
+            .collect()
+    };
     let steady: Vec<Tally> = stacks
         .rows
         .values()
         .filter(|row| {
             row.growth() > 0
-                && row.values.windows(2).filter(|w| w[1] > w[0]).count() == steps
                 && row.growth() as f64 >= MIN_LEAK_SHARE * total_growth as f64
+                && rises_steadily(&row.values)
+                && ends_apart(&row.values, &errors_of(&row.values))
         })
         .map(|row| Tally {
             values: row.values.clone(),
@@ -323,10 +333,19 @@ pub fn diff(profiles: &[&DecodedProfile], options: &DiffOptions) -> Result<Diff,
         .collect();
     let steady = ranked(steady, 1, &mut describe_stack).pop();
     let by_stack = stacks.section(limit, &mut describe_stack);
+    // (Exact profiles: whatever they say is so.)
+    let totals_differ = (errors[0] == 0.0 && errors[n - 1] == 0.0)
+        || beyond_error(
+            totals[0],
+            totals[n - 1],
+            errors[0] * totals[0] as f64,
+            errors[n - 1] * totals[n - 1] as f64,
+        );
     let verdict = verdict(
         &sample_type,
         &unit,
         &totals,
+        totals_differ,
         by_stack.rows.first(),
         steady.as_ref(),
     );
@@ -390,11 +409,14 @@ const MIN_LEAK_SHARE: f64 = 0.1;
 
 /// The one-line answer: which allocation site grew, and how convincingly.
 /// `largest`: the stack that grew most; `steady`: the one that grew most
-/// of those that grew in every interval by a real share of the total.
+/// of those that rose steadily by a real share of the total, beyond the
+/// error bars; `totals_differ`: the first and last totals are further
+/// apart than their error bars.
 fn verdict(
     sample_type: &str,
     unit: &str,
     totals: &[i64],
+    totals_differ: bool,
     largest: Option<&GrowthRow>,
     steady: Option<&GrowthRow>,
 ) -> String {
@@ -402,6 +424,15 @@ fn verdict(
     let first = totals[0];
     let last = totals[n - 1];
     let total_growth = last.saturating_sub(first);
+    if !totals_differ && steady.is_none() {
+        return format!(
+            "Verdict: no clear change: {} went from {} to {} ({}), within the profiles' sampling error.",
+            shown(sample_type),
+            format_value(first, unit),
+            format_value(last, unit),
+            format_signed(total_growth, unit)
+        );
+    }
     if total_growth <= 0 {
         return format!(
             "Verdict: no growth: {} went from {} to {} ({}).",
@@ -426,8 +457,13 @@ fn verdict(
     let steps = n - 1;
     match (steady, largest) {
         (Some(row), _) => format!(
-            "Verdict: likely leak: {} grew in all {steps} intervals, {} → {} ({}, {} of the growth).",
+            "Verdict: likely leak: {} grew in {}, {} → {} ({}, {} of the growth).",
             row.label,
+            if row.intervals_up() == steps {
+                format!("all {steps} intervals")
+            } else {
+                format!("{} of {steps} intervals, a steady trend", row.intervals_up())
+            },
             format_value(row.values[0], unit),
             format_value(row.values[n - 1], unit),
             format_signed(row.growth(), unit),
@@ -610,6 +646,62 @@ mod tests {
             }
         }
         DecodedProfile::from_raw(raw).unwrap()
+    }
+
+    /// `snapshot`, sampled: its comment says the totals are off by `rse`.
+    fn sampled(cached: i64, noise: i64, rse: f64) -> DecodedProfile {
+        let mut raw = snapshot(cached, noise).raw.clone();
+        let comment = format!(
+            "relative standard error of each total: alloc_space ±{:.1}% (100 effective samples); inuse_space ±{:.1}% (100 effective samples)",
+            rse * 100.0,
+            rse * 100.0
+        );
+        raw.string_table.push(comment);
+        raw.comment.push(raw.string_table.len() as i64 - 1);
+        DecodedProfile::from_raw(raw).unwrap()
+    }
+
+    /// Sampled profiles of a leak: noisy, not up in every interval, but a
+    /// steady trend beyond the error bars; and of no change.
+    #[test]
+    fn a_leak_is_named_through_sampling_noise_and_noise_is_not_a_change() {
+        let jitter = [
+            300, -250, 120, -300, 60, 280, -180, -40, 220, -290, 150, -90, 10, 260, -210,
+        ];
+        let profiles: Vec<DecodedProfile> = (0..30)
+            .map(|i| {
+                let j = jitter[i % jitter.len()];
+                sampled(1_000 + 100 * i as i64 + j, 5_000 - 2 * j, 0.05)
+            })
+            .collect();
+        let refs: Vec<&DecodedProfile> = profiles.iter().collect();
+        let trend = diff(&refs, &DiffOptions::default()).unwrap();
+        assert!(
+            trend
+                .verdict
+                .starts_with("Verdict: likely leak: String#* in Cache#fetch")
+                && trend.verdict.contains("a steady trend"),
+            "{}",
+            trend.verdict
+        );
+        // Two profiles 5% apart, each off by 10%: nothing to call.
+        let (a, b) = (sampled(5_000, 5_000, 0.1), sampled(5_300, 5_200, 0.1));
+        let noisy = diff(&[&a, &b], &DiffOptions::default()).unwrap();
+        assert!(
+            noisy
+                .verdict
+                .starts_with("Verdict: no clear change: inuse_space went from"),
+            "{}",
+            noisy.verdict
+        );
+        // The same numbers, exact: the growth is real.
+        let (a, b) = (snapshot(5_000, 5_000), snapshot(5_300, 5_200));
+        let exact = diff(&[&a, &b], &DiffOptions::default()).unwrap();
+        assert!(
+            exact.verdict.starts_with("Verdict: top growing"),
+            "{}",
+            exact.verdict
+        );
     }
 
     fn options() -> DiffOptions {

@@ -14,6 +14,7 @@ pub mod diff;
 pub mod display;
 pub mod flamegraph;
 pub mod grouping;
+mod growth_test;
 #[cfg(test)]
 mod hostile_input_tests;
 pub mod merge;
