@@ -106,10 +106,13 @@ module BenchConfigs
     # windows without a warm-up (the NEWOBJ hook on in a quarter, or a
     # tenth, of GC cycles, or as many as a budget allows).
     **gem_config(0.01, mode: :exact),
-    # The defaults as they run at full speed on the loops (q at its 0.01
-    # floor after the warm-up), for callgrind: under valgrind the program
+    # The defaults as they run at full speed on the loops (the budget
+    # picks q of about 0.002 after the warm-up: windows of 1,000 hooked
+    # allocations, ~30 a second), for callgrind: under valgrind the program
     # runs ~50 times slower and a budget, which follows the clock, would
     # keep the hook on far more often than it does for real.
+    **gem_config(0.01, window_probability: 0.002),
+    # (Before 0.3, when windows were GC cycles, q sat at its 0.01 floor.)
     **gem_config(0.01, window_probability: 0.01),
     # .. with longer warm-ups (1,000,000 was the first default).
     **gem_config(0.01, window_probability: 0.01, window_warm_up: 1_000_000),

@@ -2,13 +2,15 @@
 
 # One run of bench/truth's ground-truth workload in this (fresh) process:
 #
-#   ruby -Ilib bench/lib/truth_worker.rb server  CONFIG SEED INTERVAL DURATION DIR
+#   ruby -Ilib bench/lib/truth_worker.rb server  CONFIG SEED INTERVAL DURATION DIR [IDLE_MS]
 #   ruby -Ilib bench/lib/truth_worker.rb phased  CONFIG SEED DIR
 #
 # CONFIG is "defaults" (Collector.new(sample_rate: 0.01)) or "exact"
 # (mode: :exact, window_budget: nil). Each flush's profile is written to DIR
 # beside a JSON line of what was really allocated and alive (what
 # bench/truth compares the profile with); the line also goes to stdout.
+# IDLE_MS: sleep that long after every 10th request, as a server waits
+# for its next request (the allocations come in bursts after each wait).
 #
 # Every site allocates a known number of objects, one per call of a method
 # that allocates exactly one, so each interval's truth per site is exact (a
@@ -135,7 +137,7 @@ module TruthWorkload
     puts line
   end
 
-  def server(config, seed, interval, duration, dir)
+  def server(config, seed, interval, duration, dir, idle_ms: 0.0)
     calibrate
     GC.start
     collector = collector(config, seed)
@@ -147,6 +149,7 @@ module TruthWorkload
     index = 0
     while now - started < duration
       server.request
+      sleep(idle_ms / 1000.0) if idle_ms.positive? && (server.requests % 10).zero?
       next if now - interval_began < interval
 
       allocated = server.take_allocated
@@ -190,11 +193,11 @@ if $PROGRAM_NAME == __FILE__
   kind, config, seed, *rest = ARGV
   case kind
   when "server"
-    interval, duration, dir = rest
-    TruthWorkload.server(config, Integer(seed), Float(interval), Float(duration), dir)
+    interval, duration, dir, idle_ms = rest
+    TruthWorkload.server(config, Integer(seed), Float(interval), Float(duration), dir, idle_ms: Float(idle_ms || 0))
   when "phased"
     TruthWorkload.phased(config, Integer(seed), rest.fetch(0))
   else
-    abort "usage: truth_worker.rb server CONFIG SEED INTERVAL DURATION DIR | phased CONFIG SEED DIR"
+    abort "usage: truth_worker.rb server CONFIG SEED INTERVAL DURATION DIR [IDLE_MS] | phased CONFIG SEED DIR"
   end
 end

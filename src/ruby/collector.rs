@@ -936,14 +936,19 @@ impl Collector {
                     } else {
                         String::new()
                     };
-                    let missed = if window_flush.missed > 0 {
-                        format!(
-                            "; {} allocations of windows the hook came on too late for were not sampled",
+                    let mut missed = String::new();
+                    if window_flush.late > 0 {
+                        missed.push_str(&format!(
+                            "; windows the hook came on late for were moved by {} allocations in all",
+                            window_flush.late
+                        ));
+                    }
+                    if window_flush.missed > 0 {
+                        missed.push_str(&format!(
+                            "; {} allocations of windows that ended before the hook could come on were not sampled",
                             window_flush.missed
-                        )
-                    } else {
-                        String::new()
-                    };
+                        ));
+                    }
                     comments.push(format!(
                         "sampling windows: {window_length}-allocation windows at random places, \
                          {chosen}{warm_up}; {} windows, in which the hook saw {:.2}% of this \

@@ -33,8 +33,12 @@
 //! that is not sampled still costs one decrement. At a window's end the
 //! hook asks the job to switch it off, or stays on if the next window is
 //! near. A poll that comes after a window's start (a long C call that let
-//! no job run) arms late: the part of the window before it is counted as
-//! missed (`WindowFlush::missed`), never sampled and never scaled for.
+//! no job run, or a busy machine that ran the timer thread late) arms
+//! late: the window is moved to begin there, so that it still sees its
+//! `window_length` allocations and totals stay right (`WindowFlush::late`
+//! counts the allocations it moved by), and the lead grows while polls
+//! come late. A window that ended before any poll came is missed
+//! (`WindowFlush::missed`): never sampled, never scaled for.
 //!
 //! With a budget (`WindowPolicy::Budget`), each block's q is chosen when
 //! the block begins, from the allocation rate so far and how many
@@ -81,8 +85,9 @@ const POLL_MAX_NS: u64 = 20_000_000;
 /// is more.
 const MIN_LEAD: u64 = 500;
 
-/// A window whose start is at most this many allocations after the end of
-/// the last keeps the hook on in between (switching costs more).
+/// A window whose start is at most this many allocations (or two leads)
+/// after the end of the last keeps the hook on in between (switching costs
+/// more, and a poll could come too late).
 const KEEP_ON_GAP: u64 = 2_000;
 
 /// The average allocation rate is an exponential average over about this
@@ -164,8 +169,11 @@ pub struct WindowFlush {
     /// Share of the interval's allocations in windows the hook saw (1.0
     /// without windows; 0.0 without allocations).
     pub coverage: f64,
-    /// Allocations in windows the hook came on too late for.
+    /// Allocations of windows that ended before the hook could come on.
     pub missed: u64,
+    /// Allocations by which windows were moved because the hook came on
+    /// after their start.
+    pub late: u64,
     /// Windows the interval's allocations crossed.
     pub windows: u64,
 }
@@ -214,6 +222,8 @@ pub struct Windows {
     /// The hook was on at some time since the last poll: the process ran
     /// slower than it does unwatched, so the busy rate learns nothing.
     hooked_since_poll: bool,
+    /// `rate` has been measured with the hook off.
+    rate_unhooked: bool,
     /// The busy rate has been measured with the hook off at least once
     /// (until then it is the hooked rate: too low to plan polls by).
     busy_rate_unhooked: bool,
@@ -222,6 +232,12 @@ pub struct Windows {
     /// in all, and windows crossed; the counter at its start.
     interval_on: u64,
     interval_missed: u64,
+    interval_late: u64,
+    /// How far the cursor's stretch was moved (a late arm).
+    shift: u64,
+    /// Multiplies the lead: doubled at each late arm, back towards 1 at
+    /// each arm in time.
+    late_factor: f64,
     interval_windows: u64,
     interval_began: u64,
     /// Since the last update of `hook_ratio`.
@@ -269,10 +285,14 @@ impl Windows {
             last_poll_asked: POLL_MIN_NS,
             approach_max: 0.0,
             hooked_since_poll: false,
+            rate_unhooked: false,
             busy_rate_unhooked: false,
             hook_ratio: 2.0,
             interval_on: 0,
             interval_missed: 0,
+            interval_late: 0,
+            shift: 0,
+            late_factor: 1.0,
             interval_windows: 0,
             interval_began: 0,
             ratio_hooked: 0,
@@ -402,7 +422,8 @@ impl Windows {
 
     /// The cursor's stretch.
     fn current(&self) -> (u64, u64) {
-        self.block.stretches().0[self.stretch]
+        let (s, e) = self.block.stretches().0[self.stretch];
+        (s + self.shift, e + self.shift)
     }
 
     /// Moves the cursor to the next stretch, beginning blocks as needed.
@@ -418,6 +439,7 @@ impl Windows {
         self.interval_windows += 1;
         self.observed_from = None;
         self.stretch_seen = 0;
+        self.shift = 0;
     }
 
     /// The cursor entered a new block: samples from here at its rate. (A
@@ -464,7 +486,13 @@ impl Windows {
                 self.leave_stretch();
                 continue;
             }
-            if s > x && s - x > KEEP_ON_GAP.max(self.lead) {
+            if s < x && self.observed_from.is_none() && self.stretch_seen == 0 {
+                // Came on after the window's start: the window moves to here.
+                self.shift += x - s;
+                self.interval_late += x - s;
+                continue;
+            }
+            if s > x && s - x > KEEP_ON_GAP.max(self.lead.saturating_mul(2)) {
                 // Far: off until a poll arms it again.
                 self.armed = false;
                 self.pending_gap = gap;
@@ -540,17 +568,21 @@ impl Windows {
         self.interval_began = counter;
         self.interval_on = 0;
         self.interval_missed = 0;
+        self.interval_late = 0;
         self.interval_windows = 0;
         self.frozen_at = None;
         self.armed = false;
         self.on_since = None;
         self.last_poll = None;
         self.rate = None;
+        self.rate_unhooked = false;
         self.busy_rate = 0.0;
         self.busy_rate_unhooked = false;
         self.approach_max = 0.0;
         self.block = self.new_block(counter);
         self.stretch = 0;
+        self.shift = 0;
+        self.late_factor = 1.0;
         self.observed_from = None;
         self.stretch_seen = 0;
         self.gaps.set_rate(self.block.sample_rate);
@@ -579,11 +611,20 @@ impl Windows {
             if elapsed > 0 {
                 let made = counter.saturating_sub(last_counter) as f64;
                 let rate = made * 1e9 / elapsed as f64;
-                let share = 1.0 - (-(elapsed as f64) / RATE_TIME_CONSTANT_NS).exp();
-                self.rate = Some(match self.rate {
-                    Some(old) => old + share * (rate - old),
-                    None => rate,
-                });
+                // The average rate (what a budget divides), from stretches
+                // the hook was off for: hooked, the process runs slower.
+                // Until there is one, the hooked rate times 4, the most the
+                // hook slows a process: fewer windows rather than too many.
+                if !self.hooked_since_poll {
+                    let share = 1.0 - (-(elapsed as f64) / RATE_TIME_CONSTANT_NS).exp();
+                    self.rate = Some(match (self.rate, self.rate_unhooked) {
+                        (Some(old), true) => old + share * (rate - old),
+                        _ => rate,
+                    });
+                    self.rate_unhooked = true;
+                } else if !self.rate_unhooked {
+                    self.rate = Some(4.0 * rate);
+                }
                 // (A first estimate from hooked time all the same: too low,
                 // until the first unhooked stretch raises it.)
                 let unhooked = !self.hooked_since_poll || self.busy_rate <= 0.0;
@@ -634,7 +675,8 @@ impl Windows {
             // Known only from hooked time, which runs up to ~4 times slower.
             MIN_LEAD.max((6.0 * per_shortest_poll) as u64)
         } else {
-            MIN_LEAD.max((1.5 * per_shortest_poll.max(self.approach_max)) as u64)
+            let lead = 1.5 * per_shortest_poll.max(self.approach_max) * self.late_factor;
+            MIN_LEAD.max(lead as u64)
         };
         if self.armed {
             // (Soon while the rate, and so the lead, is not known yet.)
@@ -651,16 +693,28 @@ impl Windows {
             };
         }
         self.hook_went_off(counter);
-        // Stretches that went by with the hook off were missed.
-        loop {
-            let (_, e) = self.current();
-            if e > counter {
-                break;
+        // A window that went by unseen with the hook off (the poll came late)
+        // moves to here, as one the hook came on late for does; any after it
+        // that went by too are missed (schedule_from), so that a long stall
+        // does not pile its windows up after it.
+        let (s, e) = self.current();
+        let mut late = s < counter;
+        if e <= counter {
+            if self.observed_from.is_none() && self.stretch_seen == 0 {
+                self.shift += counter - s;
+                self.interval_late += counter - s;
+            } else {
+                self.leave_stretch();
+                late = false;
             }
-            self.leave_stretch();
         }
         let (s, _) = self.current();
         if s <= counter.saturating_add(self.lead) {
+            self.late_factor = if late || s < counter {
+                (self.late_factor * 2.0).min(64.0)
+            } else {
+                (self.late_factor * 0.9).max(1.0)
+            };
             self.armed = true;
             self.hooked_since_poll = true;
             self.on_since = Some(counter);
@@ -721,6 +775,7 @@ impl Windows {
             let was_on = self.on_since.is_some();
             self.block = self.new_block(counter.max(self.block.begin));
             self.stretch = 0;
+            self.shift = 0;
             self.observed_from = None;
             self.stretch_seen = 0;
             self.armed = false;
@@ -731,6 +786,7 @@ impl Windows {
         }
         self.interval_on = 0;
         self.interval_missed = 0;
+        self.interval_late = 0;
         self.interval_windows = 0;
         self.interval_began = counter;
     }
@@ -769,6 +825,7 @@ impl Windows {
         let flush = WindowFlush {
             coverage: self.coverage_so_far(counter),
             missed: self.interval_missed,
+            late: self.interval_late,
             windows: self.interval_windows,
         };
         // What the hook saw of the open stretch belongs to this interval.
@@ -779,6 +836,7 @@ impl Windows {
         }
         self.interval_on = 0;
         self.interval_missed = 0;
+        self.interval_late = 0;
         self.interval_windows = 0;
         self.interval_began = counter;
         flush
