@@ -339,6 +339,33 @@ RSpec.describe MemprofilerPprof::Collector, "sampling windows" do
     expect(collector.internal_error_count).to eq(0)
   end
 
+  it "polls from a thread of its own, in a forked child too, and exits cleanly with it running" do
+    skip "needs /proc and fork" unless File.directory?("/proc/self/task") && Process.respond_to?(:fork)
+    code = <<~'RUBY'
+      require "memprofiler_pprof_rs"
+      threads = -> { Dir["/proc/self/task/*/comm"].map { |f| File.read(f).strip } }
+      busy = ->(seconds) { t = Time.now; (Array.new(1_000) { |i| i.to_s }) while Time.now - t < seconds }
+      collector = MemprofilerPprof::Collector.new(window_warm_up: 0).tap(&:start!)
+      busy.call(0.3)
+      parent = threads.call.include?("memprofiler-win")
+      reader, writer = IO.pipe
+      pid = fork do
+        busy.call(0.3)
+        writer.puts(threads.call.include?("memprofiler-win") && collector.flush.allocation_samples_count.positive?)
+        exit!(0)
+      end
+      writer.close
+      child = reader.read.strip
+      Process.wait(pid)
+      windows = MemprofilerPprof::PprofReader.parse(collector.flush.pprof_data).comments.join[/(\d+) windows/, 1].to_i
+      puts [parent, child, windows > 10].inspect
+      # Exits with the collector running and the thread polling.
+    RUBY
+    out, err, status = run_ruby(code)
+    expect(status.success?).to be(true), err
+    expect(out.strip).to eq("[true, \"true\", true]")
+  end
+
   it "takes window_probability only while stopped, and names a bad one" do
     collector = described_class.new(window_probability: 0.5, window_warm_up: 0)
     expect(collector.window_probability).to eq(0.5)

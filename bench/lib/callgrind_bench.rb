@@ -34,7 +34,7 @@ module CallgrindBench
   module_function
 
   # `iterations`: { workload => count } replacing ITERATIONS (bench/run
-  # --iterations): windows need a run long enough for many GC cycles.
+  # --iterations): windows need a run long enough for many of them.
   def run(targets, configs, iterations = {})
     unless system("command -v valgrind >/dev/null 2>&1")
       puts "\n(8) callgrind: skipped, valgrind is not installed (script/bootstrap --bench installs it)"
@@ -75,7 +75,7 @@ module CallgrindBench
     return unless rows.any? { |row| row.last != "" }
 
     puts "(sampled share: the share of allocations made in sampling windows (Collector#window_coverage, read " \
-         "without a flush); a run of few GC cycles samples a share far from window_probability, so use " \
+         "without a flush); a short run holds few windows and samples a share far from window_probability, so use " \
          "--iterations 1000000 for those rows; a budget follows the clock, which runs ~50 times slower under " \
          "valgrind)"
   end
@@ -84,7 +84,7 @@ module CallgrindBench
   # profiler started after its warm-up: what a request costs, without
   # puma, wrk or the machine's load. With windows, what it costs is about
   # the sampled share times the no-window row (the loops show it), and
-  # a run of 40 requests spans too few GC cycles to sample a share near
+  # a run of 40 requests holds too few windows to sample a share near
   # its probability, so windows are best measured on the loops.
   def rails(configs, requests)
     worker = File.join(__dir__, "rails_requests.rb")

@@ -103,8 +103,8 @@ module BenchConfigs
     "floor: empty FREEOBJ event hook" => -> { empty_hooks(:event_hook, FREEOBJ) },
     # The parts of the defaults (issue 19): both hooks always on (the
     # defaults before 0.2), no FREEOBJ hook with NEWOBJ always on, and
-    # windows without a warm-up (the NEWOBJ hook on in a quarter, or a
-    # tenth, of GC cycles, or as many as a budget allows).
+    # windows without a warm-up (the NEWOBJ hook on for a quarter, or a
+    # tenth, of allocations, or as many as a budget allows).
     **gem_config(0.01, mode: :exact),
     # The defaults as they run at full speed on the loops (the budget
     # picks q of about 0.002 after the warm-up: windows of 1,000 hooked

@@ -82,11 +82,10 @@ module PumaBench
 
   # With sampling windows: the mean share of allocations sampled over the
   # profiles written so far (their comment says it; see Collector#flush).
-  # A mean, not a median: a second can span few GC cycles, so many seconds
-  # sample none and a few sample all.
+  # A mean, not a median: a quiet second can hold few windows.
   def window_share(dir)
     shares = Dir.glob(File.join(dir, "mem-*.pprof")).filter_map do |file|
-      Zlib.gunzip(File.binread(file))[/hook was on for ([\d.]+)% /n, 1]&.to_f&./(100)
+      Zlib.gunzip(File.binread(file))[/the hook saw ([\d.]+)% of this interval/n, 1]&.to_f&./(100)
     rescue Zlib::Error, SystemCallError
       nil # a file being replaced as we read
     end

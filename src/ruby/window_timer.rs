@@ -3,8 +3,12 @@
 //! that uses windows.
 //!
 //! It only ever calls the trigger it is given (the registry's
-//! `request_measurement`: async-signal-safe, no allocation, no Ruby call,
-//! no GVL). After each trigger it waits until
+//! `request_measurement`: async-signal-safe, no allocation, no GVL). From
+//! a thread Ruby does not know, that is allowed: Ruby 3.3's
+//! `rb_postponed_job_trigger` is documented as callable from any thread,
+//! and before it `rb_postponed_job_register_one` takes the main Ractor's
+//! execution context when the calling thread has none (`get_valid_ec` in
+//! vm_trace.c, which profilers' signal handlers on other threads rely on). After each trigger it waits until
 //! the job has run before it sleeps again: a process idle in IO or sleep
 //! runs no job, so it gets no wake-ups. At exit it is stopped, and waited
 //! for, before Ruby tears down what the trigger writes to. In a forked
