@@ -12,13 +12,21 @@ RSpec.describe MemprofilerPprof::Collector, "sampling windows" do
 
   # `estimate` within 4 of the profile's reported standard errors of
   # `truth` (or `floor`, if wider), and the error reported is a real one.
+  # For alloc_objects, what windows missed (the hook came on too late: a
+  # busy machine) is one sample of unknown site, counted with the loop's
+  # site here, where the loop's site is nearly all of the allocations.
   def expect_within_reported_error(estimate, truth, data, type, floor: 0.03, context: nil)
     rse = data.relative_standard_errors.fetch(type)
     expect(rse).to be_a(Float), "#{type}: no error reported (#{context})"
     expect(rse).to be_between(0.0, 0.5), "#{type}: error #{rse} (#{context})"
+    missed = type == :alloc_objects ? missed_allocations(data) : 0
     tolerance = [floor, 4 * rse].max
-    expect(estimate).to be_within(truth * tolerance).of(truth),
-                        "#{type}: #{estimate} vs #{truth}, reported error #{rse} (#{context})"
+    expect(estimate + missed).to be_within(truth * tolerance).of(truth),
+                                 "#{type}: #{estimate} (+#{missed} missed) vs #{truth}, reported error #{rse} (#{context})"
+  end
+
+  def missed_allocations(data)
+    total_through(parse_profile(data), "(missed by sampling windows)", "alloc_objects")
   end
 
   # Starts `collector` and makes `iterations` temporaries with a minor GC

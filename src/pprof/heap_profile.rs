@@ -36,7 +36,14 @@ pub struct ProfileMeta {
     /// "(other)" included (Pyroscope refuses more than 16,000).
     pub max_samples: Option<usize>,
     pub sample_labels: SampleLabels,
+    /// Allocations sampling windows missed (the hook came on too late):
+    /// one sample of their own, "(missed by sampling windows)", since
+    /// their sites are unknown.
+    pub missed: Option<[f64; 4]>,
 }
+
+/// The frame of the sample that stands for allocations windows missed.
+pub const MISSED_FRAME: &str = "(missed by sampling windows)";
 
 /// Where a sample's class and GC age go.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -355,6 +362,16 @@ impl<'a> ProfileBuilder<'a> {
                 label,
             });
             self.folded = count;
+        }
+
+        if let Some(values) = meta.missed {
+            let function = self.function_id(MISSED_FRAME, "", 0);
+            let location_id = vec![self.location_id(function, 0)];
+            emit(pprof::Sample {
+                location_id,
+                value: values.iter().map(|v| v.round() as i64).collect(),
+                label: Vec::new(),
+            });
         }
 
         let program = if meta.program.is_empty() {
@@ -757,6 +774,7 @@ mod tests {
             program: "ruby".into(),
             comments: vec![],
             sample_labels: SampleLabels::Keep,
+            missed: None,
         }
     }
 
@@ -846,6 +864,25 @@ mod tests {
         assert_eq!(profile.string_table[0], "");
         assert_eq!(profile.mapping.len(), 1);
         assert_eq!(profile.duration_nanos, 5_000_000_000);
+    }
+
+    #[test]
+    fn allocations_windows_missed_are_one_sample_of_their_own() {
+        let (snapshot, frames) = example();
+        let with_missed = ProfileMeta {
+            missed: Some([500.0, 20_000.0, 0.0, 0.0]),
+            ..meta()
+        };
+        let profile = build_profile(&snapshot, &frames, &classes(), &with_missed);
+        let missed: Vec<_> = profile
+            .sample
+            .iter()
+            .filter(|s| function_names(&profile, s) == [format!("{MISSED_FRAME}@:0")])
+            .collect();
+        assert_eq!(missed.len(), 1);
+        assert_eq!(missed[0].value, vec![500, 20_000, 0, 0]);
+        let without = build_profile(&snapshot, &frames, &classes(), &meta());
+        assert_eq!(without.sample.len() + 1, profile.sample.len());
     }
 
     #[test]

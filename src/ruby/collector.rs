@@ -24,7 +24,7 @@ use super::heap;
 use super::hooks::Hook;
 use super::registry::{self, Registered};
 use super::window_timer::{self, monotonic_ns};
-use crate::pprof::heap_profile::{build_profile_gzipped, ProfileMeta, SampleLabels};
+use crate::pprof::heap_profile::{build_profile_gzipped, ProfileMeta, SampleLabels, MISSED_FRAME};
 use crate::pprof::spread_comment::{format_spread_comment, total_spreads, TotalSpread};
 use crate::sampler::address_filter::AddressFilter;
 use crate::sampler::gaps::{entropy_seed, mix_seed, GapSampler, SkipCountdown};
@@ -886,6 +886,17 @@ impl Collector {
         })?;
         let windows = window_policy != WindowPolicy::Fixed(1.0);
         let coverage = window_flush.coverage;
+        // Allocations windows missed: one sample of unknown site, sized as
+        // this interval's sampled allocations are on average.
+        let missed = (window_flush.missed_estimate > 0.0).then(|| {
+            let (objects, bytes) = snapshot
+                .samples
+                .iter()
+                .fold((0.0, 0.0), |(o, b), s| (o + s.values[0], b + s.values[1]));
+            let mean_size = if objects > 0.0 { bytes / objects } else { 0.0 };
+            let estimate = window_flush.missed_estimate;
+            [estimate, estimate * mean_size, 0.0, 0.0]
+        });
         // (Nothing hooked: alloc_* read 0 without having looked.)
         let spreads = total_spreads(&spreads(&snapshot.samples), windows && coverage == 0.0);
         if options.proactively_yield_gvl {
@@ -936,19 +947,16 @@ impl Collector {
                     } else {
                         String::new()
                     };
-                    let mut missed = String::new();
-                    if window_flush.late > 0 {
-                        missed.push_str(&format!(
-                            "; windows the hook came on late for were moved by {} allocations in all",
-                            window_flush.late
-                        ));
-                    }
-                    if window_flush.missed > 0 {
-                        missed.push_str(&format!(
-                            "; {} allocations of windows that ended before the hook could come on were not sampled",
-                            window_flush.missed
-                        ));
-                    }
+                    let missed = if window_flush.missed > 0 {
+                        format!(
+                            "; the hook came on too late for {} in-window allocations (a long C call, \
+                             or a busy machine), standing for about {:.0}: shown as {MISSED_FRAME}, \
+                             their sites unknown",
+                            window_flush.missed, window_flush.missed_estimate
+                        )
+                    } else {
+                        String::new()
+                    };
                     comments.push(format!(
                         "sampling windows: {window_length}-allocation windows at random places, \
                          {chosen}{warm_up}; {} windows, in which the hook saw {:.2}% of this \
@@ -961,9 +969,23 @@ impl Collector {
                 comments.push(format_spread_comment(&spreads));
                 comments
             },
-            max_raw_bytes: options.max_profile_bytes,
-            max_samples: options.max_profile_samples,
+            // (Room for the missed-allocations sample under the limits.)
+            max_raw_bytes: options.max_profile_bytes.map(|b| {
+                if missed.is_some() {
+                    b.saturating_sub(256)
+                } else {
+                    b
+                }
+            }),
+            max_samples: options.max_profile_samples.map(|n| {
+                if missed.is_some() {
+                    n.saturating_sub(1)
+                } else {
+                    n
+                }
+            }),
             sample_labels: options.sample_labels,
+            missed,
         };
         let build = || build_profile_gzipped(&snapshot, &frames, &class_names, &meta);
         let (pprof, folded_samples) = if options.yield_gvl {

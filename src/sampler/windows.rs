@@ -34,11 +34,15 @@
 //! hook asks the job to switch it off, or stays on if the next window is
 //! near. A poll that comes after a window's start (a long C call that let
 //! no job run, or a busy machine that ran the timer thread late) arms
-//! late: the window is moved to begin there, so that it still sees its
-//! `window_length` allocations and totals stay right (`WindowFlush::late`
-//! counts the allocations it moved by), and the lead grows while polls
-//! come late. A window that ended before any poll came is missed
-//! (`WindowFlush::missed`): never sampled, never scaled for.
+//! late: the part of the window before it is missed, as is a whole window
+//! that ended before any poll came, and the lead grows while polls come
+//! late. Missed allocations are counted (`WindowFlush::missed`, and what
+//! they stand for, `missed_estimate`), and a flush shows them as one row of
+//! their own: their sites are unknown. (Moving a late window to where the
+//! hook came on instead would keep per-site totals only for code without
+//! long C calls: it gives the window to the Ruby code after the call, and
+//! a test with JSON.parse read its caller's rendering at 15 times its
+//! share.)
 //!
 //! With a budget (`WindowPolicy::Budget`), each block's q is chosen when
 //! the block begins, from the allocation rate so far and how many
@@ -89,6 +93,9 @@ const MIN_LEAD: u64 = 500;
 /// after the end of the last keeps the hook on in between (switching costs
 /// more, and a poll could come too late).
 const KEEP_ON_GAP: u64 = 2_000;
+
+/// The most the lead grows while polls come late.
+const MAX_LATE_FACTOR: f64 = 8.0;
 
 /// The average allocation rate is an exponential average over about this
 /// many nanoseconds.
@@ -169,11 +176,10 @@ pub struct WindowFlush {
     /// Share of the interval's allocations in windows the hook saw (1.0
     /// without windows; 0.0 without allocations).
     pub coverage: f64,
-    /// Allocations of windows that ended before the hook could come on.
+    /// In-window allocations the hook came on too late to see.
     pub missed: u64,
-    /// Allocations by which windows were moved because the hook came on
-    /// after their start.
-    pub late: u64,
+    /// How many allocations those stand for (each 1 / its window's q).
+    pub missed_estimate: f64,
     /// Windows the interval's allocations crossed.
     pub windows: u64,
 }
@@ -232,11 +238,9 @@ pub struct Windows {
     /// in all, and windows crossed; the counter at its start.
     interval_on: u64,
     interval_missed: u64,
-    interval_late: u64,
-    /// How far the cursor's stretch was moved (a late arm).
-    shift: u64,
-    /// Multiplies the lead: doubled at each late arm, back towards 1 at
-    /// each arm in time.
+    interval_missed_estimate: f64,
+    /// Multiplies the lead: doubled at each poll that comes too late, back
+    /// towards 1 at each arm in time.
     late_factor: f64,
     interval_windows: u64,
     interval_began: u64,
@@ -290,8 +294,7 @@ impl Windows {
             hook_ratio: 2.0,
             interval_on: 0,
             interval_missed: 0,
-            interval_late: 0,
-            shift: 0,
+            interval_missed_estimate: 0.0,
             late_factor: 1.0,
             interval_windows: 0,
             interval_began: 0,
@@ -422,8 +425,7 @@ impl Windows {
 
     /// The cursor's stretch.
     fn current(&self) -> (u64, u64) {
-        let (s, e) = self.block.stretches().0[self.stretch];
-        (s + self.shift, e + self.shift)
+        self.block.stretches().0[self.stretch]
     }
 
     /// Moves the cursor to the next stretch, beginning blocks as needed.
@@ -439,7 +441,6 @@ impl Windows {
         self.interval_windows += 1;
         self.observed_from = None;
         self.stretch_seen = 0;
-        self.shift = 0;
     }
 
     /// The cursor entered a new block: samples from here at its rate. (A
@@ -472,7 +473,9 @@ impl Windows {
     fn leave_stretch(&mut self) {
         let (s, e) = self.current();
         self.close_observation(e);
-        self.interval_missed += (e - s).saturating_sub(self.stretch_seen);
+        let missed = (e - s).saturating_sub(self.stretch_seen);
+        self.interval_missed += missed;
+        self.interval_missed_estimate += missed as f64 / self.block.probability;
         self.advance();
     }
 
@@ -484,12 +487,6 @@ impl Windows {
             let (s, e) = self.current();
             if e <= x {
                 self.leave_stretch();
-                continue;
-            }
-            if s < x && self.observed_from.is_none() && self.stretch_seen == 0 {
-                // Came on after the window's start: the window moves to here.
-                self.shift += x - s;
-                self.interval_late += x - s;
                 continue;
             }
             if s > x && s - x > KEEP_ON_GAP.max(self.lead.saturating_mul(2)) {
@@ -568,7 +565,7 @@ impl Windows {
         self.interval_began = counter;
         self.interval_on = 0;
         self.interval_missed = 0;
-        self.interval_late = 0;
+        self.interval_missed_estimate = 0.0;
         self.interval_windows = 0;
         self.frozen_at = None;
         self.armed = false;
@@ -581,7 +578,6 @@ impl Windows {
         self.approach_max = 0.0;
         self.block = self.new_block(counter);
         self.stretch = 0;
-        self.shift = 0;
         self.late_factor = 1.0;
         self.observed_from = None;
         self.stretch_seen = 0;
@@ -693,28 +689,26 @@ impl Windows {
             };
         }
         self.hook_went_off(counter);
-        // A window that went by unseen with the hook off (the poll came late)
-        // moves to here, as one the hook came on late for does; any after it
-        // that went by too are missed (schedule_from), so that a long stall
-        // does not pile its windows up after it.
-        let (s, e) = self.current();
-        let mut late = s < counter;
-        if e <= counter {
-            if self.observed_from.is_none() && self.stretch_seen == 0 {
-                self.shift += counter - s;
-                self.interval_late += counter - s;
-            } else {
-                self.leave_stretch();
-                late = false;
+        // Windows that went by with the hook off were missed, and one
+        // under way is missed up to here: the poll came late.
+        let mut late = false;
+        loop {
+            let (s, e) = self.current();
+            if e > counter {
+                late |= s < counter;
+                break;
             }
+            late = true;
+            self.leave_stretch();
+        }
+        if late {
+            self.late_factor = (self.late_factor * 2.0).min(MAX_LATE_FACTOR);
         }
         let (s, _) = self.current();
         if s <= counter.saturating_add(self.lead) {
-            self.late_factor = if late || s < counter {
-                (self.late_factor * 2.0).min(64.0)
-            } else {
-                (self.late_factor * 0.9).max(1.0)
-            };
+            if !late {
+                self.late_factor = (self.late_factor * 0.8).max(1.0);
+            }
             self.armed = true;
             self.hooked_since_poll = true;
             self.on_since = Some(counter);
@@ -775,7 +769,6 @@ impl Windows {
             let was_on = self.on_since.is_some();
             self.block = self.new_block(counter.max(self.block.begin));
             self.stretch = 0;
-            self.shift = 0;
             self.observed_from = None;
             self.stretch_seen = 0;
             self.armed = false;
@@ -786,7 +779,7 @@ impl Windows {
         }
         self.interval_on = 0;
         self.interval_missed = 0;
-        self.interval_late = 0;
+        self.interval_missed_estimate = 0.0;
         self.interval_windows = 0;
         self.interval_began = counter;
     }
@@ -825,7 +818,7 @@ impl Windows {
         let flush = WindowFlush {
             coverage: self.coverage_so_far(counter),
             missed: self.interval_missed,
-            late: self.interval_late,
+            missed_estimate: self.interval_missed_estimate,
             windows: self.interval_windows,
         };
         // What the hook saw of the open stretch belongs to this interval.
@@ -836,7 +829,7 @@ impl Windows {
         }
         self.interval_on = 0;
         self.interval_missed = 0;
-        self.interval_late = 0;
+        self.interval_missed_estimate = 0.0;
         self.interval_windows = 0;
         self.interval_began = counter;
         flush
