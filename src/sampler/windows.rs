@@ -675,18 +675,7 @@ impl Windows {
             MIN_LEAD.max(lead as u64)
         };
         if self.armed {
-            // (Soon while the rate, and so the lead, is not known yet.)
-            let next = if self.busy_rate <= 0.0 {
-                POLL_MIN_NS
-            } else {
-                POLL_MAX_NS
-            };
-            self.last_poll_asked = next;
-            return Poll {
-                hook_on: true,
-                countdown: None,
-                next_poll_in_ns: Some(next),
-            };
+            return self.hook_on(None);
         }
         self.hook_went_off(counter);
         // Windows that went by with the hook off were missed, and one
@@ -719,17 +708,7 @@ impl Windows {
                 self.armed = false;
                 self.on_since = None;
             } else {
-                let next = if self.busy_rate <= 0.0 {
-                    POLL_MIN_NS
-                } else {
-                    POLL_MAX_NS
-                };
-                self.last_poll_asked = next;
-                return Poll {
-                    hook_on: true,
-                    countdown: Some(event.countdown),
-                    next_poll_in_ns: Some(next),
-                };
+                return self.hook_on(Some(event.countdown));
             }
         }
         // Half the time the rest of the way should take, ahead of the lead:
@@ -745,6 +724,23 @@ impl Windows {
         Poll {
             hook_on: false,
             countdown: None,
+            next_poll_in_ns: Some(next),
+        }
+    }
+
+    /// A poll's answer with the hook on (`countdown`: it was just armed).
+    /// The next poll only keeps the rates current, soon while the rate,
+    /// and so the lead, is not known yet.
+    fn hook_on(&mut self, countdown: Option<u64>) -> Poll {
+        let next = if self.busy_rate <= 0.0 {
+            POLL_MIN_NS
+        } else {
+            POLL_MAX_NS
+        };
+        self.last_poll_asked = next;
+        Poll {
+            hook_on: true,
+            countdown,
             next_poll_in_ns: Some(next),
         }
     }
