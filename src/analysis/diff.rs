@@ -323,8 +323,8 @@ pub fn diff(profiles: &[&DecodedProfile], options: &DiffOptions) -> Result<Diff,
         .filter(|row| {
             row.growth() > 0
                 && row.growth() as f64 >= MIN_LEAK_SHARE * total_growth as f64
-                && rises_steadily(&row.values)
                 && ends_apart(&row.values, &errors_of(&row.values))
+                && rises_steadily(&row.values)
         })
         .map(|row| Tally {
             values: row.values.clone(),

@@ -354,11 +354,10 @@ impl Collector {
             windows,
             ..
         } = &mut *sampler;
-        let overrun = self.overrun.swap(0, Ordering::Relaxed);
         // With windows the countdown runs to the next event (a sample or a
         // window's end: sampler/windows.rs); without, to the next sample.
         let window = if windows.enabled() {
-            let event = windows.on_event(overrun);
+            let event = windows.on_event(self.overrun.swap(0, Ordering::Relaxed));
             self.countdown.set(event.countdown);
             if event.switch_off {
                 registry::request_measurement();

@@ -562,11 +562,7 @@ impl Windows {
     /// Returns the first poll's decision.
     pub fn start(&mut self, counter: u64, now_ns: u64) -> Poll {
         self.run_began = counter;
-        self.interval_began = counter;
-        self.interval_on = 0;
-        self.interval_missed = 0;
-        self.interval_missed_estimate = 0.0;
-        self.interval_windows = 0;
+        self.begin_interval(counter);
         self.frozen_at = None;
         self.armed = false;
         self.on_since = None;
@@ -773,6 +769,11 @@ impl Windows {
             self.pending_gap = self.gaps.next_gap();
             self.last_poll = None;
         }
+        self.begin_interval(counter);
+    }
+
+    /// A new interval (start, a forked child, a flush) begins at `counter`.
+    fn begin_interval(&mut self, counter: u64) {
         self.interval_on = 0;
         self.interval_missed = 0;
         self.interval_missed_estimate = 0.0;
@@ -823,11 +824,7 @@ impl Windows {
             let (s, e) = self.current();
             self.observed_from = Some(counter.clamp(s, e).max(from));
         }
-        self.interval_on = 0;
-        self.interval_missed = 0;
-        self.interval_missed_estimate = 0.0;
-        self.interval_windows = 0;
-        self.interval_began = counter;
+        self.begin_interval(counter);
         flush
     }
 }
