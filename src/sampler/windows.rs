@@ -180,7 +180,7 @@ pub struct WindowFlush {
     pub missed: u64,
     /// How many allocations those stand for (each 1 / its window's q).
     pub missed_estimate: f64,
-    /// Windows the interval's allocations crossed.
+    /// Windows (blocks) the interval's allocations went past.
     pub windows: u64,
 }
 
@@ -437,8 +437,9 @@ impl Windows {
             self.block = self.new_block(begin);
             self.stretch = 0;
             self.enter_block();
+            // (A window that wraps is two stretches of one block.)
+            self.interval_windows += 1;
         }
-        self.interval_windows += 1;
         self.observed_from = None;
         self.stretch_seen = 0;
     }
