@@ -736,8 +736,8 @@ mod tests {
 
     /// Records a sampled allocation of `object` with `stack` (weight 1).
     fn record(state: &mut SamplerState, object: usize, stack: &[Frame]) {
-        let admission = state.admission();
-        state.record_allocation(object, ObjectInfo::default(), stack, 1.0, admission);
+        let admission = state.admission(1.0);
+        state.record_allocation(object, ObjectInfo::default(), stack, admission);
     }
 
     /// A profile with two samples of one stack, one of another, and a C frame.
@@ -788,9 +788,9 @@ mod tests {
         let mut state = SamplerState::new(GapSampler::new(1.0, 1), 100, 100);
         let stack = [frame(8, 12), frame(16, 30)];
         for (i, (class, gc_count)) in [(1, 0), (1, 3), (2, 5)].into_iter().enumerate() {
-            let admission = state.admission();
+            let admission = state.admission(1.0);
             let info = ObjectInfo::new(class, gc_count);
-            state.record_allocation(0x1000 + i * 40, info, &stack, 1.0, admission);
+            state.record_allocation(0x1000 + i * 40, info, &stack, admission);
         }
         state.measure_pending(|_| Some(40));
         // The first String is freed.
@@ -1084,12 +1084,11 @@ mod tests {
     #[test]
     fn truncated_and_unknown_frames_are_visible() {
         let mut state = SamplerState::new(GapSampler::new(1.0, 1), 10, 10);
-        let admission = state.admission();
+        let admission = state.admission(1.0);
         state.record_allocation(
             0x1000,
             ObjectInfo::default(),
             &[frame(8, 1), frame(99, 2), frame(TRUNCATION_FRAME, 0)],
-            1.0,
             admission,
         );
         let snapshot = state.take_snapshot(0, |_| Some(40));
@@ -1173,9 +1172,9 @@ mod tests {
             let stack: Vec<Frame> = (0..40)
                 .map(|d| frame(8 * (1 + (i * 40 + d) % 3_000), d as i32))
                 .collect();
-            let admission = state.admission();
+            let admission = state.admission(1.0);
             let object = ObjectInfo::new(i, 0);
-            state.record_allocation(0x10_0000 + i as usize * 40, object, &stack, 1.0, admission);
+            state.record_allocation(0x10_0000 + i as usize * 40, object, &stack, admission);
         }
         for f in 1..=3_000u64 {
             frames.insert(8 * f, info(&format!("M{f}#m"), Some("app.rb"), 1));

@@ -370,7 +370,13 @@ impl Collector {
             self.countdown.set(state.gaps.next_gap());
             None
         };
-        let admission = state.admission();
+        // A sample in a window also stands for the allocations the windows
+        // left out: 1 / (its window's sample rate x probability).
+        let weight = match window {
+            Some(sampled) => 1.0 / sampled.probability,
+            None => state.gaps.weight(),
+        };
+        let admission = state.admission(weight);
         if admission.is_dropped() {
             // Still forget a sample whose address was reused without a free.
             state.record_free(object as usize);
@@ -379,16 +385,10 @@ impl Collector {
         // SAFETY: we are in the NEWOBJ hook for `object`, on a Ruby thread
         // with the GVL.
         let (mut info, frames) = unsafe { (object_info(object), backtrace.capture(top_line)) };
-        // A sample in a window also stands for the allocations the windows
-        // left out: 1 / (its window's sample rate x probability).
-        let weight = match window {
-            Some(sampled) => {
-                info.set_window(sampled.window, sampled.window_probability);
-                1.0 / sampled.probability
-            }
-            None => state.gaps.weight(),
-        };
-        state.record_allocation(object as usize, info, frames, weight, admission);
+        if let Some(sampled) = window {
+            info.set_window(sampled.window, sampled.window_probability);
+        }
+        state.record_allocation(object as usize, info, frames, admission);
         // Measuring costs a postponed job; samples of types that can be
         // sized at their free wait for a batch (a flush measures the rest).
         // In light mode no free is seen and the object is pinned until its

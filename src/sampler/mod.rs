@@ -9,6 +9,7 @@ pub mod block_frames;
 pub mod gaps;
 pub mod lock;
 pub mod named_classes;
+pub mod reservoir;
 pub mod spread;
 pub mod stack_table;
 pub mod state;

@@ -13,18 +13,20 @@ use crate::sampler::types::ObjectAddress;
 pub enum AllocationSlot {
     /// The list has room.
     Append,
-    /// The list is full: reservoir sampling chose this entry to replace.
+    /// The list is full: this entry had the lowest priority and is replaced.
     Replace(usize),
-    /// The list is full and the sample lost the draw.
+    /// The list is full and the sample's priority was too low.
     Skip,
 }
 
 /// Where a new sample goes, given the caps.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Admission {
     pub allocation: AllocationSlot,
     /// Tracked in the live map (false when it is full).
     pub live: bool,
+    /// How many allocations the sample stands for.
+    pub weight: f64,
 }
 
 impl Admission {
@@ -35,30 +37,33 @@ impl Admission {
 }
 
 impl SamplerState {
-    /// Decides, before any backtrace is captured, where a sample goes, and
-    /// counts what the caps keep out. When the allocation list is full it
-    /// becomes a reservoir: the n-th sample of the interval replaces a
-    /// random entry with probability cap / n, so what is kept stays a
-    /// uniform sample of the whole interval (a late spike shows up) and
-    /// `take_snapshot` scales it back up to the whole interval.
-    pub fn admission(&mut self) -> Admission {
-        self.allocations_seen += 1;
+    /// Decides, before any backtrace is captured, where a sample of
+    /// `weight` (the allocations it stands for) goes, and counts what the
+    /// caps keep out. When the allocation list is full it keeps the samples
+    /// of highest priority (sampler/reservoir.rs): heavy samples first, and
+    /// every kept one scaled at the flush so that any part of the interval
+    /// (a late spike, a phase) is still estimated without bias.
+    pub fn admission(&mut self, weight: f64) -> Admission {
         let cap = self.max_allocation_samples;
-        let allocation = if self.allocations.len() < cap {
-            AllocationSlot::Append
-        } else {
-            self.drops.allocation_bufsize += 1;
-            let draw = (self.retain_rng.random::<f64>() * self.allocations_seen as f64) as u64;
-            match usize::try_from(draw) {
-                Ok(index) if index < self.allocations.len() => AllocationSlot::Replace(index),
-                _ => AllocationSlot::Skip,
-            }
+        let full = self.allocations.len() >= cap;
+        let uniform = self.retain_rng.random::<f64>();
+        let allocation = match self.reservoir.offer(weight, uniform, cap) {
+            Some(slot) if slot == self.allocations.len() => AllocationSlot::Append,
+            Some(slot) => AllocationSlot::Replace(slot),
+            None => AllocationSlot::Skip,
         };
+        if full {
+            self.drops.allocation_bufsize += 1;
+        }
         let live = self.admit_live();
         if !live {
             self.drops.heap_bufsize += 1;
         }
-        Admission { allocation, live }
+        Admission {
+            allocation,
+            live,
+            weight,
+        }
     }
 
     /// Whether a new sample is tracked live. When the live map is full, the
@@ -140,15 +145,16 @@ impl SamplerState {
         }
     }
 
-    /// Records a sampled allocation of `object` with backtrace `frames`.
+    /// Records a sampled allocation of `object` with backtrace `frames`,
+    /// where `admission` put it.
     pub fn record_allocation(
         &mut self,
         object: ObjectAddress,
         info: ObjectInfo,
         frames: &[Frame],
-        weight: f64,
         admission: Admission,
     ) -> Option<SampleId> {
+        let weight = admission.weight;
         // A slot can be reused without a FREEOBJ for its previous object
         // (Ruby frees some internal objects silently): the old sample is dead.
         self.record_free(object);

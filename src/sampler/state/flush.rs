@@ -25,6 +25,7 @@ use std::sync::Arc;
 
 use super::{DropCounters, Liveness, SampleId, SamplerState, TOMBSTONE};
 use crate::fast_hash::FastHashMap;
+use crate::sampler::reservoir::ReservoirScales;
 use crate::sampler::stack_table::{Frame, FrameInfo, StackId};
 use crate::sampler::types::{is_named_class, ClassRef, FrameRef, ObjectAddress};
 
@@ -94,7 +95,7 @@ pub(super) struct FlushInProgress {
     pub(super) next_live: usize,
     /// The detached allocation list (its entries still hold their records).
     allocations: Vec<SampleId>,
-    allocations_seen: u64,
+    scales: ReservoirScales,
     samples: Vec<FlushedSample>,
     drops: DropCounters,
 }
@@ -136,7 +137,7 @@ impl SamplerState {
                 .collect(),
             next_live: 0,
             allocations: std::mem::take(&mut self.allocations),
-            allocations_seen: std::mem::take(&mut self.allocations_seen),
+            scales: self.reservoir.take(),
             samples: Vec::new(),
             drops: std::mem::take(&mut self.drops),
         });
@@ -225,7 +226,7 @@ impl SamplerState {
         };
         let FlushInProgress {
             allocations,
-            allocations_seen: seen,
+            scales,
             samples,
             drops,
             ..
@@ -237,13 +238,10 @@ impl SamplerState {
             heap_samples,
             ..FlushSnapshot::default()
         };
-        // Reservoir scaling: each entry stands for seen / kept samples.
-        let scale = if !allocations.is_empty() && seen > allocations.len() as u64 {
-            seen as f64 / allocations.len() as f64
-        } else {
-            1.0
-        };
-        for &id in allocations.iter().filter(|&&id| id != TOMBSTONE) {
+        for (slot, &id) in allocations.iter().enumerate() {
+            if id == TOMBSTONE {
+                continue;
+            }
             let record = &mut self.records[id.0 as usize];
             // Not measured yet (taken just now): measure while it is alive.
             if record.size == 0 && record.liveness == Liveness::Live {
@@ -251,7 +249,7 @@ impl SamplerState {
                     record.size = size;
                 }
             }
-            let weight = f64::from(record.alloc_weight) * scale;
+            let weight = f64::from(record.alloc_weight) * scales.scale(slot);
             let class = record.info.class;
             // Its record may be the class name's last holder.
             self.hold_class_for_flush(class);

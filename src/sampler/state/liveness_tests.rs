@@ -12,14 +12,14 @@ fn lazy_state(max_heap: usize) -> SamplerState {
 
 /// Samples `object`, allocated after GC number `gc_count`.
 fn sample(st: &mut SamplerState, object: ObjectAddress, gc_count: u32) -> SampleId {
-    let admission = st.admission();
+    let admission = st.admission(1.0);
     let info = ObjectInfo {
         class: 0,
         gc_count,
         ..ObjectInfo::default()
     };
     let frames = [Frame { frame: 8, line: 1 }];
-    st.record_allocation(object, info, &frames, 1.0, admission)
+    st.record_allocation(object, info, &frames, admission)
         .expect("admitted")
 }
 

@@ -25,6 +25,7 @@ use rand::SeedableRng;
 use super::address_filter::{AddressFilter, DEFAULT_BUCKETS_LOG2};
 use super::gaps::{mix_seed, GapSampler};
 use super::named_classes::NamedClasses;
+use super::reservoir::Reservoir;
 use super::stack_table::{StackId, StackTable};
 use super::types::{ClassRef, ObjectAddress};
 use crate::fast_hash::FastHashMap;
@@ -163,11 +164,11 @@ pub struct SamplerState {
     records: Vec<SampleRecord>,
     free_records: Vec<u32>,
     live: FastHashMap<ObjectAddress, SampleId>,
-    /// The allocation list: a reservoir of at most max_allocation_samples
-    /// of this interval's samples, uniformly chosen among all of them.
+    /// The allocation list: at most max_allocation_samples of this
+    /// interval's samples, chosen by `reservoir`.
     allocations: Vec<SampleId>,
-    /// Samples offered to the allocation list this interval.
-    allocations_seen: u64,
+    /// The priorities of the allocation list's slots.
+    reservoir: Reservoir,
     /// Probability that a new sample is tracked in the live map: halved
     /// each time the map fills (existing samples are thinned to match),
     /// raised again once it has room. Kept samples count 1 / keep_rate.
@@ -225,7 +226,7 @@ impl SamplerState {
             free_records: Vec::new(),
             live: FastHashMap::default(),
             allocations: Vec::new(),
-            allocations_seen: 0,
+            reservoir: Reservoir::default(),
             live_keep_rate: 1.0,
             pending_sizes: Vec::new(),
             watched: FastHashMap::default(),
@@ -291,7 +292,7 @@ impl SamplerState {
                 self.release(id);
             }
         }
-        self.allocations_seen = 0;
+        self.reservoir.clear();
         self.live_keep_rate = 1.0;
         self.pending_sizes.clear();
         self.forget_watched();
@@ -315,7 +316,7 @@ impl SamplerState {
                 self.release(id);
             }
         }
-        self.allocations_seen = 0;
+        self.reservoir.clear();
         self.drops = DropCounters::default();
         self.reseed(mix_seed(self.gaps.seed(), child_pid));
     }
@@ -370,6 +371,7 @@ impl SamplerState {
             + self.free_records.capacity() * size_of::<u32>()
             + self.live.capacity() * (size_of::<ObjectAddress>() + size_of::<SampleId>() + 8)
             + self.allocations.capacity() * size_of::<SampleId>()
+            + self.reservoir.memory_bytes()
             + self.pending_sizes.capacity() * size_of::<(SampleId, ObjectAddress)>()
             + self.watched.capacity() * (size_of::<ObjectAddress>() + size_of::<SampleId>() + 8)
             + self.free_filter.memory_bytes()

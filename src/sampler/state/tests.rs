@@ -14,14 +14,8 @@ fn state(max_alloc: usize, max_heap: usize) -> SamplerState {
 }
 
 fn record(state: &mut SamplerState, object: ObjectAddress, stack: &[u64]) -> Option<SampleId> {
-    let admission = state.admission();
-    state.record_allocation(
-        object,
-        ObjectInfo::default(),
-        &frames(stack),
-        1.0,
-        admission,
-    )
+    let admission = state.admission(1.0);
+    state.record_allocation(object, ObjectInfo::default(), &frames(stack), admission)
 }
 
 /// Uniform draws alternating above and below 0.5: at retain rate 0.5,
@@ -128,8 +122,8 @@ fn named_classes_replace_ruby_classes_and_go_with_their_samples() {
         ..ObjectInfo::default()
     };
     for object in [0x1000, 0x2000] {
-        let admission = st.admission();
-        st.record_allocation(object, info, &frames(&[8]), 1.0, admission);
+        let admission = st.admission(1.0);
+        st.record_allocation(object, info, &frames(&[8]), admission);
     }
     st.measure_pending(|_| Some(40));
     let _ = st.take_snapshot(0, |_| Some(40));
@@ -203,12 +197,11 @@ fn a_full_live_map_thins_but_still_estimates_the_whole_live_heap() {
     for seed in 0..20 {
         let mut st = SamplerState::new(GapSampler::new(1.0, seed), 1_000_000, 500);
         for i in 0..20_000usize {
-            let admission = st.admission();
+            let admission = st.admission(1.0);
             st.record_allocation(
                 0x1000 + i * 40,
                 ObjectInfo::default(),
                 &frames(&[8]),
-                1.0,
                 admission,
             );
             assert!(st.live_count() <= 500);
@@ -227,12 +220,11 @@ fn a_full_live_map_thins_but_still_estimates_the_whole_live_heap() {
 fn the_live_map_recovers_its_rate_once_objects_die() {
     let mut st = SamplerState::new(GapSampler::new(1.0, 1), 1_000_000, 100);
     for i in 0..1_000usize {
-        let admission = st.admission();
+        let admission = st.admission(1.0);
         st.record_allocation(
             0x1000 + i * 40,
             ObjectInfo::default(),
             &frames(&[8]),
-            1.0,
             admission,
         );
     }
@@ -242,12 +234,11 @@ fn the_live_map_recovers_its_rate_once_objects_die() {
     }
     // Room again: the rate climbs back to 1 over the next samples.
     for i in 0..50usize {
-        let admission = st.admission();
+        let admission = st.admission(1.0);
         st.record_allocation(
             0x9_0000 + i * 40,
             ObjectInfo::default(),
             &frames(&[8]),
-            1.0,
             admission,
         );
     }
@@ -264,12 +255,11 @@ fn a_full_allocation_list_keeps_a_uniform_sample_of_the_whole_interval() {
         let mut st = SamplerState::new(GapSampler::new(1.0, seed), 100, 0);
         for i in 0..2_000usize {
             let stack = if i < 1_000 { [8] } else { [16] };
-            let admission = st.admission();
+            let admission = st.admission(1.0);
             st.record_allocation(
                 0x1000 + i * 40,
                 ObjectInfo::default(),
                 &frames(&stack),
-                1.0,
                 admission,
             );
         }
@@ -301,7 +291,7 @@ fn thinned_samples_keep_their_reservoir_slot() {
     st.measure_pending_with(&mut |_| Some(40), &mut alternating_draws());
     assert_eq!(st.allocation_count(), 5);
     // The list is still full: the next sample goes through the reservoir.
-    let admission = st.admission();
+    let admission = st.admission(1.0);
     assert_ne!(admission.allocation, AllocationSlot::Append);
 }
 
@@ -454,8 +444,8 @@ fn classes_of_a_flush_stay_held_until_it_finishes() {
         gc_count: 3,
         ..ObjectInfo::default()
     };
-    let admission = st.admission();
-    st.record_allocation(0x1000, info, &frames(&[8]), 1.0, admission);
+    let admission = st.admission(1.0);
+    st.record_allocation(0x1000, info, &frames(&[8]), admission);
     st.record_free(0x1000);
     let snap = st.take_snapshot(7, |_| Some(40));
     assert_eq!(snap.samples[0].class, 0x5000);
@@ -471,13 +461,13 @@ fn classes_of_a_flush_stay_held_until_it_finishes() {
 #[test]
 fn live_samples_carry_their_gc_age() {
     let mut st = state(100, 100);
-    let admission = st.admission();
+    let admission = st.admission(1.0);
     let info = ObjectInfo {
         class: 0x5000,
         gc_count: 3,
         ..ObjectInfo::default()
     };
-    st.record_allocation(0x1000, info, &frames(&[8]), 1.0, admission);
+    st.record_allocation(0x1000, info, &frames(&[8]), admission);
     let snap = st.take_snapshot(10, |_| Some(40));
     let ages: Vec<_> = snap.samples.iter().map(|s| s.gc_age).collect();
     assert_eq!(ages, vec![Some(7), None]);
@@ -486,14 +476,8 @@ fn live_samples_carry_their_gc_age() {
 #[test]
 fn weights_scale_values() {
     let mut st = SamplerState::new(GapSampler::new(0.5, 1), 10, 10);
-    let admission = st.admission();
-    st.record_allocation(
-        0x1000,
-        ObjectInfo::default(),
-        &frames(&[8]),
-        100.0,
-        admission,
-    );
+    let admission = st.admission(100.0);
+    st.record_allocation(0x1000, ObjectInfo::default(), &frames(&[8]), admission);
     let snap = st.take_snapshot(0, |_| Some(40));
     assert_eq!(totals(&snap), [100.0, 4_000.0, 100.0, 4_000.0]);
 }
@@ -576,12 +560,12 @@ fn a_sample_freed_before_its_measurement_is_sized_at_free() {
 #[test]
 fn classes_of_live_samples_stay_held_while_a_flush_walks() {
     let mut st = state(0, 10);
-    let admission = st.admission();
+    let admission = st.admission(1.0);
     let info = ObjectInfo {
         class: 0x5550,
         ..ObjectInfo::default()
     };
-    st.record_allocation(0x1000, info, &frames(&[1]), 1.0, admission);
+    st.record_allocation(0x1000, info, &frames(&[1]), admission);
     st.measure_pending(|_| Some(40));
     let measuring = st.begin_flush();
     assert!(st.measure_live(&measuring, 0, 10, &mut |_| Some(40)));
@@ -690,12 +674,12 @@ fn the_child_seed_depends_only_on_the_parent_seed_and_the_pid() {
 }
 
 fn rec_class(st: &mut SamplerState, object: ObjectAddress, class: ClassRef, stack: &[u64]) {
-    let admission = st.admission();
+    let admission = st.admission(1.0);
     let info = ObjectInfo {
         class,
         ..ObjectInfo::default()
     };
-    st.record_allocation(object, info, &frames(stack), 1.0, admission);
+    st.record_allocation(object, info, &frames(stack), admission);
 }
 
 /// An allocation sample taken during flush K (after end_snapshot, before
@@ -778,12 +762,12 @@ fn detach_cost_on_a_large_heap() {
     let mut st = state(1_000_000, 1_000_000);
     for i in 0..50_000usize {
         let p = &paths[rng.random_range(0..paths.len())];
-        let admission = st.admission();
+        let admission = st.admission(1.0);
         let info = ObjectInfo {
             class: 0x100000 + (i as u64 % 2000) * 0x28,
             ..ObjectInfo::default()
         };
-        st.record_allocation(0x1000_0000 + i * 40, info, p, 1.0, admission);
+        st.record_allocation(0x1000_0000 + i * 40, info, p, admission);
     }
     st.measure_pending(|_| Some(40));
     let t = std::time::Instant::now();
@@ -835,12 +819,12 @@ fn detach_cost_on_a_large_heap() {
     // Steady state: one interval's 10,000 new samples over the same paths.
     for i in 0..10_000usize {
         let p = &paths[rng.random_range(0..paths.len())];
-        let admission = st.admission();
+        let admission = st.admission(1.0);
         let info = ObjectInfo {
             class: 0x100000 + (i as u64 % 2000) * 0x28,
             ..ObjectInfo::default()
         };
-        st.record_allocation(0x2000_0000 + i * 40, info, p, 1.0, admission);
+        st.record_allocation(0x2000_0000 + i * 40, info, p, admission);
     }
     st.measure_pending(|_| Some(40));
     let measuring = st.begin_flush();
@@ -876,11 +860,11 @@ fn sample_expecting(
     stack: &[Frame],
     name: impl Fn(u64) -> String,
 ) {
-    let admission = st.admission();
+    let admission = st.admission(1.0);
     let obj = *next_obj;
     *next_obj += 40;
     if st
-        .record_allocation(obj, ObjectInfo::default(), stack, 1.0, admission)
+        .record_allocation(obj, ObjectInfo::default(), stack, admission)
         .is_some()
         && admission.live
     {
