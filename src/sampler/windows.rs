@@ -101,6 +101,15 @@ const MAX_LATE_FACTOR: f64 = 8.0;
 /// many nanoseconds.
 const RATE_TIME_CONSTANT_NS: f64 = 1e9;
 
+/// A budget not spent (while the process allocated less than it, or was
+/// idle) is saved, up to this many seconds of it, and spent over about
+/// `CREDIT_DRAIN_SECONDS` when allocations come: a burst, a short phase or
+/// a short script gets many windows, not the few a per-second rate allows.
+/// Over any second or more the hook still sees at most the budget, plus
+/// what was saved.
+const CREDIT_SECONDS: f64 = 1.0;
+const CREDIT_DRAIN_SECONDS: f64 = 0.25;
+
 /// One block of the allocation sequence and its window.
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Block {
@@ -234,6 +243,9 @@ pub struct Windows {
     /// (until then it is the hooked rate: too low to plan polls by).
     busy_rate_unhooked: bool,
     hook_ratio: f64,
+    /// Budget saved (hooked allocations), as of `credit_at` (counter, ns).
+    credit: f64,
+    credit_at: Option<(u64, u64)>,
     /// This interval: allocations the hook saw in windows, missed, hooked
     /// in all, and windows crossed; the counter at its start.
     interval_on: u64,
@@ -292,6 +304,8 @@ impl Windows {
             rate_unhooked: false,
             busy_rate_unhooked: false,
             hook_ratio: 2.0,
+            credit: 0.0,
+            credit_at: None,
             interval_on: 0,
             interval_missed: 0,
             interval_missed_estimate: 0.0,
@@ -380,10 +394,11 @@ impl Windows {
             (WindowPolicy::Budget(_), None) => 1.0,
             (WindowPolicy::Budget(budget), Some(rate)) => {
                 let hooked_rate = rate * self.hook_ratio.max(1.0);
-                if hooked_rate <= budget {
+                let allowed = budget + self.credit / CREDIT_DRAIN_SECONDS;
+                if hooked_rate <= allowed {
                     1.0
                 } else {
-                    (budget / hooked_rate).max(MIN_BUDGET_PROBABILITY)
+                    (allowed / hooked_rate).max(MIN_BUDGET_PROBABILITY)
                 }
             }
         }
@@ -573,6 +588,8 @@ impl Windows {
         self.busy_rate = 0.0;
         self.busy_rate_unhooked = false;
         self.approach_max = 0.0;
+        self.credit = self.credit_limit();
+        self.credit_at = None;
         self.block = self.new_block(counter);
         self.stretch = 0;
         self.late_factor = 1.0;
@@ -586,6 +603,7 @@ impl Windows {
     /// The hook is being switched off (the collector applied a poll's
     /// `hook_on: false`) at `counter`.
     fn hook_went_off(&mut self, counter: u64) {
+        self.spend_credit(counter);
         if let Some(since) = self.on_since.take() {
             self.ratio_hooked += counter.saturating_sub(since);
             self.close_observation(counter);
@@ -640,6 +658,40 @@ impl Windows {
         self.hooked_since_poll = self.armed;
     }
 
+    /// The most budget that can be saved (0 without a budget).
+    fn credit_limit(&self) -> f64 {
+        match self.policy {
+            WindowPolicy::Budget(budget) => budget * CREDIT_SECONDS,
+            WindowPolicy::Fixed(_) => 0.0,
+        }
+    }
+
+    /// Takes what the hook saw since the credit was last settled (the
+    /// warm-up is not paid from the budget).
+    fn spend_credit(&mut self, counter: u64) {
+        let Some((settled, _)) = self.credit_at else {
+            return;
+        };
+        if let Some(since) = self.on_since {
+            let from = since
+                .max(settled)
+                .max(self.run_began.saturating_add(self.warm_up));
+            self.credit -= counter.saturating_sub(from) as f64;
+        }
+    }
+
+    /// At a poll: the budget earned since the last, less what was spent.
+    fn settle_credit(&mut self, counter: u64, now_ns: u64) {
+        if let Some((_, at_ns)) = self.credit_at {
+            self.spend_credit(counter);
+            if let WindowPolicy::Budget(budget) = self.policy {
+                self.credit += budget * now_ns.saturating_sub(at_ns) as f64 / 1e9;
+            }
+        }
+        self.credit = self.credit.clamp(0.0, self.credit_limit());
+        self.credit_at = Some((counter, now_ns));
+    }
+
     /// From the postponed job, with Ruby's allocation counter and a
     /// monotonic clock: arms the hook when the next window is near, and
     /// says when to poll again.
@@ -659,6 +711,7 @@ impl Windows {
             };
         }
         self.observe_rate(counter, now_ns);
+        self.settle_credit(counter, now_ns);
         let per_shortest_poll = self.busy_rate * POLL_MIN_NS as f64 / 1e9;
         self.lead = if self.busy_rate <= 0.0 {
             // The rate is not known yet (the first poll): on until the

@@ -221,6 +221,42 @@ fn a_budget_holds_the_hooked_allocations_near_it() {
     let _ = counter;
 }
 
+/// Budget not yet spent is saved (a second of it at start) and spent
+/// when allocations come: a short script's phases get many windows, not
+/// the few a per-second rate allows in a fraction of a second; over a
+/// longer run the hook still sees about the budget.
+#[test]
+#[cfg_attr(miri, ignore = "statistical and slow under Miri; no unsafe code")]
+fn a_short_script_spends_the_saved_budget_on_its_phases() {
+    for seed in 0..5 {
+        let mut sim = Sim::new(WindowPolicy::Budget(100_000.0), 0.01, seed, 0, 1_000);
+        // Two phases of 1M allocations at 10M a second: 0.2 s in all,
+        // 20,000 hooked allocations at 100,000 a second.
+        sim.allocate(0, 1_000_000, 100);
+        sim.allocate(1, 1_000_000, 100);
+        let flush = sim.windows.flush(sim.counter);
+        assert!(flush.windows >= 30, "seed {seed}: {flush:?}");
+        for phase in 0..2 {
+            let ratio = sim.ratio(phase);
+            assert!(
+                (ratio - 1.0).abs() < 0.25,
+                "seed {seed}, phase {phase}: {ratio}"
+            );
+        }
+        // Then the budget: at most a second's worth more than it over 10 s.
+        let (hooked, now) = (sim.hooked, sim.now);
+        for _ in 0..10_000 {
+            sim.allocate(2, 10_000, 100);
+        }
+        let seconds = (sim.now - now) as f64 / 1e9;
+        let rate = (sim.hooked - hooked) as f64 / seconds;
+        assert!(
+            rate < 100_000.0 * 1.25,
+            "{rate} hooked a second over {seconds} s"
+        );
+    }
+}
+
 /// A long C call that lets no job run: the window it covers is missed,
 /// counted, and never scaled for.
 #[test]
