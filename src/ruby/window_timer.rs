@@ -28,6 +28,11 @@ pub fn monotonic_ns() -> u64 {
 
 /// When to trigger the job next (monotonic ns); `u64::MAX`: not needed.
 static DEADLINE: AtomicU64 = AtomicU64::new(u64::MAX);
+/// Until when (monotonic ns) the thread sleeps: the job wakes it only for
+/// a deadline before that. (Waking costs a system call and two context
+/// switches, and the job runs for every batch of samples, not only when
+/// the thread asked.)
+static SLEEPING_UNTIL: AtomicU64 = AtomicU64::new(0);
 /// Triggered, and the job has not run since.
 static JOB_PENDING: AtomicBool = AtomicBool::new(false);
 static STOP: AtomicBool = AtomicBool::new(false);
@@ -54,14 +59,33 @@ fn wake() {
 pub fn schedule(in_ns: Option<u64>, trigger: fn()) {
     JOB_PENDING.store(false, Ordering::Release);
     let deadline = in_ns.map_or(u64::MAX, |d| monotonic_ns().saturating_add(d));
-    DEADLINE.store(deadline, Ordering::Release);
+    // SeqCst, with the thread's store of SLEEPING_UNTIL and its second
+    // load of DEADLINE: either it sees this deadline, or this sees how
+    // long it sleeps.
+    DEADLINE.store(deadline, Ordering::SeqCst);
     if STOP.load(Ordering::Relaxed) {
         return;
     }
     if OWNER.load(Ordering::Acquire) != std::process::id() {
         start(trigger);
+        wake();
+    } else if deadline < SLEEPING_UNTIL.load(Ordering::SeqCst) {
+        wake();
     }
-    wake();
+}
+
+/// Parks the thread until `until` (monotonic ns) at the latest, unless
+/// the deadline changed from `deadline` meanwhile.
+fn sleep_until(until: u64, deadline: u64) {
+    SLEEPING_UNTIL.store(until, Ordering::SeqCst);
+    if DEADLINE.load(Ordering::SeqCst) == deadline {
+        let now = monotonic_ns();
+        if until > now {
+            std::thread::park_timeout(Duration::from_nanos(until - now));
+        }
+    }
+    // Awake: a job's deadline must wake it again only if before now.
+    SLEEPING_UNTIL.store(0, Ordering::SeqCst);
 }
 
 fn start(trigger: fn()) {
@@ -93,16 +117,16 @@ fn run(trigger: fn()) {
         libc::prctl(libc::PR_SET_TIMERSLACK, 1_000u64)
     };
     while !STOP.load(Ordering::Acquire) {
-        if JOB_PENDING.load(Ordering::Acquire) {
-            std::thread::park_timeout(Duration::from_millis(100));
-            continue;
-        }
-        let deadline = DEADLINE.load(Ordering::Acquire);
+        let deadline = DEADLINE.load(Ordering::SeqCst);
         let now = monotonic_ns();
-        if deadline == u64::MAX {
-            std::thread::park_timeout(Duration::from_secs(1));
+        if JOB_PENDING.load(Ordering::Acquire) {
+            // Until the job has run (it wakes the thread with its next
+            // deadline); a process idle in IO runs none.
+            sleep_until(now.saturating_add(100_000_000), deadline);
+        } else if deadline == u64::MAX {
+            sleep_until(now.saturating_add(1_000_000_000), deadline);
         } else if now < deadline {
-            std::thread::park_timeout(Duration::from_nanos(deadline - now));
+            sleep_until(deadline, deadline);
         } else {
             JOB_PENDING.store(true, Ordering::Release);
             DEADLINE.store(u64::MAX, Ordering::Release);
