@@ -635,6 +635,14 @@ impl Windows {
                     self.rate_unhooked = true;
                 } else if !self.rate_unhooked {
                     self.rate = Some(4.0 * rate);
+                } else if let Some(old) = self.rate.filter(|&old| rate > old) {
+                    // Hooked, the process runs slower, so what it made is
+                    // at most its rate unwatched: a floor. Without it a
+                    // process that went quiet (q = 1, the hook always on)
+                    // and then busy would never have its hook off again to
+                    // measure the rate, and would stay hooked for good.
+                    let share = 1.0 - (-(elapsed as f64) / RATE_TIME_CONSTANT_NS).exp();
+                    self.rate = Some(old + share * (rate - old));
                 }
                 // (A first estimate from hooked time all the same: too low,
                 // until the first unhooked stretch raises it.)

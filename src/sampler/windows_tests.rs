@@ -257,6 +257,30 @@ fn a_short_script_spends_the_saved_budget_on_its_phases() {
     }
 }
 
+/// A busy process that went quiet (q = 1: the hook on all the time) and
+/// then became busy again: the hook must go back to windows, though it
+/// never went off to measure the process unhooked.
+#[test]
+#[cfg_attr(miri, ignore = "statistical and slow under Miri; no unsafe code")]
+fn a_quiet_process_that_becomes_busy_goes_back_to_windows() {
+    let mut sim = Sim::new(WindowPolicy::Budget(100_000.0), 0.01, 2, 0, 1_000);
+    // Busy for 0.5 s, then 10,000 allocations a second for 30 s: under
+    // the budget.
+    sim.allocate(0, 5_000_000, 100);
+    sim.allocate(0, 300_000, 100 * US);
+    let _ = sim.windows.flush(sim.counter);
+    // Then 10M a second (when unhooked).
+    sim.allocate(1, 4_000_000, 100);
+    let hooked = sim.hooked;
+    sim.allocate(1, 4_000_000, 100);
+    let share = (sim.hooked - hooked) as f64 / 4_000_000.0;
+    assert!(
+        share < 0.1,
+        "the hook saw {share} of a busy process's allocations"
+    );
+    assert!((sim.ratio(1) - 1.0).abs() < 0.1, "{}", sim.ratio(1));
+}
+
 /// A long C call that lets no job run: the window it covers is missed,
 /// counted, and never scaled for.
 #[test]
