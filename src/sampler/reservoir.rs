@@ -94,7 +94,10 @@ impl Reservoir {
         } else {
             1.0
         };
-        if self.weights.len() < cap {
+        // Once a sample was let go, the list stays at its length until the
+        // flush, even if the cap is raised: an appended sample would be
+        // kept for certain, and count its own weight, not the threshold.
+        if self.weights.len() < cap && self.threshold == 0.0 {
             let slot = self.weights.len();
             self.weights.push(weight);
             self.heavy.push(Heavy {
@@ -319,6 +322,30 @@ mod tests {
             assert!(reservoir.offer(1.0, 0.99, 5).is_none_or(|slot| slot < 10));
         }
         assert!(reservoir.take().threshold >= 1.0);
+    }
+
+    #[test]
+    fn a_cap_raised_after_an_overflow_keeps_the_estimate_exact() {
+        let mut rng = SmallRng::seed_from_u64(3);
+        for _ in 0..1_000 {
+            let weights = [10.0, 10.0, 10.0, 10.0, 1.0, 1.0];
+            let mut reservoir = Reservoir::default();
+            let mut kept = [usize::MAX; 6];
+            for (i, &w) in weights.iter().enumerate() {
+                let cap = if i < 4 { 2 } else { 4 };
+                if let Some(slot) = reservoir.offer(w, rng.random::<f64>(), cap) {
+                    kept[slot] = i;
+                }
+            }
+            let scales = reservoir.take();
+            let total: f64 = kept
+                .iter()
+                .enumerate()
+                .filter(|(_, &i)| i != usize::MAX)
+                .map(|(slot, &i)| weights[i] * scales.scale(slot))
+                .sum();
+            assert!((total - 42.0).abs() < 1e-9, "{total}");
+        }
     }
 
     #[test]

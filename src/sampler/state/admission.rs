@@ -13,9 +13,9 @@ use crate::sampler::types::ObjectAddress;
 pub enum AllocationSlot {
     /// The list has room.
     Append,
-    /// The list is full: this entry had the lowest priority and is replaced.
+    /// The list is full: this entry was let go, and the new one takes it.
     Replace(usize),
-    /// The list is full and the sample's priority was too low.
+    /// The list is full and the new sample is the one let go.
     Skip,
 }
 
@@ -39,20 +39,27 @@ impl Admission {
 impl SamplerState {
     /// Decides, before any backtrace is captured, where a sample of
     /// `weight` (the allocations it stands for) goes, and counts what the
-    /// caps keep out. When the allocation list is full it keeps the samples
-    /// of highest priority (sampler/reservoir.rs): heavy samples first, and
-    /// every kept one scaled at the flush so that any part of the interval
-    /// (a late spike, a phase) is still estimated without bias.
+    /// caps keep out. When the allocation list is full, VarOpt sampling
+    /// (sampler/reservoir.rs) chooses which sample to let go: heavy samples
+    /// are kept first, and every kept one is scaled at the flush so that
+    /// any part of the interval (a late spike, a phase) is still estimated
+    /// without bias.
     pub fn admission(&mut self, weight: f64) -> Admission {
+        // (What the reservoir counts too: a weight is 1 / a probability.)
+        let weight = if weight.is_finite() && weight > 0.0 {
+            weight
+        } else {
+            1.0
+        };
         let cap = self.max_allocation_samples;
-        let full = self.allocations.len() >= cap;
         let uniform = self.retain_rng.random::<f64>();
         let allocation = match self.reservoir.offer(weight, uniform, cap) {
             Some(slot) if slot == self.allocations.len() => AllocationSlot::Append,
             Some(slot) => AllocationSlot::Replace(slot),
             None => AllocationSlot::Skip,
         };
-        if full {
+        if allocation != AllocationSlot::Append {
+            // One sample of the interval's was let go (the new one or another).
             self.drops.allocation_bufsize += 1;
         }
         let live = self.admit_live();
