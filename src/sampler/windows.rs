@@ -47,8 +47,9 @@
 //! With a budget (`WindowPolicy::Budget`), each block's q is chosen when
 //! the block begins, from the allocation rate so far and how many
 //! allocations each window really hooked (its lead included), so that the
-//! hook sees about `budget` allocations a second; a block's q depends only
-//! on what came before it, so nothing is biased. A warm-up keeps the hook
+//! hook sees about `budget` allocations a second, plus what was saved
+//! while it saw fewer (`CREDIT_SECONDS`); a block's q depends only on what
+//! came before it, so nothing is biased. A warm-up keeps the hook
 //! on for the first `warm_up` allocations since start (one block of
 //! q = 1): a short profile (a block, a script, a test) is then complete.
 
@@ -730,9 +731,14 @@ impl Windows {
             MIN_LEAD.max((6.0 * per_shortest_poll) as u64)
         } else {
             let lead = 1.5 * per_shortest_poll.max(self.approach_max) * self.late_factor;
-            MIN_LEAD.max(lead as u64)
+            // At most a quarter of a block: a longer lead would keep the
+            // hook on between windows (KEEP_ON_GAP) for good, and the lead
+            // learns only while the hook is off.
+            MIN_LEAD.max((lead as u64).min(self.block.len / 4))
         };
         if self.armed {
+            // While on, what made the lead long fades as it does while off.
+            self.approach_max *= 0.99;
             return self.hook_on(None);
         }
         self.hook_went_off(counter);

@@ -281,6 +281,33 @@ fn a_quiet_process_that_becomes_busy_goes_back_to_windows() {
     assert!((sim.ratio(1) - 1.0).abs() < 0.1, "{}", sim.ratio(1));
 }
 
+/// One poll held back while the process allocates (a long C call, a busy
+/// machine) makes the lead large; the hook must still go off between
+/// windows afterwards, not stay on for good.
+#[test]
+#[cfg_attr(miri, ignore = "statistical and slow under Miri; no unsafe code")]
+fn one_late_poll_does_not_keep_the_hook_on_for_good() {
+    for seed in 0..4 {
+        let mut sim = Sim::new(WindowPolicy::Budget(100_000.0), 0.01, seed, 0, 1_000);
+        sim.allocate(0, 15_000_000, 100);
+        // Until the next poll is asked for at the shortest interval.
+        while sim.windows.last_poll_asked > POLL_MIN_NS || sim.hook_on {
+            sim.allocate(0, 1, 100);
+        }
+        sim.no_polls_until = sim.now + 5_000 * US;
+        sim.allocate(0, 50_000, 100);
+        sim.no_polls_until = 0;
+        sim.allocate(1, 10_000_000, 100);
+        let hooked = sim.hooked;
+        sim.allocate(1, 10_000_000, 100);
+        let share = (sim.hooked - hooked) as f64 / 10_000_000.0;
+        assert!(
+            share < 0.05,
+            "seed {seed}: the hook saw {share} of the allocations"
+        );
+    }
+}
+
 /// A long C call that lets no job run: the window it covers is missed,
 /// counted, and never scaled for.
 #[test]
