@@ -737,8 +737,6 @@ impl Windows {
             MIN_LEAD.max((lead as u64).min(self.block.len / 4))
         };
         if self.armed {
-            // While on, what made the lead long fades as it does while off.
-            self.approach_max *= 0.99;
             return self.hook_on(None);
         }
         self.hook_went_off(counter);
