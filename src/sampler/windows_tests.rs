@@ -51,6 +51,12 @@ impl Sim {
         sim
     }
 
+    /// A budget of 100,000 hooked allocations a second, sample rate 0.01,
+    /// no warm-up, windows of 1,000.
+    fn with_budget(seed: u64) -> Sim {
+        Sim::new(WindowPolicy::Budget(100_000.0), 0.01, seed, 0, 1_000)
+    }
+
     fn apply(&mut self, poll: Poll) {
         if let Some(countdown) = poll.countdown {
             self.countdown = countdown;
@@ -111,6 +117,13 @@ impl Sim {
     /// Time passes without allocations (IO, sleep).
     fn idle(&mut self, ns: u64) {
         self.now += ns;
+    }
+
+    /// `allocate`, returning the share of those allocations the hook saw.
+    fn hooked_share(&mut self, site: usize, n: u64, ns: u64) -> f64 {
+        let hooked = self.hooked;
+        self.allocate(site, n, ns);
+        (self.hooked - hooked) as f64 / n as f64
     }
 
     fn ratio(&self, site: usize) -> f64 {
@@ -201,7 +214,7 @@ fn a_bursty_server_is_estimated_right_per_site() {
 #[test]
 fn a_budget_holds_the_hooked_allocations_near_it() {
     // 10M allocations a second (100 ns each) against 100,000 a second.
-    let mut sim = Sim::new(WindowPolicy::Budget(100_000.0), 0.01, 3, 0, 1_000);
+    let mut sim = Sim::with_budget(3);
     for _ in 0..200 {
         sim.allocate(0, 10_000, 100);
     }
@@ -235,7 +248,7 @@ fn a_budget_holds_the_hooked_allocations_near_it() {
 #[cfg_attr(miri, ignore = "statistical and slow under Miri; no unsafe code")]
 fn a_short_script_spends_the_saved_budget_on_its_phases() {
     for seed in 0..5 {
-        let mut sim = Sim::new(WindowPolicy::Budget(100_000.0), 0.01, seed, 0, 1_000);
+        let mut sim = Sim::with_budget(seed);
         // Two phases of 1M allocations at 10M a second: 0.2 s in all,
         // 20,000 hooked allocations at 100,000 a second.
         sim.allocate(0, 1_000_000, 100);
@@ -269,7 +282,7 @@ fn a_short_script_spends_the_saved_budget_on_its_phases() {
 #[test]
 #[cfg_attr(miri, ignore = "statistical and slow under Miri; no unsafe code")]
 fn a_quiet_process_that_becomes_busy_goes_back_to_windows() {
-    let mut sim = Sim::new(WindowPolicy::Budget(100_000.0), 0.01, 2, 0, 1_000);
+    let mut sim = Sim::with_budget(2);
     // Busy for 0.5 s, then 10,000 allocations a second for 30 s: under
     // the budget.
     sim.allocate(0, 5_000_000, 100);
@@ -277,9 +290,7 @@ fn a_quiet_process_that_becomes_busy_goes_back_to_windows() {
     let _ = sim.windows.flush(sim.counter);
     // Then 10M a second (when unhooked).
     sim.allocate(1, 4_000_000, 100);
-    let hooked = sim.hooked;
-    sim.allocate(1, 4_000_000, 100);
-    let share = (sim.hooked - hooked) as f64 / 4_000_000.0;
+    let share = sim.hooked_share(1, 4_000_000, 100);
     assert!(
         share < 0.1,
         "the hook saw {share} of a busy process's allocations"
@@ -294,7 +305,7 @@ fn a_quiet_process_that_becomes_busy_goes_back_to_windows() {
 #[cfg_attr(miri, ignore = "statistical and slow under Miri; no unsafe code")]
 fn one_late_poll_does_not_keep_the_hook_on_for_good() {
     for seed in 0..4 {
-        let mut sim = Sim::new(WindowPolicy::Budget(100_000.0), 0.01, seed, 0, 1_000);
+        let mut sim = Sim::with_budget(seed);
         sim.allocate(0, 15_000_000, 100);
         // Until the next poll is asked for at the shortest interval.
         while sim.windows.last_poll_asked > POLL_MIN_NS || sim.hook_on {
@@ -304,9 +315,7 @@ fn one_late_poll_does_not_keep_the_hook_on_for_good() {
         sim.allocate(0, 50_000, 100);
         sim.no_polls_until = 0;
         sim.allocate(1, 10_000_000, 100);
-        let hooked = sim.hooked;
-        sim.allocate(1, 10_000_000, 100);
-        let share = (sim.hooked - hooked) as f64 / 10_000_000.0;
+        let share = sim.hooked_share(1, 10_000_000, 100);
         assert!(
             share < 0.05,
             "seed {seed}: the hook saw {share} of the allocations"
