@@ -604,7 +604,6 @@ impl Windows {
     /// The hook is being switched off (the collector applied a poll's
     /// `hook_on: false`) at `counter`.
     fn hook_went_off(&mut self, counter: u64) {
-        self.spend_credit(counter);
         if let Some(since) = self.on_since.take() {
             self.ratio_hooked += counter.saturating_sub(since);
             self.close_observation(counter);
@@ -675,24 +674,17 @@ impl Windows {
         }
     }
 
-    /// Takes what the hook saw since the credit was last settled (the
-    /// warm-up is not paid from the budget).
-    fn spend_credit(&mut self, counter: u64) {
-        let Some((settled, _)) = self.credit_at else {
-            return;
-        };
-        if let Some(since) = self.on_since {
-            let from = since
-                .max(settled)
-                .max(self.run_began.saturating_add(self.warm_up));
-            self.credit -= counter.saturating_sub(from) as f64;
-        }
-    }
-
-    /// At a poll: the budget earned since the last, less what was spent.
+    /// At a poll (before the hook's state changes): the budget earned since
+    /// the last, less what the hook saw since (the warm-up is not paid from
+    /// the budget).
     fn settle_credit(&mut self, counter: u64, now_ns: u64) {
-        if let Some((_, at_ns)) = self.credit_at {
-            self.spend_credit(counter);
+        if let Some((settled, at_ns)) = self.credit_at {
+            if let Some(since) = self.on_since {
+                let from = since
+                    .max(settled)
+                    .max(self.run_began.saturating_add(self.warm_up));
+                self.credit -= counter.saturating_sub(from) as f64;
+            }
             if let WindowPolicy::Budget(budget) = self.policy {
                 self.credit += budget * now_ns.saturating_sub(at_ns) as f64 / 1e9;
             }
