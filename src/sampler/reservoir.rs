@@ -46,6 +46,16 @@ impl Ord for Heavy {
     }
 }
 
+/// A sample's weight as the reservoir counts it: 1 / a probability, so a
+/// weight that is not a finite positive number (never expected) counts 1.
+pub fn usable_weight(weight: f64) -> f64 {
+    if weight.is_finite() && weight > 0.0 {
+        weight
+    } else {
+        1.0
+    }
+}
+
 /// The new sample's slot until one is freed for it.
 const NEW: u32 = u32::MAX;
 
@@ -89,11 +99,7 @@ impl Reservoir {
     /// than `cap`, else the slot of the sample it displaces), or None if it
     /// is the one let go.
     pub fn offer(&mut self, weight: f64, uniform: f64, cap: usize) -> Option<usize> {
-        let weight = if weight.is_finite() && weight > 0.0 {
-            weight
-        } else {
-            1.0
-        };
+        let weight = usable_weight(weight);
         // Once a sample was let go, the list stays at its length until the
         // flush, even if the cap is raised: an appended sample would be
         // kept for certain, and count its own weight, not the threshold.

@@ -5,6 +5,7 @@
 use rand::RngExt;
 
 use super::{Liveness, ObjectInfo, SampleId, SampleRecord, SamplerState, TOMBSTONE};
+use crate::sampler::reservoir::usable_weight;
 use crate::sampler::stack_table::Frame;
 use crate::sampler::types::ObjectAddress;
 
@@ -45,12 +46,8 @@ impl SamplerState {
     /// any part of the interval (a late spike, a phase) is still estimated
     /// without bias.
     pub fn admission(&mut self, weight: f64) -> Admission {
-        // (What the reservoir counts too: a weight is 1 / a probability.)
-        let weight = if weight.is_finite() && weight > 0.0 {
-            weight
-        } else {
-            1.0
-        };
+        // What the list's scales will assume it weighs.
+        let weight = usable_weight(weight);
         let cap = self.max_allocation_samples;
         let uniform = self.retain_rng.random::<f64>();
         let allocation = match self.reservoir.offer(weight, uniform, cap) {
