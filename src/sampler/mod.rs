@@ -13,5 +13,7 @@ pub mod reservoir;
 pub mod spread;
 pub mod stack_table;
 pub mod state;
+pub mod threshold;
+
 pub mod types;
 pub mod windows;

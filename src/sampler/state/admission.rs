@@ -7,6 +7,7 @@ use rand::RngExt;
 use super::{Liveness, ObjectInfo, SampleId, SampleRecord, SamplerState, TOMBSTONE};
 use crate::sampler::reservoir::usable_weight;
 use crate::sampler::stack_table::Frame;
+use crate::sampler::threshold::{keep_probability, kept_weight, threshold_for};
 use crate::sampler::types::ObjectAddress;
 
 /// Where a new sample goes in the allocation list.
@@ -28,6 +29,9 @@ pub struct Admission {
     pub live: bool,
     /// How many allocations the sample stands for.
     pub weight: f64,
+    /// How many live objects it stands for while tracked (more than
+    /// `weight` when the live map is thinned).
+    pub live_weight: f64,
 }
 
 impl Admission {
@@ -36,6 +40,10 @@ impl Admission {
         self.allocation == AllocationSlot::Skip && !self.live
     }
 }
+
+/// Thinning passes tried before a new sample is left out of a full live
+/// map (each keeps half the cap in expectation).
+const MAX_THINNING_PASSES: usize = 8;
 
 impl SamplerState {
     /// Decides, before any backtrace is captured, where a sample of
@@ -59,44 +67,75 @@ impl SamplerState {
             // One sample of the interval's was let go (the new one or another).
             self.drops.allocation_bufsize += 1;
         }
-        let live = self.admit_live();
-        if !live {
+        let live_weight = self.admit_live(weight);
+        if live_weight.is_none() {
             self.drops.heap_bufsize += 1;
         }
         Admission {
             allocation,
-            live,
+            live: live_weight.is_some(),
             weight,
+            live_weight: live_weight.unwrap_or(weight),
         }
     }
 
-    /// Whether a new sample is tracked live. When the live map is full, the
-    /// tracking rate halves and every tracked sample survives with
-    /// probability 1/2, counting double: a hard memory bound that still
-    /// represents the whole live heap, new objects included.
-    fn admit_live(&mut self) -> bool {
+    /// The weight a new sample of `weight` is tracked live with, or None
+    /// when it is not tracked. When the live map is full, it is thinned by
+    /// threshold sampling (sampler/threshold.rs) to half its cap, and new
+    /// samples are tracked under the same threshold: a hard memory bound
+    /// that still represents the whole live heap, new objects included,
+    /// and keeps heavy samples before light ones.
+    fn admit_live(&mut self, weight: f64) -> Option<f64> {
         let cap = self.max_heap_samples;
         if cap == 0 {
-            return false;
+            return None;
         }
-        if self.live_keep_rate < 1.0 && self.live.len() * 4 < cap {
-            // Room again: track new objects at a higher rate. (Samples keep
-            // the weight they were admitted with, so mixing rates is fine.)
-            self.live_keep_rate = (self.live_keep_rate * 2.0).min(1.0);
+        if self.live_threshold > 0.0 && self.live.len() * 4 < cap {
+            // Room again: track new objects under a lower threshold.
+            // (Samples keep the weight they were kept with, so mixing
+            // thresholds is fine; weights are at least 1.)
+            self.live_threshold /= 2.0;
+            if self.live_threshold < 1.0 {
+                self.live_threshold = 0.0;
+            }
         }
-        while self.live.len() >= cap && self.live_keep_rate > f64::MIN_POSITIVE {
-            self.thin_live_samples();
+        // Each pass keeps half the cap in expectation: one is almost always
+        // enough, and the bound holds even if none is.
+        for _ in 0..MAX_THINNING_PASSES {
+            if self.live.len() < cap {
+                break;
+            }
+            self.thin_live_samples(cap as f64 / 2.0);
         }
-        self.live_keep_rate >= 1.0 || self.retain_rng.random::<f64>() < self.live_keep_rate
+        if self.live.len() >= cap {
+            return None;
+        }
+        let probability = keep_probability(weight, self.live_threshold);
+        (probability >= 1.0 || self.retain_rng.random::<f64>() < probability)
+            .then(|| kept_weight(weight, self.live_threshold))
     }
 
-    fn thin_live_samples(&mut self) {
-        self.live_keep_rate /= 2.0;
+    /// Thins the live map to `target` samples in expectation, and sets the
+    /// threshold new samples are tracked under.
+    fn thin_live_samples(&mut self, target: f64) {
+        let mut weights = std::mem::take(&mut self.threshold_scratch);
+        weights.clear();
+        weights.extend(
+            self.live
+                .values()
+                .map(|id| self.records[id.0 as usize].weight),
+        );
+        let threshold = threshold_for(&mut weights, target);
+        self.threshold_scratch = weights;
+        self.live_threshold = threshold;
         let mut dropped = Vec::new();
         let mut rng = self.retain_rng.clone();
         for (&object, &id) in &self.live {
-            if rng.random::<bool>() {
-                self.records[id.0 as usize].weight *= 2.0;
+            let record = &mut self.records[id.0 as usize];
+            let weight = f64::from(record.weight);
+            let probability = keep_probability(weight, threshold);
+            if probability >= 1.0 || rng.random::<f64>() < probability {
+                record.weight = kept_weight(weight, threshold) as f32;
             } else {
                 dropped.push(object);
             }
@@ -169,7 +208,7 @@ impl SamplerState {
         let in_live = admission.live;
         let stack = self.stacks.intern(frames);
         let live_weight = if in_live {
-            weight / self.live_keep_rate
+            admission.live_weight
         } else {
             weight
         };

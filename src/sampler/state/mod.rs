@@ -169,10 +169,12 @@ pub struct SamplerState {
     allocations: Vec<SampleId>,
     /// The priorities of the allocation list's slots.
     reservoir: Reservoir,
-    /// Probability that a new sample is tracked in the live map: halved
-    /// each time the map fills (existing samples are thinned to match),
-    /// raised again once it has room. Kept samples count 1 / keep_rate.
-    live_keep_rate: f64,
+    /// The threshold new samples are tracked live under (threshold.rs; 0:
+    /// every one): set each time the map fills and is thinned, halved
+    /// while it has room again.
+    live_threshold: f64,
+    /// The live weights, while thinning (kept to reuse its memory).
+    threshold_scratch: Vec<f32>,
     /// Samples taken but not yet measured (sizes are known only once the
     /// allocating method has filled the object in).
     pending_sizes: Vec<(SampleId, ObjectAddress)>,
@@ -227,7 +229,8 @@ impl SamplerState {
             live: FastHashMap::default(),
             allocations: Vec::new(),
             reservoir: Reservoir::default(),
-            live_keep_rate: 1.0,
+            live_threshold: 0.0,
+            threshold_scratch: Vec::new(),
             pending_sizes: Vec::new(),
             watched: FastHashMap::default(),
             gaps,
@@ -293,7 +296,7 @@ impl SamplerState {
             }
         }
         self.reservoir.clear();
-        self.live_keep_rate = 1.0;
+        self.live_threshold = 0.0;
         self.pending_sizes.clear();
         self.forget_watched();
         self.drops = DropCounters::default();

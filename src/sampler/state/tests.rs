@@ -217,6 +217,46 @@ fn a_full_live_map_thins_but_still_estimates_the_whole_live_heap() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore = "statistical, no unsafe code; too slow under Miri")]
+fn a_full_live_map_keeps_heavy_samples_whole_and_thins_light_ones() {
+    // 50 window samples weighing 5,000 among 5,000 warm-up samples weighing
+    // 100, all alive, in a map of 500: the heavy ones are all kept at their
+    // weight, the light ones estimated without bias.
+    const HEAVY: ObjectAddress = 0x1000_0000;
+    let mut light_errors = Vec::new();
+    for seed in 0..20 {
+        let mut st = SamplerState::new(GapSampler::new(1.0, seed), 1_000_000, 500);
+        st.reseed(seed);
+        for i in 0..5_050usize {
+            let (object, weight) = if i % 101 == 100 {
+                (HEAVY + i * 40, 5_000.0)
+            } else {
+                (0x1000 + i * 40, 100.0)
+            };
+            let admission = st.admission(weight);
+            st.record_allocation(object, ObjectInfo::default(), &frames(&[8]), admission);
+            assert!(st.live_count() <= 500);
+        }
+        let snap = st.take_snapshot(0, |object| Some(if object >= HEAVY { 1_000 } else { 40 }));
+        let (mut heavy, mut light) = (0.0, 0.0);
+        for sample in &snap.samples {
+            let [_, _, objects, space] = sample.values;
+            if objects > 0.0 && space / objects > 500.0 {
+                heavy += objects;
+            } else {
+                light += objects;
+            }
+        }
+        assert_eq!(heavy, 50.0 * 5_000.0, "seed {seed}");
+        light_errors.push(light / 500_000.0 - 1.0);
+    }
+    let mean = light_errors.iter().sum::<f64>() / light_errors.len() as f64;
+    let worst = light_errors.iter().fold(0.0f64, |m, e| m.max(e.abs()));
+    assert!(mean.abs() < 0.03, "mean error {mean}");
+    assert!(worst < 0.15, "worst error {worst}");
+}
+
+#[test]
 fn the_live_map_recovers_its_rate_once_objects_die() {
     let mut st = SamplerState::new(GapSampler::new(1.0, 1), 1_000_000, 100);
     for i in 0..1_000usize {
