@@ -46,15 +46,21 @@ impl Ord for Heavy {
     }
 }
 
-/// A sample's weight as the reservoir counts it: 1 / a probability, so a
-/// weight that is not a finite positive number (never expected) counts 1.
+/// A sample's weight as the lists count it: 1 / a probability, so at
+/// least 1 (a weight that is not a number counts 1), and at most
+/// `MAX_WEIGHT`, so that records keep it (as f32) and thresholds over a
+/// full live map stay finite.
 pub fn usable_weight(weight: f64) -> f64 {
-    if weight.is_finite() && weight > 0.0 {
-        weight
-    } else {
+    if weight.is_nan() {
         1.0
+    } else {
+        weight.clamp(1.0, MAX_WEIGHT)
     }
 }
+
+/// The heaviest a sample counts: 1 / a sample rate of 1e-30, and far from
+/// f32's limit even summed over a full live map.
+pub const MAX_WEIGHT: f64 = 1e30;
 
 /// The new sample's slot until one is freed for it.
 const NEW: u32 = u32::MAX;

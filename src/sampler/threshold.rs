@@ -11,8 +11,9 @@
 
 /// The threshold at which samples of `weights` keep `target` of them in
 /// expectation: Σ min(1, w / τ) = target. Infinite when `target` is 0;
-/// 0 (keep everything) when `target` is at least their number. `weights`
-/// is reordered (heaviest first).
+/// 0 (keep everything) when `target` is at least their number. Linear
+/// passes, usually two or three (it runs in the allocation hook, over up
+/// to `max_heap_samples` weights); `weights` may be reordered.
 pub fn threshold_for(weights: &mut [f32], target: f64) -> f64 {
     if target <= 0.0 {
         return f64::INFINITY;
@@ -20,6 +21,41 @@ pub fn threshold_for(weights: &mut [f32], target: f64) -> f64 {
     if weights.len() as f64 <= target {
         return 0.0;
     }
+    let total: f64 = weights.iter().map(|&w| f64::from(w).max(0.0)).sum();
+    // Samples at or above the threshold are kept whole and the rest share
+    // what is left of the target. Lowering the threshold to that share
+    // only adds samples kept whole, so it settles once none is added.
+    let mut threshold = total / target;
+    let mut whole_before = 0;
+    for _ in 0..FIXED_POINT_PASSES {
+        let (mut whole, mut rest) = (0usize, 0.0);
+        for &w in weights.iter() {
+            let w = f64::from(w).max(0.0);
+            if w >= threshold {
+                whole += 1;
+            } else {
+                rest += w;
+            }
+        }
+        if whole == whole_before {
+            return threshold;
+        }
+        let share = target - whole as f64;
+        if share <= 0.0 {
+            break;
+        }
+        whole_before = whole;
+        threshold = rest / share;
+    }
+    threshold_by_sorting(weights, target)
+}
+
+/// Passes before `threshold_for` sorts instead (weights spread over many
+/// orders of magnitude can add a few samples kept whole at each pass).
+const FIXED_POINT_PASSES: usize = 16;
+
+/// `threshold_for` by sorting, heaviest first.
+fn threshold_by_sorting(weights: &mut [f32], target: f64) -> f64 {
     weights.sort_unstable_by(|a, b| b.total_cmp(a));
     let mut rest: f64 = weights.iter().map(|&w| f64::from(w).max(0.0)).sum();
     // The heaviest `kept` samples are kept whole; the rest share what is
@@ -112,6 +148,26 @@ mod tests {
             let threshold = threshold_for(&mut weights, target);
             let kept = expected_kept(&weights, threshold);
             assert!((kept - target).abs() < 1e-3 * target, "{kept} for {target}");
+        }
+    }
+
+    #[test]
+    fn the_passes_and_the_sort_agree() {
+        let mut rng = SmallRng::seed_from_u64(5);
+        for _ in 0..500 {
+            let n = rng.random_range(2..300usize);
+            // Weights over up to ten orders of magnitude.
+            let mut weights: Vec<f32> = (0..n)
+                .map(|_| 10f32.powf(rng.random_range(0.0..10.0)))
+                .collect();
+            let target = rng.random_range(1..n) as f64;
+            let mut sorted = weights.clone();
+            let by_passes = threshold_for(&mut weights, target);
+            let by_sorting = threshold_by_sorting(&mut sorted, target);
+            assert!(
+                (by_passes / by_sorting - 1.0).abs() < 1e-5,
+                "{by_passes} vs {by_sorting}"
+            );
         }
     }
 

@@ -90,7 +90,8 @@ impl SamplerState {
         if cap == 0 {
             return None;
         }
-        if self.live_threshold > 0.0 && self.live.len() * 4 < cap {
+        // (Samples unresolved after a compaction count: they come back.)
+        if self.live_threshold > 0.0 && self.live_count() * 4 < cap {
             // Room again: track new objects under a lower threshold.
             // (Samples keep the weight they were kept with, so mixing
             // thresholds is fine; weights are at least 1.)
@@ -102,12 +103,11 @@ impl SamplerState {
         // Each pass keeps half the cap in expectation: one is almost always
         // enough, and the bound holds even if none is.
         for _ in 0..MAX_THINNING_PASSES {
-            if self.live.len() < cap {
+            if self.live_count() < cap || !self.thin_live_samples(cap as f64 / 2.0) {
                 break;
             }
-            self.thin_live_samples(cap as f64 / 2.0);
         }
-        if self.live.len() >= cap {
+        if self.live_count() >= cap {
             return None;
         }
         let probability = keep_probability(weight, self.live_threshold);
@@ -116,8 +116,9 @@ impl SamplerState {
     }
 
     /// Thins the live map to `target` samples in expectation, and sets the
-    /// threshold new samples are tracked under.
-    fn thin_live_samples(&mut self, target: f64) {
+    /// threshold new samples are tracked under. False if no sample could
+    /// go (every one at least the threshold, or none to thin).
+    fn thin_live_samples(&mut self, target: f64) -> bool {
         let mut weights = std::mem::take(&mut self.threshold_scratch);
         weights.clear();
         weights.extend(
@@ -125,15 +126,23 @@ impl SamplerState {
                 .values()
                 .map(|id| self.records[id.0 as usize].weight),
         );
+        // (Unresolved samples are not in the map to thin: the map keeps
+        // its share of the target.)
+        let target = (target - self.unresolved.len() as f64).max(0.0);
         let threshold = threshold_for(&mut weights, target);
         self.threshold_scratch = weights;
+        if !threshold.is_finite() || self.live.is_empty() {
+            return false;
+        }
         self.live_threshold = threshold;
         let mut dropped = Vec::new();
+        let mut could_drop = false;
         let mut rng = self.retain_rng.clone();
         for (&object, &id) in &self.live {
             let record = &mut self.records[id.0 as usize];
             let weight = f64::from(record.weight);
             let probability = keep_probability(weight, threshold);
+            could_drop |= probability < 1.0;
             if probability >= 1.0 || rng.random::<f64>() < probability {
                 record.weight = kept_weight(weight, threshold) as f32;
             } else {
@@ -145,6 +154,7 @@ impl SamplerState {
         for object in dropped {
             self.stop_tracking(object);
         }
+        could_drop
     }
 
     /// Takes an object that is still alive out of the live map; if it has not

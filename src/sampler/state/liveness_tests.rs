@@ -318,3 +318,27 @@ fn clearing_releases_unresolved_samples() {
     assert!(st.unresolved().is_empty());
     assert_eq!(st.records.iter().filter(|r| r.refs > 0).count(), 0);
 }
+
+#[test]
+fn samples_a_compaction_left_unresolved_count_against_the_cap() {
+    let cap = 100;
+    let mut st = lazy_state(cap);
+    for i in 0..cap {
+        sample(&mut st, 0x1000 + i * 64, 0);
+    }
+    settle(&mut st);
+    st.forget_addresses(5, |address| address);
+    let unresolved = st.unresolved();
+    assert_eq!(unresolved.len(), cap);
+    // New samples while those are unknown must leave room for them.
+    for i in 0..cap {
+        sample(&mut st, 0x10_0000 + i * 64, 5);
+    }
+    settle(&mut st);
+    let found: Vec<_> = unresolved
+        .iter()
+        .map(|&(id, object_id)| (id, Some((object_id / 10) as usize)))
+        .collect();
+    st.resolve(&found);
+    assert!(st.live_count() <= cap, "{} tracked", st.live_count());
+}

@@ -257,6 +257,31 @@ fn a_full_live_map_keeps_heavy_samples_whole_and_thins_light_ones() {
 }
 
 #[test]
+fn a_weight_beyond_f32_does_not_stop_live_tracking() {
+    // 1e39 is a finite f64 but not an f32: the threshold it made was
+    // infinite, and halving infinity never brought it back.
+    let mut st = SamplerState::new(GapSampler::new(1.0, 1), 1_000, 100);
+    let push = |st: &mut SamplerState, object: ObjectAddress, weight: f64| {
+        let admission = st.admission(weight);
+        st.record_allocation(object, ObjectInfo::default(), &frames(&[8]), admission);
+        admission.live
+    };
+    for i in 0..99 {
+        push(&mut st, 0x1000 + i * 8, 10.0);
+    }
+    push(&mut st, 0x10_0000, 1e39);
+    push(&mut st, 0x20_0000, 10.0);
+    assert!(st.live_threshold.is_finite());
+    st.record_free(0x10_0000);
+    let tracked = (0..1_000)
+        .filter(|i| push(&mut st, 0x30_0000 + i * 8, 10.0))
+        .count();
+    assert!(tracked > 0);
+    let snap = st.take_snapshot(0, |_| Some(40));
+    assert!(totals(&snap).iter().all(|v| v.is_finite()));
+}
+
+#[test]
 fn the_live_map_recovers_its_rate_once_objects_die() {
     let mut st = SamplerState::new(GapSampler::new(1.0, 1), 1_000_000, 100);
     for i in 0..1_000usize {
