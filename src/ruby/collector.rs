@@ -370,6 +370,8 @@ impl Collector {
             self.countdown.set(state.gaps.next_gap());
             None
         };
+        // What the sample costs is measured (sampler/sample_cost.rs).
+        let began_ns = window.map(|_| monotonic_ns());
         // A sample in a window also stands for the allocations the windows
         // left out: 1 / (its window's sample rate x probability).
         let weight = match window {
@@ -389,6 +391,9 @@ impl Collector {
             info.set_window(sampled.window, sampled.window_probability);
         }
         state.record_allocation(object as usize, info, frames, admission);
+        if let Some(began_ns) = began_ns {
+            windows.record_sample_time(monotonic_ns().saturating_sub(began_ns));
+        }
         // Measuring costs a postponed job; samples of types that can be
         // sized at their free wait for a batch (a flush measures the rest).
         // In light mode no free is seen and the object is pinned until its
@@ -475,12 +480,26 @@ impl Collector {
 
     /// `settle_light`; `prune`: look for dead samples even if not due.
     fn settle_light_pruning(&self, prune: bool) -> RbResult<()> {
+        let began_ns = monotonic_ns();
+        let settled = self.settle_light_steps(prune)?;
+        if settled > 0 {
+            // What new samples' upkeep costs counts against their share of
+            // the time (sampler/sample_cost.rs).
+            let ns = monotonic_ns().saturating_sub(began_ns);
+            self.with_sampler(|s| s.windows.record_upkeep_time(ns, settled))?;
+        }
+        Ok(())
+    }
+
+    /// `settle_light_pruning`'s steps; returns how many new samples it
+    /// gave ids and measured.
+    fn settle_light_steps(&self, prune: bool) -> RbResult<usize> {
         // Once Ractors exist, nothing is tracked (pause_for_ractors), and
         // walking the heap is unsafe: another Ractor may be allocating from
         // the pages being swept (this corrupted malloc's heap in half the
         // runs of the Ractor spec).
         if self.is_paused_for_ractors() {
-            return Ok(());
+            return Ok(0);
         }
         if !self.pending_are_pinned() {
             self.with_sampler(|s| s.state.forget_pending())?;
@@ -533,6 +552,7 @@ impl Collector {
         // (The last rb_obj_id may have run such a GC too; measuring reads
         // the objects. Nothing below allocates.)
         let pinned = pinned && self.pending_are_pinned();
+        let settled = if pinned { ids.len() } else { 0 };
         // SAFETY: reads a counter.
         let gc_count = unsafe { rb_gc_count() } as u32;
         let prune_due = self.with_sampler(|s| {
@@ -559,7 +579,7 @@ impl Collector {
                 })
             })?;
         }
-        Ok(())
+        Ok(settled)
     }
 
     /// Whether light mode's pending samples are still held by this

@@ -10,6 +10,7 @@ pub mod gaps;
 pub mod lock;
 pub mod named_classes;
 pub mod reservoir;
+pub mod sample_cost;
 pub mod spread;
 pub mod stack_table;
 pub mod state;

@@ -57,6 +57,7 @@ use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 
 use super::gaps::GapSampler;
+use super::sample_cost::SampleCost;
 
 /// How the probability that an allocation is in a window is chosen.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -261,6 +262,8 @@ pub struct Windows {
     ratio_hooked: u64,
     ratio_on: u64,
     run_began: u64,
+    /// What a sample costs: caps the in-window rate under a budget.
+    sample_cost: SampleCost,
     /// The counter when sampling stopped (stop, or paused for Ractors).
     frozen_at: Option<u64>,
 }
@@ -316,6 +319,7 @@ impl Windows {
             ratio_hooked: 0,
             ratio_on: 0,
             run_began: 0,
+            sample_cost: SampleCost::default(),
             frozen_at: None,
         };
         windows.block = windows.new_block(0);
@@ -333,6 +337,8 @@ impl Windows {
         windows.warm_up = self.warm_up;
         windows.window_length = self.window_length;
         windows.sample_rate = self.sample_rate;
+        // (The same process: its samples cost what they did.)
+        windows.sample_cost = self.sample_cost;
         windows
     }
 
@@ -362,15 +368,33 @@ impl Windows {
         self.sample_rate = rate.clamp(0.0, 1.0);
     }
 
-    /// The sample rate inside a window of probability q.
+    /// The sample rate inside a window of probability q. Under a budget
+    /// it is also held to what keeps samples within their share of the
+    /// time (sampler/sample_cost.rs), never below the sample rate.
     fn in_window_rate(&self, q: f64) -> f64 {
         if q >= 1.0 {
-            self.sample_rate
-        } else {
-            (self.sample_rate / q)
-                .min(MAX_IN_WINDOW_RATE)
-                .max(self.sample_rate)
+            return self.sample_rate;
         }
+        let mut rate = (self.sample_rate / q).min(MAX_IN_WINDOW_RATE);
+        if let WindowPolicy::Budget(_) = self.policy {
+            rate = rate.min(self.sample_cost.rate_cap(self.busy_rate * q));
+        }
+        rate.max(self.sample_rate)
+    }
+
+    /// One sample took `ns` in the hook.
+    pub fn record_sample_time(&mut self, ns: u64) {
+        self.sample_cost.record_in_hook(ns);
+    }
+
+    /// The upkeep of `samples` new samples (object ids, sizes) took `ns`.
+    pub fn record_upkeep_time(&mut self, ns: u64, samples: usize) {
+        self.sample_cost.record_upkeep(ns, samples);
+    }
+
+    /// The measured cost of a sample (ns; 0 until measured).
+    pub fn sample_cost_ns(&self) -> f64 {
+        self.sample_cost.per_sample_ns()
     }
 
     /// Whether windows are in use at all.

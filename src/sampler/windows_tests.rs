@@ -24,6 +24,9 @@ struct Sim {
     hooked: u64,
     /// (window id, probability) of every sample, for the spread tests.
     samples: Vec<(usize, u32, f64, f64)>,
+    /// What each sample costs (ns), and the time spent on samples.
+    sample_ns: u64,
+    sampling_ns: u64,
 }
 
 impl Sim {
@@ -46,6 +49,8 @@ impl Sim {
             estimate: vec![0.0; 8],
             hooked: 0,
             samples: Vec::new(),
+            sample_ns: 0,
+            sampling_ns: 0,
         };
         sim.apply(poll);
         sim
@@ -101,6 +106,11 @@ impl Sim {
                         // In light mode every sample asks for the job,
                         // which polls the windows too.
                         self.job_requested = true;
+                        if self.sample_ns > 0 {
+                            self.now += self.sample_ns;
+                            self.sampling_ns += self.sample_ns;
+                            self.windows.record_sample_time(self.sample_ns);
+                        }
                     }
                     self.countdown = event.countdown;
                     if event.switch_off {
@@ -208,6 +218,38 @@ fn a_bursty_server_is_estimated_right_per_site() {
             "site {site}: mean {mean}, {ratios:?}"
         );
     }
+}
+
+/// Samples 150 frames deep cost ~5 µs each: the rate inside windows comes
+/// down until they take about their share of the time, and the estimates
+/// stay right (each sample weighs what its rate makes it).
+#[test]
+fn costly_samples_are_held_to_their_share_of_the_time() {
+    let mut ratios = Vec::new();
+    for seed in 0..SERVER_SEEDS {
+        let mut sim = Sim::with_budget(seed);
+        sim.sample_ns = 5 * US;
+        // 10M allocations a second against 100,000 hooked: q = 0.01, so
+        // windows would sample at 0.1, 10,000 samples a second (5%).
+        sim.allocate(0, 20_000_000, 100);
+        let share = sim.sampling_ns as f64 / sim.now as f64;
+        assert!(
+            share < 1.5 * crate::sampler::sample_cost::SAMPLE_TIME_SHARE,
+            "seed {seed}: samples took {share} of the time"
+        );
+        ratios.push(sim.ratio(0));
+    }
+    let mean = ratios.iter().sum::<f64>() / ratios.len() as f64;
+    assert!((mean - 1.0).abs() < 0.05, "mean {mean}, {ratios:?}");
+    // Cheap samples are not held back.
+    let mut sim = Sim::with_budget(1);
+    sim.sample_ns = 100;
+    sim.allocate(0, 20_000_000, 100);
+    assert!(
+        (sim.windows.block.sample_rate - MAX_IN_WINDOW_RATE).abs() < 1e-12,
+        "{}",
+        sim.windows.block.sample_rate
+    );
 }
 
 /// The budget holds the hooked allocations near it, lead included.
