@@ -16,6 +16,9 @@ pub const SAMPLE_TIME_SHARE: f64 = 0.01;
 /// Each measurement moves the average this much of the way.
 const SMOOTHING: f64 = 1.0 / 64.0;
 
+/// A measurement counts as at most this many times the average.
+const OUTLIER_FACTOR: f64 = 4.0;
+
 /// Running averages of what a sample costs (ns): in the hook (backtrace,
 /// interning, recording), and afterwards (its upkeep: object id, size).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -44,6 +47,10 @@ impl SampleCost {
         *average = if *average == 0.0 {
             value
         } else {
+            // A sample preempted, or a job that also finished a lazy
+            // sweep, says little of the next: at most a few times the
+            // average counts (a real change still shows within ~100).
+            let value = value.min(OUTLIER_FACTOR * *average);
             *average + SMOOTHING * (value - *average)
         };
     }
@@ -97,7 +104,12 @@ mod tests {
         assert!((cost.per_sample_ns() - 3_000.0).abs() < 1.0);
         // One slow sample (a page fault, a preemption) moves it little.
         cost.record_in_hook(1_000_000);
-        assert!(cost.per_sample_ns() < 20_000.0);
+        assert!(cost.per_sample_ns() < 3_200.0);
+        // A real change (a deeper stack) shows within ~100 samples.
+        for _ in 0..150 {
+            cost.record_in_hook(10_000);
+        }
+        assert!(cost.per_sample_ns() > 9_000.0, "{}", cost.per_sample_ns());
     }
 
     #[test]
