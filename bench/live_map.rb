@@ -5,6 +5,7 @@
 #
 #   ruby bench/live_map.rb                        # caps 300, 1,000 and 4,000; 30 seeds each
 #   ruby bench/live_map.rb --caps 300 --seeds 10
+#   ruby bench/live_map.rb --exact                # mode: :exact, window_budget: nil instead
 #
 # Each run is a fresh process: a 0.1 s loop of 400,000 iterations, each
 # allocating a short-lived String, and every 100th keeping one more
@@ -19,13 +20,14 @@ require "English"
 require "optparse"
 require "rbconfig"
 
-options = { caps: [300, 1_000, 4_000], seeds: 30, worker: nil }
+options = { caps: [300, 1_000, 4_000], seeds: 30, worker: nil, exact: false }
 OptionParser.new do |o|
   o.banner = "usage: ruby bench/live_map.rb [options]"
   o.on("--caps A,B", Array, "max_heap_samples to try (default 300,1000,4000)") do |v|
     options[:caps] = v.map { |c| Integer(c) }
   end
   o.on("--seeds N", Integer, "fresh processes per cap (default 30)") { |v| options[:seeds] = v }
+  o.on("--exact", "mode :exact without windows instead of the defaults") { options[:exact] = true }
   o.on("--worker CAP,SEED", Array) { |v| options[:worker] = v.map { |c| Integer(c) } }
 end.parse!
 
@@ -34,11 +36,12 @@ KEPT = 4_000
 def kept_string(index) = "kept #{index}"
 
 # One run: prints the estimate, the Strings kept and the samples thinned out.
-def run_worker(cap, seed)
+def run_worker(cap, seed, exact)
   $LOAD_PATH.unshift(File.expand_path("../lib", __dir__))
   require "memprofiler_pprof_rs"
+  mode = exact ? { mode: :exact, window_budget: nil } : {}
   collector = MemprofilerPprof::Collector.new(sample_rate: 0.1, max_heap_samples: cap,
-                                              max_allocation_samples: 10, seed: seed)
+                                              max_allocation_samples: 10, seed: seed, **mode)
   collector.start!
   kept = []
   (KEPT * 100).times do |i|
@@ -56,7 +59,7 @@ def run_worker(cap, seed)
 end
 
 if options[:worker]
-  run_worker(*options[:worker])
+  run_worker(*options[:worker], options[:exact])
   exit
 end
 
@@ -66,7 +69,8 @@ puts "| max_heap_samples | runs | mean | sd | p10-p90 | min-max | thinned out (m
 puts "|---|---|---|---|---|---|---|"
 options[:caps].each do |cap|
   rows = Array.new(options[:seeds]) do |seed|
-    out = IO.popen([RbConfig.ruby, __FILE__, "--worker", "#{cap},#{seed + 1}"], &:read)
+    args = ["--worker", "#{cap},#{seed + 1}", *("--exact" if options[:exact])]
+    out = IO.popen([RbConfig.ruby, __FILE__, *args], &:read)
     abort "worker failed: cap #{cap} seed #{seed + 1}" unless $CHILD_STATUS.success?
     out.split.map(&:to_f)
   end
