@@ -392,11 +392,6 @@ impl Windows {
         self.sample_cost.record_upkeep(ns, samples);
     }
 
-    /// The measured cost of a sample (ns; 0 until measured).
-    pub fn sample_cost_ns(&self) -> f64 {
-        self.sample_cost.per_sample_ns()
-    }
-
     /// Whether windows are in use at all.
     pub fn enabled(&self) -> bool {
         match self.policy {
