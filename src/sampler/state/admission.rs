@@ -30,7 +30,7 @@ pub struct Admission {
     /// How many allocations the sample stands for.
     pub weight: f64,
     /// How many live objects it stands for while tracked (more than
-    /// `weight` when the live map is thinned).
+    /// `weight` when the live map is thinned; `weight` when not tracked).
     pub live_weight: f64,
 }
 
@@ -217,15 +217,10 @@ impl SamplerState {
         let in_allocations = admission.allocation != AllocationSlot::Skip;
         let in_live = admission.live;
         let stack = self.stacks.intern(frames);
-        let live_weight = if in_live {
-            admission.live_weight
-        } else {
-            weight
-        };
         let record = SampleRecord {
             stack,
             info,
-            weight: live_weight as f32,
+            weight: admission.live_weight as f32,
             alloc_weight: weight as f32,
             alloc_dropped: false,
             size: 0,
