@@ -132,6 +132,33 @@ RSpec.describe MemprofilerPprof::Collector, "sampling windows" do
     end
   end
 
+  # A long C call (String#split here) lets no job run, so a hook that was
+  # off when it began stays off: its windows are missed, and the objects
+  # it made are never tracked. In-use must not then claim a narrow error.
+  it "widens the in-use error by what windows missed in long C calls" do
+    collector = described_class.new(mode: :light, sample_rate: 0.04, window_probability: 0.25, window_warm_up: 0,
+                                    seed: 31, **unlimited)
+    csv = (["abcdefg"] * 200_000).join(",")
+    collector.start!
+    kept = nil
+    3.times do
+      sleep 0.005 # (a poll: the hook goes off between windows)
+      kept = csv.split(",")
+    end
+    GC.start
+    data = collector.flush
+    collector.stop!
+    comments = parse_profile(data).comments.join
+    share = comments[/windows missed ([\d.]+)% of the allocations/, 1]
+    expect(share).not_to be_nil, comments
+    expect(Float(share)).to be > 30
+    expect(missed_allocations(data)).to be_positive
+    rse = data.relative_standard_errors[:inuse_objects]
+    # (nil: no live sample at all, "unknown" rather than a number.)
+    expect(rse).to(be_nil.or(be >= Float(share) / 100), "in-use error #{rse} with #{share}% missed")
+    expect(kept.size).to eq(200_000)
+  end
+
   # window_budget: q chosen at each GC from the allocation rate so far.
   it "keeps the hook on, and counts exact, in a process under its budget" do
     collector = described_class.new(sample_rate: 1.0, window_budget: 1_000_000_000, **unlimited)

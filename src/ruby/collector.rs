@@ -29,7 +29,7 @@ use crate::pprof::spread_comment::{format_spread_comment, total_spreads, TotalSp
 use crate::sampler::address_filter::AddressFilter;
 use crate::sampler::gaps::{entropy_seed, mix_seed, GapSampler, SkipCountdown};
 use crate::sampler::lock::{LockError, SamplerLock};
-use crate::sampler::spread::spreads;
+use crate::sampler::spread::{spreads, widen_inuse_for_missed};
 use crate::sampler::state::{DropCounters, SamplerState};
 use crate::sampler::windows::{WindowPolicy, Windows};
 
@@ -917,7 +917,9 @@ impl Collector {
             [estimate, estimate * mean_size, 0.0, 0.0]
         });
         // (Nothing hooked: alloc_* read 0 without having looked.)
-        let spreads = total_spreads(&spreads(&snapshot.samples), windows && coverage == 0.0);
+        let mut value_spreads = spreads(&snapshot.samples);
+        widen_inuse_for_missed(&mut value_spreads, window_flush.inuse_missed_share);
+        let spreads = total_spreads(&value_spreads, windows && coverage == 0.0);
         if options.proactively_yield_gvl {
             yield_to_other_threads()?;
         }
@@ -966,7 +968,7 @@ impl Collector {
                     } else {
                         String::new()
                     };
-                    let missed = if window_flush.missed > 0 {
+                    let mut missed = if window_flush.missed > 0 {
                         format!(
                             "; the hook came on too late for {} in-window allocations (a long C call, \
                              or a busy machine), standing for about {:.0}: shown as {MISSED_FRAME}, \
@@ -976,6 +978,14 @@ impl Collector {
                     } else {
                         String::new()
                     };
+                    if window_flush.inuse_missed_share > 0.0 {
+                        missed.push_str(&format!(
+                            "; windows missed {:.1}% of the allocations (this interval or since \
+                             start, whichever is more): in-use leaves out those still alive, about \
+                             that share if they live as long as the rest (counted in its error)",
+                            window_flush.inuse_missed_share * 100.0
+                        ));
+                    }
                     comments.push(format!(
                         "sampling windows: {window_length}-allocation windows at random places, \
                          {chosen}{warm_up}; {} windows, in which the hook saw {:.2}% of this \

@@ -93,6 +93,20 @@ pub fn spreads(samples: &[FlushedSample]) -> [Spread; 4] {
     spreads
 }
 
+/// Widens the in-use totals' spreads for objects never tracked: windows
+/// missed `share` of the allocations (`WindowFlush::inuse_missed_share`),
+/// so in-use may read up to that share low. Which of them are still alive
+/// is unknown, so the bias is counted as an error of that size: the
+/// relative standard error grows to at least `share`, and a diff's error
+/// bars with it.
+pub fn widen_inuse_for_missed(spreads: &mut [Spread; 4], share: f64) {
+    if share > 0.0 && share.is_finite() {
+        for spread in &mut spreads[2..] {
+            spread.variance += (share * spread.total).powi(2);
+        }
+    }
+}
+
 /// How many block ids a sample can carry (ObjectInfo keeps 16 bits).
 const WINDOW_IDS: u32 = 1 << 16;
 
@@ -116,6 +130,28 @@ mod tests {
             values,
             window,
             window_probability: q as f32,
+        }
+    }
+
+    #[test]
+    fn missed_windows_widen_only_the_inuse_errors() {
+        let samples: Vec<_> = (0..1_000)
+            .map(|i| sample(i % 50, 1.0, 1.0, 40.0, i % 2 == 0))
+            .collect();
+        let mut widened = spreads(&samples);
+        let exact = widened;
+        widen_inuse_for_missed(&mut widened, 0.2);
+        assert_eq!(widened[..2], exact[..2]);
+        for index in 2..4 {
+            assert_eq!(exact[index].relative_standard_error(), Some(0.0));
+            let rse = widened[index].relative_standard_error().unwrap();
+            assert!((rse - 0.2).abs() < 1e-12, "{rse}");
+            assert_eq!(widened[index].total, exact[index].total);
+        }
+        for share in [0.0, f64::NAN, -1.0] {
+            let mut same = exact;
+            widen_inuse_for_missed(&mut same, share);
+            assert_eq!(same, exact);
         }
     }
 

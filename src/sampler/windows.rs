@@ -193,6 +193,11 @@ pub struct WindowFlush {
     pub missed_estimate: f64,
     /// Windows (blocks) the interval's allocations went past.
     pub windows: u64,
+    /// How far in-use may read low for allocations windows missed (their
+    /// objects were never tracked): the larger of the share of this
+    /// interval's allocations missed and the share since start, estimated.
+    /// Which of the missed objects are still alive is unknown.
+    pub inuse_missed_share: f64,
 }
 
 #[derive(Debug)]
@@ -253,6 +258,8 @@ pub struct Windows {
     interval_on: u64,
     interval_missed: u64,
     interval_missed_estimate: f64,
+    /// Since start: how many allocations missed windows stand for.
+    run_missed_estimate: f64,
     /// Multiplies the lead: doubled at each poll that comes too late, back
     /// towards 1 at each arm in time.
     late_factor: f64,
@@ -313,6 +320,7 @@ impl Windows {
             interval_on: 0,
             interval_missed: 0,
             interval_missed_estimate: 0.0,
+            run_missed_estimate: 0.0,
             late_factor: 1.0,
             interval_windows: 0,
             interval_began: 0,
@@ -511,7 +519,9 @@ impl Windows {
         self.close_observation(e);
         let missed = (e - s).saturating_sub(self.stretch_seen);
         self.interval_missed += missed;
-        self.interval_missed_estimate += missed as f64 / self.block.probability;
+        let estimate = missed as f64 / self.block.probability;
+        self.interval_missed_estimate += estimate;
+        self.run_missed_estimate += estimate;
         self.advance();
     }
 
@@ -598,6 +608,7 @@ impl Windows {
     /// Returns the first poll's decision.
     pub fn start(&mut self, counter: u64, now_ns: u64) -> Poll {
         self.run_began = counter;
+        self.run_missed_estimate = 0.0;
         self.begin_interval(counter);
         self.frozen_at = None;
         self.armed = false;
@@ -886,6 +897,20 @@ impl Windows {
         }
     }
 
+    /// See `WindowFlush::inuse_missed_share`.
+    fn inuse_missed_share(&self, counter: u64) -> f64 {
+        let share = |missed: f64, since: u64| {
+            let all = counter.saturating_sub(since);
+            if all == 0 {
+                0.0
+            } else {
+                (missed / all as f64).min(1.0)
+            }
+        };
+        share(self.interval_missed_estimate, self.interval_began)
+            .max(share(self.run_missed_estimate, self.run_began))
+    }
+
     /// At a flush: the interval's windows; starts the next interval.
     pub fn flush(&mut self, counter: u64) -> WindowFlush {
         let counter = self.frozen_at.map_or(counter, |frozen| frozen.min(counter));
@@ -894,6 +919,7 @@ impl Windows {
             missed: self.interval_missed,
             missed_estimate: self.interval_missed_estimate,
             windows: self.interval_windows,
+            inuse_missed_share: self.inuse_missed_share(counter),
         };
         // What the hook saw of the open stretch belongs to this interval.
         if let Some(from) = self.observed_from {

@@ -366,18 +366,34 @@ fn one_late_poll_does_not_keep_the_hook_on_for_good() {
 }
 
 /// A long C call that lets no job run: the window it covers is missed,
-/// counted, and never scaled for.
+/// counted, and never scaled for. In-use may read low by what was missed
+/// (its objects were never tracked), this interval's share or since
+/// start's, whichever is more.
 #[test]
 fn a_window_the_hook_came_on_too_late_for_is_counted_as_missed() {
     let mut sim = Sim::new(WindowPolicy::Fixed(0.1), 1.0, 5, 0, 1_000);
     sim.allocate(0, 50_000, 50);
-    assert_eq!(sim.windows.flush(sim.counter).missed, 0);
+    let before = sim.windows.flush(sim.counter);
+    assert_eq!(before.missed, 0);
+    assert_eq!(before.inuse_missed_share, 0.0);
     sim.no_polls_until = sim.now + 2_000 * US;
     sim.allocate(0, 40_000, 50);
     sim.allocate(0, 10_000, 50);
     let flush = sim.windows.flush(sim.counter);
     assert!(flush.missed > 0, "{flush:?}");
     assert!(flush.coverage < 0.1, "{flush:?}");
+    let share = flush.missed_estimate / 50_000.0;
+    assert!((flush.inuse_missed_share - share).abs() < 1e-9, "{flush:?}");
+    // Later intervals miss nothing, but objects of the missed windows may
+    // still be alive: since start's share stays.
+    sim.allocate(0, 100_000, 50);
+    let after = sim.windows.flush(sim.counter);
+    assert_eq!(after.missed, 0, "{after:?}");
+    let since_start = flush.missed_estimate / 200_000.0;
+    assert!(
+        (after.inuse_missed_share - since_start).abs() < 1e-9,
+        "{after:?}"
+    );
 }
 
 #[test]
