@@ -1,8 +1,13 @@
 //! Deduplicated backtraces. Many samples share a stack, so each distinct
 //! stack is stored once and samples refer to it by `StackId`. Stacks are
-//! refcounted by the samples that use them; stacks nobody uses are removed
-//! by `prune` (called at flush, never from an allocation hook), which also
-//! tells which frames no longer need to be kept alive.
+//! refcounted by the samples that use them. A stack is removed when its
+//! last sample goes, and its frames no longer kept alive, so that the table
+//! holds only what the caps let samples hold, whatever the program's stacks
+//! (a program of many distinct deep stacks otherwise filled it with those
+//! of dropped and dead samples between flushes, and the flush removed them
+//! all while holding the GVL). While a flush runs (`hold_pruning`), stack
+//! ids and frames must stay as its snapshot saw them: stacks that fall
+//! unused wait in a queue, removed a few at each release once it ends.
 //!
 //! A frame starts as a Ruby object (a method entry or iseq, kept alive by
 //! the collector's mark function). Once a flush has named it, `detach_frames`
@@ -69,6 +74,10 @@ struct StackEntry {
 }
 
 const NO_STACK: u32 = u32::MAX;
+
+/// Queued unused stacks removed at each release (see `release`): enough to
+/// empty the queue faster than a flush fills it.
+const DRAIN_PER_RELEASE: usize = 2;
 const NO_SLOT: u32 = u32::MAX;
 
 /// One distinct (frame, line), and how many stored stack positions use it.
@@ -102,8 +111,14 @@ pub struct StackTable {
     free_resolved: Vec<u32>,
     resolved_by_info: FastHashMap<FrameInfo, FrameRef>,
     /// Stacks stored with Ruby frames in them since the last
-    /// `detach_frames` (may also hold ids since pruned or reused).
+    /// `detach_frames` (may also hold ids since pruned or reused), each id
+    /// once (`ruby_listed`, by id): ids are reused as stacks come and go.
     with_ruby_frames: Vec<u32>,
+    ruby_listed: Vec<bool>,
+    /// While held (a flush in progress), stacks whose last reference goes
+    /// wait in `unused` instead of being removed.
+    prune_held: bool,
+    unused: Vec<u32>,
     /// Stacks a detach in progress has still to look at (it works in
     /// batches, see `detach_frames`).
     detach_queue: Vec<u32>,
@@ -171,7 +186,7 @@ impl StackTable {
         };
         self.by_hash.insert(hash, slot);
         if holds_ruby_frames {
-            self.with_ruby_frames.push(slot);
+            self.list_ruby(slot);
         }
         StackId(slot)
     }
@@ -287,6 +302,9 @@ impl StackTable {
     /// Queues every stack stored with Ruby frames for `detach_batch`.
     pub fn begin_detach(&mut self) {
         let mut new = std::mem::take(&mut self.with_ruby_frames);
+        for &id in &new {
+            self.ruby_listed[id as usize] = false;
+        }
         // Only ids of stacks stored now: a stale id (its stack pruned) could
         // otherwise be taken by a stack interned between two batches, whose
         // frames may be new objects at addresses `names` knew as others.
@@ -322,7 +340,7 @@ impl StackTable {
             if entry.refs == 0 {
                 // Unused: pruned at the end of this flush, unless a new
                 // sample takes it again first (then it is converted later).
-                self.with_ruby_frames.push(slot);
+                self.list_ruby(slot);
                 continue;
             }
             let old_ids = entry.frames.clone();
@@ -366,7 +384,7 @@ impl StackTable {
                 }
             }
             if !changed {
-                self.with_ruby_frames.push(slot);
+                self.list_ruby(slot);
                 continue;
             }
             let frames: Vec<Frame> = new_ids
@@ -407,7 +425,7 @@ impl StackTable {
                     });
                     self.by_hash.insert(hash, slot);
                     if still_ruby {
-                        self.with_ruby_frames.push(slot);
+                        self.list_ruby(slot);
                     }
                 }
             }
@@ -423,8 +441,9 @@ impl StackTable {
     /// A detach that will not be finished (its flush failed): what is still
     /// queued waits for the next one, merged ids become reusable.
     pub fn end_detach(&mut self) {
-        let queued = std::mem::take(&mut self.detach_queue);
-        self.with_ruby_frames.extend(queued);
+        for slot in std::mem::take(&mut self.detach_queue) {
+            self.list_ruby(slot);
+        }
         let merged = std::mem::take(&mut self.merged_ids);
         self.free_ids.extend(merged);
     }
@@ -455,12 +474,83 @@ impl StackTable {
         self.entry_mut(id).refs += 1;
     }
 
-    /// Drops one reference. The stack stays stored until `prune`, so that a
-    /// flush in progress can still resolve its frames.
+    /// Drops one reference; the stack goes with its last (see the top).
+    /// Also removes up to `DRAIN_PER_RELEASE` of the stacks queued while
+    /// pruning was held: the work stays a few stacks per call.
     pub fn release(&mut self, id: StackId) {
         let entry = self.entry_mut(id);
         debug_assert!(entry.refs > 0, "stack released more often than retained");
         entry.refs = entry.refs.saturating_sub(1);
+        if entry.refs > 0 {
+            return;
+        }
+        if self.prune_held {
+            self.unused.push(id.0);
+            return;
+        }
+        self.remove_if_unused(id.0);
+        self.drain_unused(DRAIN_PER_RELEASE);
+    }
+
+    /// A flush begins: stack ids and frames stay as they are until
+    /// `release_pruning`.
+    pub fn hold_pruning(&mut self) {
+        self.prune_held = true;
+    }
+
+    /// The flush ended: stacks that fell unused meanwhile are removed, up
+    /// to `max` now and the rest a few at each release.
+    pub fn release_pruning(&mut self, max: usize) {
+        self.prune_held = false;
+        self.drain_unused(max);
+    }
+
+    /// Stacks waiting to be removed.
+    pub fn unused_len(&self) -> usize {
+        self.unused.len()
+    }
+
+    fn drain_unused(&mut self, max: usize) {
+        for _ in 0..max {
+            match self.unused.pop() {
+                Some(slot) => self.remove_if_unused(slot),
+                None => break,
+            }
+        }
+        if self.unused.is_empty() && self.unused.capacity() > 1024 {
+            self.unused = Vec::new();
+        }
+    }
+
+    /// Removes the stack stored at `slot` if no sample uses it (it may
+    /// have been removed already, or its id reused by a stack in use).
+    fn remove_if_unused(&mut self, slot: u32) {
+        let unused =
+            matches!(self.entries.get(slot as usize), Some(Some(entry)) if entry.refs == 0);
+        if !unused {
+            return;
+        }
+        let entry = self.entries[slot as usize].take().expect("checked above");
+        self.unlink(slot, &entry);
+        for &frame in entry.frames.iter() {
+            self.release_frame(frame);
+        }
+        self.positions -= entry.frames.len();
+        self.stacks -= 1;
+        self.free_ids.push(slot);
+    }
+
+    /// Queues `slot` for the next detach, once.
+    fn list_ruby(&mut self, slot: u32) {
+        let index = slot as usize;
+        if self.ruby_listed.len() <= index {
+            self.ruby_listed
+                .resize(self.entries.len().max(index + 1), false);
+        }
+        if !self.ruby_listed[index] {
+            self.ruby_listed[index] = true;
+            self.with_ruby_frames.push(slot);
+        }
     }
 
     /// The stack's frames, leaf first.
@@ -477,25 +567,15 @@ impl StackTable {
         self.entry(id).refs
     }
 
-    /// Removes every stack no sample refers to. Returns how many were removed.
+    /// Removes every stack no sample refers to (the queue included).
+    /// Returns how many were removed.
     pub fn prune(&mut self) -> usize {
-        let mut removed = 0;
+        let before = self.stacks;
+        self.unused.clear();
         for slot in 0..self.entries.len() {
-            let unused = matches!(&self.entries[slot], Some(entry) if entry.refs == 0);
-            if !unused {
-                continue;
-            }
-            let entry = self.entries[slot].take().expect("checked above");
-            self.unlink(slot as u32, &entry);
-            for &frame in entry.frames.iter() {
-                self.release_frame(frame);
-            }
-            self.positions -= entry.frames.len();
-            self.stacks -= 1;
-            self.free_ids.push(slot as u32);
-            removed += 1;
+            self.remove_if_unused(slot as u32);
         }
-        removed
+        before - self.stacks
     }
 
     /// Takes a removed stack out of its hash chain.
@@ -565,8 +645,10 @@ impl StackTable {
             + self.frame_refs.capacity() * (size_of::<FrameRef>() + size_of::<u32>() + 4)
             + (self.with_ruby_frames.capacity()
                 + self.detach_queue.capacity()
-                + self.merged_ids.capacity())
+                + self.merged_ids.capacity()
+                + self.unused.capacity())
                 * size_of::<u32>()
+            + self.ruby_listed.capacity()
             + self.resolved.capacity() * size_of::<Option<FrameInfo>>()
             + self.resolved_by_info.capacity()
                 * (size_of::<FrameInfo>() + size_of::<FrameRef>() + 4)
@@ -618,19 +700,65 @@ mod tests {
     }
 
     #[test]
-    fn prune_removes_only_unreferenced_stacks_and_their_frames() {
+    fn a_stack_goes_with_its_last_reference_and_its_frames_with_it() {
         let mut table = StackTable::new();
         let kept = table.intern(&stack(&[(8, 1), (16, 2)]));
         let dropped = table.intern(&stack(&[(24, 1), (16, 2)]));
         table.release(dropped);
-        // Released but not pruned: still resolvable.
-        assert_eq!(table.frames(dropped).len(), 2);
-        assert_eq!(table.prune(), 1);
         assert_eq!(table.len(), 1);
         let mut frames: Vec<_> = table.live_frames().collect();
         frames.sort();
         assert_eq!(frames, vec![8, 16]);
         assert_eq!(table.refs(kept), 1);
+        assert_eq!(table.prune(), 0);
+    }
+
+    /// While a flush runs, ids and frames stay as its snapshot saw them;
+    /// after, the queue drains a few at each release, so the table never
+    /// holds more than its samples use for long, and no call does much.
+    #[test]
+    fn stacks_unused_while_pruning_is_held_wait_then_drain_at_releases() {
+        let mut table = StackTable::new();
+        let kept = table.intern(&stack(&[(8, 1)]));
+        table.hold_pruning();
+        let ids: Vec<StackId> = (0..10)
+            .map(|i| table.intern(&stack(&[(40 + 8 * i, 1), (16, 2)])))
+            .collect();
+        for &id in &ids {
+            table.release(id);
+        }
+        assert_eq!(table.len(), 11);
+        assert_eq!(table.frames(ids[3]).len(), 2, "still resolvable");
+        // A queued stack taken again is not removed.
+        let again = table.intern(&stack(&[(40, 1), (16, 2)]));
+        assert_eq!(again, ids[0]);
+        table.release_pruning(3);
+        assert_eq!(table.len(), 8);
+        assert_eq!(table.unused_len(), 7);
+        // Each release removes its own stack and two queued.
+        let other = table.intern(&stack(&[(1000, 1)]));
+        table.release(other);
+        assert_eq!(table.unused_len(), 5);
+        table.release_pruning(usize::MAX);
+        assert_eq!(table.len(), 2, "kept and again");
+        assert_eq!(table.refs(kept), 1);
+        assert_eq!(table.refs(again), 1);
+        let mut frames: Vec<_> = table.live_frames().collect();
+        frames.sort();
+        assert_eq!(frames, vec![8, 16, 40]);
+    }
+
+    /// Ids are reused as stacks come and go: the detach list holds each
+    /// once, however many stacks an id held between two flushes.
+    #[test]
+    fn churning_stacks_are_listed_for_detach_once_per_id() {
+        let mut table = StackTable::new();
+        for i in 0..1_000 {
+            let id = table.intern(&stack(&[(8 * (i + 1), 1)]));
+            table.release(id);
+        }
+        assert_eq!(table.len(), 0);
+        assert_eq!(table.with_ruby_frames.len(), 1);
     }
 
     #[test]

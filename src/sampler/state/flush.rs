@@ -10,7 +10,7 @@
 //!   .. the binding layer names frames and classes and builds the profile ..
 //! begin_detach(Naming, &classes) -> Detaching          (detach.rs)
 //!   detach_frames_batch(&Detaching, &frames, max)      in batches; true when done
-//! finish_flush(Detaching)             forget stacks no sample uses any more
+//! finish_flush(Detaching)             forget stacks that fell unused meanwhile
 //! ```
 //!
 //! Each step takes the token of the step before (by value when it ends a
@@ -28,6 +28,10 @@ use crate::fast_hash::FastHashMap;
 use crate::sampler::reservoir::ReservoirScales;
 use crate::sampler::stack_table::{Frame, FrameInfo, StackId};
 use crate::sampler::types::{is_named_class, ClassRef, FrameRef, ObjectAddress};
+
+/// Stacks that fell unused during a flush removed when it ends; the rest
+/// go a few at each release (a flush's last GVL hold stays short).
+const END_FLUSH_PRUNE: usize = 1_024;
 
 /// Proof that a flush is measuring live objects (from `begin_flush`).
 #[must_use = "a flush goes on with end_snapshot, or ends with end_flush"]
@@ -129,6 +133,7 @@ impl SamplerState {
         self.pending_sizes.clear();
         self.forget_watched();
         self.flush_classes.clear();
+        self.stacks.hold_pruning();
         self.phase = FlushPhase::Measuring(FlushInProgress {
             live: self
                 .live
@@ -297,16 +302,16 @@ impl SamplerState {
         &self.flush_classes
     }
 
-    /// Last step: forgets stacks no sample uses any more.
+    /// Last step: forgets stacks that fell unused during the flush.
     pub fn finish_flush(&mut self, _detaching: Detaching) {
         self.end_flush();
     }
 
     /// Ends a flush in whatever phase it is (see the top of this file): the
     /// allocation samples of a flush still measuring are dropped, what the
-    /// flush held is released, and stacks no sample uses are forgotten.
-    /// Nothing to do without a flush (the collector's guard calls it after
-    /// `finish_flush` too, and a prune walks every stack).
+    /// flush held is released, and stacks that fell unused meanwhile are
+    /// forgotten. Nothing to do without a flush (the collector's guard
+    /// calls it after `finish_flush` too).
     pub fn end_flush(&mut self) {
         if !self.flush_in_progress() {
             return;
@@ -323,7 +328,7 @@ impl SamplerState {
         for class in std::mem::take(&mut self.flush_named_holds) {
             self.named_classes.release(class);
         }
-        self.stacks.prune();
+        self.stacks.release_pruning(END_FLUSH_PRUNE);
     }
 
     pub fn flush_in_progress(&self) -> bool {
