@@ -29,8 +29,11 @@ module MemprofilerPprof
     # write(2) directly, never through Ruby's IO buffer: a fork (from another
     # thread) while data sat in that buffer would give the child a copy,
     # which its GC flushes into the shared file description, appending a
-    # second copy to the file. Returns `path`.
+    # second copy to the file. Data over the process's file size limit is
+    # refused before anything is written (see `check_file_size`). Returns
+    # `path`.
     def write(path, data, mode: FILE_MODE, overwrite: true)
+      check_file_size(path, data.bytesize)
       directory = File.dirname(path)
       make_directories(directory) unless File.directory?(directory)
       check_directory(directory)
@@ -51,6 +54,40 @@ module MemprofilerPprof
         File.unlink(temporary) if created && File.exist?(temporary)
       end
       path
+    end
+
+    # Raises Errno::EFBIG, naming `path` and the limit, if `size` bytes are
+    # more than the soft RLIMIT_FSIZE (`ulimit -f`, or a container's or
+    # systemd unit's LimitFSIZE) allows. Writing past that limit does not
+    # fail: the kernel sends SIGXFSZ, whose default action kills the whole
+    # process (exit 153) mid-write, its buffered output lost and the
+    # temporary file left behind. The file written is always new (written
+    # from offset 0), so its size is exactly `size`: this check is exact,
+    # and only a limit lowered in between (setrlimit in another thread,
+    # prlimit(1) from outside) gets past it. Checked here rather than by
+    # ignoring SIGXFSZ around the write: a signal's disposition is the
+    # whole process's, so ignoring it would change what the app's own
+    # threads' writes do meanwhile, restoring it would race between two
+    # writers (one restoring the default while the other writes), and a
+    # handler the app installed outside Ruby's `trap` could not be
+    # restored at all.
+    def check_file_size(path, size)
+      limit = file_size_limit
+      return if limit.nil? || size <= limit
+
+      raise Errno::EFBIG, "#{path}: #{size} bytes is more than this process's file size limit " \
+                          "(RLIMIT_FSIZE, ulimit -f) of #{limit} bytes; not written"
+    end
+
+    # The soft RLIMIT_FSIZE in bytes, or nil if there is none (or no such
+    # limit on this platform).
+    def file_size_limit
+      return nil unless defined?(Process::RLIMIT_FSIZE)
+
+      limit = Process.getrlimit(Process::RLIMIT_FSIZE).first
+      limit == Process::RLIM_INFINITY ? nil : limit
+    rescue NotImplementedError, SystemCallError
+      nil
     end
 
     # `mkdir -p` with DIRECTORY_MODE for each directory made, as
