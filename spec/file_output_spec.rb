@@ -99,4 +99,104 @@ RSpec.describe MemprofilerPprof::FileOutput do
       expect(Dir.children(@dir)).to eq(["in.pprof"])
     end
   end
+
+  describe "symlinks on the way to the file" do
+    let(:data) { MemprofilerPprof::Collector.new(sample_rate: 1.0).profile { Array.new(10) { "x" * 10 } } }
+    let(:nobody) { Etc.getpwnam("nobody").uid }
+    let(:logged) { [] }
+    let(:logger) do
+      lines = logged
+      Object.new.tap { |l| l.define_singleton_method(:error) { |text| lines << text } }
+    end
+
+    it "refuses a symlink another user owns anywhere in the directory's path, naming it and its owner" do
+      skip "needs root to give a symlink to another user" unless Process.euid.zero?
+
+      # /tmp/X -> /root-only/dir, planted by nobody: the target is root's,
+      # so the directory's own owner check passes.
+      target = path("root-only")
+      Dir.mkdir(target, 0o700)
+      planted = path("planted")
+      File.symlink(target, planted)
+      File.lchown(nobody, nil, planted)
+      refusal = /#{Regexp.escape(planted)} is a symlink owned by uid #{nobody} \(nobody\)/
+      expect { data.write(File.join(planted, "heap.pprof")) }.to raise_error(Errno::EACCES, refusal)
+      # Deeper: no directory is made in the target first.
+      expect { data.write(File.join(planted, "sub/dir/heap.pprof")) }.to raise_error(Errno::EACCES, refusal)
+      # Reached through a symlink of this user's: the next hop is checked too.
+      File.symlink("planted", path("mine"))
+      expect { data.write(path("mine/heap.pprof")) }.to raise_error(Errno::EACCES, refusal)
+      # A FileFlusher logs it and writes nothing.
+      collector = MemprofilerPprof::Collector.new(sample_rate: 1.0).tap(&:start!)
+      flusher = MemprofilerPprof::FileFlusher.new(collector, pattern: File.join(planted, "mem-%{index}.pprof"),
+                                                             logger: logger)
+      flusher.stop!(flush: true) if flusher.start!
+      expect(flusher.error_count).to eq(1)
+      expect(logged.join).to match(refusal)
+      expect(Dir.children(target)).to be_empty
+    ensure
+      collector&.stop!
+    end
+
+    it "keeps the wrapper, run as root, from writing through a planted directory symlink" do
+      skip "needs root to give a symlink to another user" unless Process.euid.zero?
+
+      target = path("root-only")
+      Dir.mkdir(target, 0o700)
+      planted = path("X")
+      File.symlink(target, planted)
+      File.lchown(nobody, nil, planted)
+      env = { "MEMPROFILER_PPROF_RS_FILE_PATTERN" => "#{planted}/mem-%{pid}.pprof", "RUBYOPT" => nil, "RUBYLIB" => nil }
+      out, err, status = Open3.capture3(env, File.join(root, "exe", "memprofiler_pprof_rs_profile"),
+                                        RbConfig.ruby, "-e", "puts :ran", chdir: @dir)
+      expect(status.exitstatus).to eq(0), err
+      expect(out).to eq("ran\n")
+      expect(err).to match(/FileFlusher: .*Errno::EACCES: .*#{Regexp.escape(planted)} is a symlink owned by uid #{nobody}/)
+      expect(Dir.children(target)).to be_empty
+    end
+
+    it "never writes through a symlink planted at the temporary file's name" do
+      victim = path("victim")
+      File.write(victim, "precious")
+      # The first temporary name is made predictable and planted.
+      planted = path(".mem-0.pprof.#{'01' * 8}.tmp")
+      File.symlink(victim, planted)
+      calls = 0
+      allow(Random).to receive(:urandom).and_wrap_original do |original, size|
+        (calls += 1) == 1 ? "\x01".b * size : original.call(size)
+      end
+      flusher = MemprofilerPprof::FileFlusher.new(MemprofilerPprof::Collector.new, pattern: path("mem-%{index}.pprof"))
+      # Another temporary name is used; the profile keeps its own name
+      # (a taken temporary name is not a taken profile name).
+      expect(flusher.write(data)).to eq(path("mem-0.pprof"))
+      expect(calls).to eq(2)
+      expect(File.read(victim)).to eq("precious")
+      expect(File.readlink(planted)).to eq(victim)
+      expect(File.binread(path("mem-0.pprof"))).to eq(data.pprof_data)
+      expect(leftovers(@dir)).to eq([File.basename(planted)])
+    end
+
+    it "accepts a symlink of this process's user or root's (macOS's /tmp, a deploy's current -> releases/N)" do
+      Dir.mkdir(path("releases"))
+      Dir.mkdir(path("releases/1"))
+      File.symlink("releases/1", path("current"))
+      written = data.write(path("current/tmp/profiles/heap.pprof"))
+      expect(File.binread(path("releases/1/tmp/profiles/heap.pprof"))).to eq(data.pprof_data)
+      expect(written).to eq(path("current/tmp/profiles/heap.pprof"))
+      next unless Process.euid.zero?
+
+      # The same for a user who is not root: their own symlink to their own
+      # directory, through root's symlink (like /tmp -> private/tmp).
+      Dir.mkdir(path("private"))
+      Dir.mkdir(path("private/tmp"), 0o1777)
+      File.symlink("private/tmp", path("tmp"))
+      Dir.mkdir(path("private/tmp/app"))
+      File.chown(nobody, nil, path("private/tmp/app"))
+      File.symlink("app", path("private/tmp/current"))
+      File.lchown(nobody, nil, path("private/tmp/current"))
+      allow(Process).to receive(:euid).and_return(nobody)
+      expect(data.write(path("tmp/current/heap.pprof"))).to eq(path("tmp/current/heap.pprof"))
+      expect(File.binread(path("private/tmp/app/heap.pprof"))).to eq(data.pprof_data)
+    end
+  end
 end

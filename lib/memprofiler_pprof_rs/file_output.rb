@@ -19,14 +19,16 @@ module MemprofilerPprof
     module_function
 
     # Writes `data` to `path`: into a new temporary file in the same
-    # directory (a random name, created exclusively, so a symlink or file
-    # planted there is never written through), then renamed over `path`,
-    # so a reader never sees half a file. With `overwrite: false` an
-    # existing `path` is never replaced (Errno::EEXIST), even if another
-    # process creates it at the same moment. The directory is created
+    # directory (a random name, created exclusively and with O_NOFOLLOW, so
+    # a symlink or file planted there is never written through; a name
+    # found taken is replaced by another), then renamed over `path`, so a
+    # reader never sees half a file. With `overwrite: false` an existing
+    # `path` is never replaced (Errno::EEXIST), even if another process
+    # creates it at the same moment. The directory is created
     # (DIRECTORY_MODE) if missing; an existing one must belong to this
-    # process's user or to root (see `check_directory`). Writes with
-    # write(2) directly, never through Ruby's IO buffer: a fork (from another
+    # process's user or to root (see `check_directory`), and so must every
+    # symlink on the way to it (see `check_symlinks`). Writes with write(2)
+    # directly, never through Ruby's IO buffer: a fork (from another
     # thread) while data sat in that buffer would give the child a copy,
     # which its GC flushes into the shared file description, appending a
     # second copy to the file. Data over the process's file size limit is
@@ -35,25 +37,142 @@ module MemprofilerPprof
     def write(path, data, mode: FILE_MODE, overwrite: true)
       check_file_size(path, data.bytesize)
       directory = File.dirname(path)
-      make_directories(directory) unless File.directory?(directory)
+      check_symlinks(directory, path)
+      unless File.directory?(directory)
+        make_directories(directory)
+        # A symlink planted where a directory was about to be made (mkdir
+        # then fails, and the name is a directory) is caught here.
+        check_symlinks(directory, path)
+      end
       check_directory(directory)
-      # (SecureRandom.hex(8) reads the same source: 8 bytes from urandom.)
-      temporary = File.join(directory, ".#{File.basename(path)}.#{Random.urandom(8).unpack1('H*')}.tmp")
-      created = false
+      temporary = nil
       begin
-        flags = File::WRONLY | File::CREAT | File::EXCL | File::NOFOLLOW
-        File.open(temporary, flags, mode, binmode: true) do |file|
-          created = true
+        temporary, file = create_temporary(directory, path, mode)
+        begin
           file.chmod(mode) # the umask may have cleared bits that were asked for
           written = 0
           written += file.syswrite(data.byteslice(written..)) while written < data.bytesize
+        ensure
+          file.close
         end
-        overwrite ? File.rename(temporary, path) : publish_without_overwriting(temporary, path)
+        if overwrite
+          File.rename(temporary, path)
+          temporary = nil
+        else
+          publish_without_overwriting(temporary, path)
+        end
       ensure
         # Only a file this call made: never one that was there first.
-        File.unlink(temporary) if created && File.exist?(temporary)
+        begin
+          File.unlink(temporary) if temporary
+        rescue Errno::ENOENT
+          nil # renamed after all (a file system without hard links)
+        end
       end
       path
+    end
+
+    # Temporary names tried before giving up: 64 random bits each, so a
+    # taken one is a planted one.
+    TEMPORARY_ATTEMPTS = 10
+
+    # Creates a new temporary file for `path` in `directory`: returns its
+    # name and the open File. O_EXCL and O_NOFOLLOW: a file or symlink
+    # already at the name is never opened (EEXIST; ELOOP or EMLINK on some
+    # systems for a symlink), and another name is tried. That is not
+    # reported as EEXIST, which callers read as `path` being taken.
+    def create_temporary(directory, path, mode)
+      flags = File::WRONLY | File::CREAT | File::EXCL | File::NOFOLLOW
+      TEMPORARY_ATTEMPTS.times do
+        # (SecureRandom.hex(8) reads the same source: 8 bytes from urandom.)
+        temporary = File.join(directory, ".#{File.basename(path)}.#{Random.urandom(8).unpack1('H*')}.tmp")
+        begin
+          return [temporary, File.open(temporary, flags, mode, binmode: true)]
+        rescue Errno::EEXIST, Errno::ELOOP, Errno::EMLINK
+          next
+        end
+      end
+      raise Errno::EACCES, "#{path}: #{TEMPORARY_ATTEMPTS} random temporary names in #{directory} were all " \
+                           "taken (planted?); refusing to write there"
+    end
+
+    # Symlinks followed on the way to a directory at most (Linux's own
+    # limit), so a loop is an error rather than a hang.
+    MAX_SYMLINKS = 40
+
+    # Refuses a path to `directory` that goes through a symlink owned by
+    # another user than this process's (or root): one planted in /tmp
+    # (`/tmp/X -> /root-only/dir`) would have a root process write where
+    # its planter chose, and `check_directory` only sees the target, which
+    # is root's. Each component is looked at with lstat(2) and symlinks are
+    # followed as the kernel does, so one reached through another (a
+    # relative target, a `..` after it) is checked too; the walk stops at
+    # the first missing component (what `make_directories` creates is a
+    # directory). Symlinks of this user (a deploy's current -> releases/N)
+    # and root's (macOS's /tmp -> private/tmp) are fine. `path`, the file
+    # to be written, is named in the error.
+    #
+    # Ruby has no openat(2), so the directory cannot be opened with
+    # O_NOFOLLOW and written into relative to the descriptor: this is a
+    # check before writing. Only someone who can rename entries in a
+    # directory on the way between the check and the write could get
+    # past it: not in a sticky /tmp, where nobody can replace another
+    # user's name.
+    def check_symlinks(directory, path)
+      pending = directory.b.split("/")
+      # Dir.pwd is getcwd(3): no symlinks in it.
+      pending = Dir.pwd.b.split("/") + pending unless directory.start_with?("/")
+      current = "".b # the root directory
+      followed = 0
+      until pending.empty?
+        part = pending.shift
+        next if part.empty? || part == "."
+
+        if part == ".."
+          current = current[0, current.rindex("/") || 0]
+          next
+        end
+        candidate = "#{current}/#{part}"
+        stat = begin
+          File.lstat(candidate)
+        rescue Errno::ENOENT
+          return nil
+        end
+        unless stat.symlink?
+          current = candidate
+          next
+        end
+        target = File.readlink(candidate).b
+        refuse_symlink(path, candidate, target, stat.uid) unless stat.uid == Process.euid || stat.uid.zero?
+        followed += 1
+        raise Errno::ELOOP, "#{shown(directory)}: more than #{MAX_SYMLINKS} symlinks on the way" if followed > MAX_SYMLINKS
+
+        current = "".b if target.start_with?("/")
+        pending = target.split("/") + pending
+      end
+      nil
+    end
+
+    def refuse_symlink(path, link, target, uid)
+      raise Errno::EACCES, "refusing to write #{shown(path)}: #{shown(link)} is a symlink owned by " \
+                           "uid #{uid}#{user_name(uid)}, not by this process's user (uid #{Process.euid}) " \
+                           "or root, pointing to #{shown(target)} (a symlink another user can plant " \
+                           "would choose where profiles go; use a directory of your own)"
+    end
+
+    # " (name)" for a uid, if Etc is loaded already (never loaded here: see
+    # above), else "".
+    def user_name(uid)
+      name = defined?(Etc) && Etc.respond_to?(:getpwuid) ? Etc.getpwuid(uid)&.name : nil
+      name ? " (#{name})" : ""
+    rescue StandardError
+      ""
+    end
+
+    # A path in a message: as text if it is valid UTF-8, else escaped.
+    def shown(bytes)
+      text = bytes.dup.force_encoding(Encoding::UTF_8)
+      text.valid_encoding? ? text : bytes.b.inspect
     end
 
     # Raises Errno::EFBIG, naming `path` and the limit, if `size` bytes are
