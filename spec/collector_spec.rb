@@ -156,6 +156,7 @@ RSpec.describe MemprofilerPprof::Collector do
       expect(data.dropped_samples_count).to eq(0)
       expect(data.finished_at).to be >= data.started_at
       expect(data.flush_duration_nsecs).to be > 0
+      expect(data.longest_gvl_hold_nsecs).to be_between(1, data.flush_duration_nsecs)
       expect(data.inspect).to match(/allocation samples/)
       expect(data.inspect).not_to include("\x1f".b.force_encoding(Encoding::UTF_8))
     end

@@ -14,6 +14,10 @@ module MemprofilerPprof
                 :dropped_samples_heap_bufsize
     # How long the flush took, and the part spent building the pprof.
     attr_reader :flush_duration_nsecs, :pprof_serialization_nsecs
+    # The longest the flush held the GVL at a stretch: how long it may have
+    # stopped the program's other threads (the whole flush when flushed
+    # with proactively_yield_gvl: false).
+    attr_reader :longest_gvl_hold_nsecs
     # The sample rate in force at flush time.
     attr_reader :sample_rate
     # The interval the allocation samples cover (Time).
@@ -40,7 +44,7 @@ module MemprofilerPprof
 
     def self.from_native(values, sample_labels: nil)
       pprof, allocs, heap, nolock, alloc_buf, heap_buf, flush_ns, ser_ns, folded, rate, start_ns, end_ns,
-        coverage, errors, effective = values
+        coverage, errors, effective, longest_hold = values
       new(
         pprof_data: pprof, allocation_samples_count: allocs, heap_samples_count: heap,
         dropped_samples_nolock: nolock, dropped_samples_allocation_bufsize: alloc_buf,
@@ -49,7 +53,7 @@ module MemprofilerPprof
         started_at: Time.at(Rational(start_ns, 1_000_000_000)),
         finished_at: Time.at(Rational(end_ns, 1_000_000_000)), window_coverage: coverage,
         sample_labels: sample_labels,
-        relative_standard_errors: errors, effective_samples: effective
+        relative_standard_errors: errors, effective_samples: effective, longest_gvl_hold_nsecs: longest_hold
       )
     end
 
@@ -58,14 +62,14 @@ module MemprofilerPprof
                    dropped_samples_heap_bufsize: 0, flush_duration_nsecs: 0,
                    pprof_serialization_nsecs: 0, folded_samples_count: 0, sample_rate: nil, started_at: nil,
                    finished_at: nil, window_coverage: 1.0, sample_labels: nil,
-                   relative_standard_errors: {}, effective_samples: {})
+                   relative_standard_errors: {}, effective_samples: {}, longest_gvl_hold_nsecs: 0)
       Validation.instance(pprof_data, String, :pprof_data)
 
       { allocation_samples_count: allocation_samples_count, heap_samples_count: heap_samples_count,
         dropped_samples_nolock: dropped_samples_nolock,
         dropped_samples_allocation_bufsize: dropped_samples_allocation_bufsize,
         dropped_samples_heap_bufsize: dropped_samples_heap_bufsize, flush_duration_nsecs: flush_duration_nsecs,
-        pprof_serialization_nsecs: pprof_serialization_nsecs,
+        pprof_serialization_nsecs: pprof_serialization_nsecs, longest_gvl_hold_nsecs: longest_gvl_hold_nsecs,
         folded_samples_count: folded_samples_count }.each do |name, value|
         Validation.integer(value, name, min: 0)
       end
@@ -90,6 +94,7 @@ module MemprofilerPprof
       @dropped_samples_heap_bufsize = dropped_samples_heap_bufsize
       @flush_duration_nsecs = flush_duration_nsecs
       @pprof_serialization_nsecs = pprof_serialization_nsecs
+      @longest_gvl_hold_nsecs = longest_gvl_hold_nsecs
       @folded_samples_count = folded_samples_count
       @sample_rate = sample_rate
       @started_at = started_at

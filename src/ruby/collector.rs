@@ -7,7 +7,7 @@ use std::ffi::c_int;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rb_sys::{
     rb_gc_count, rb_gc_location, rb_gc_mark, rb_trace_arg_t, rb_tracearg_lineno,
@@ -19,7 +19,7 @@ use super::classes::{is_class_value, object_info, resolve_classes};
 use super::convert::fixnum;
 use super::errors::{RbError, RbResult};
 use super::frames::{resolve_frames, BacktraceBuffer};
-use super::gvl::{current_thread, without_gvl, yield_to_other_threads};
+use super::gvl::{current_thread, GvlHolds};
 use super::heap;
 use super::hooks::Hook;
 use super::registry::{self, Registered};
@@ -37,6 +37,15 @@ pub const DEFAULT_SAMPLE_RATE: f64 = 0.01;
 /// Stacks converted to named frames per step of a flush's last part (about
 /// a millisecond each at depth 50).
 const DETACH_BATCH: usize = 1024;
+
+/// Stacks copied, and allocation samples read, for a flush under one hold
+/// of the lock.
+const STACK_COPY_CHUNK: usize = 1024;
+const ALLOCATION_CHUNK: usize = 8_192;
+
+/// A flush that lets other threads run does so once it has held the GVL
+/// this long, where its steps can tell.
+const YIELD_AFTER: Duration = Duration::from_millis(2);
 pub const DEFAULT_MAX_ALLOCATION_SAMPLES: usize = 10_000;
 pub const DEFAULT_MAX_HEAP_SAMPLES: usize = 50_000;
 /// Collector.new's sampling windows (with `mode: :light`, below 1.0): at
@@ -106,6 +115,9 @@ pub struct FlushResult {
     pub finished_at: SystemTime,
     pub flush_duration_nanos: u64,
     pub serialization_nanos: u64,
+    /// The longest the flush held the GVL at a stretch (the whole flush
+    /// without `proactively_yield_gvl`).
+    pub longest_gvl_hold_nanos: u64,
     /// Samples folded into "(other)" to respect max_profile_bytes.
     pub folded_samples: usize,
     /// Share of the interval's allocations made while the NEWOBJ hook was
@@ -828,6 +840,7 @@ impl Collector {
 
     fn flush_inner(&self, options: FlushOptions) -> RbResult<FlushResult> {
         let began = Instant::now();
+        let mut holds = GvlHolds::new();
         let finished_at = SystemTime::now();
         // 1. Under the lock, with no Ruby allocation: read the samples out.
         //    Allocations from here on belong to the next flush. Live objects
@@ -874,7 +887,7 @@ impl Collector {
                 break;
             }
             if options.proactively_yield_gvl {
-                yield_to_other_threads()?;
+                holds.yield_now()?;
             }
         }
         // An allocation sample still unmeasured is sized here, if its
@@ -887,10 +900,40 @@ impl Collector {
                 heap::object_size(object as VALUE)
             }
         };
+        // The allocation samples, in chunks (a million of them take tens of
+        // milliseconds).
+        loop {
+            let done = self.with_sampler(|s| {
+                s.state
+                    .read_allocations(&measuring, ALLOCATION_CHUNK, &mut measure_unmeasured)
+            })?;
+            if done {
+                break;
+            }
+            if options.proactively_yield_gvl {
+                holds.yield_if_held(YIELD_AFTER)?;
+            }
+        }
         let (mut snapshot, naming, classes) = self.with_sampler(|s| {
-            let (snapshot, naming) = s.state.end_snapshot(measuring, &mut measure_unmeasured);
+            let (snapshot, naming) = s
+                .state
+                .end_snapshot_samples(measuring, &mut measure_unmeasured);
             (snapshot, naming, s.state.flush_classes().to_vec())
         })?;
+        // The stacks' frames, in chunks (tens of thousands of deep stacks
+        // take milliseconds to copy).
+        loop {
+            let done = self.with_sampler(|s| {
+                s.state
+                    .copy_stacks(&naming, &mut snapshot, STACK_COPY_CHUNK)
+            })?;
+            if done {
+                break;
+            }
+            if options.proactively_yield_gvl {
+                holds.yield_if_held(YIELD_AFTER)?;
+            }
+        }
         snapshot.drops.nolock += self.nolock_drops.swap(0, Ordering::Relaxed);
         // Sampling windows: samples already weigh 1 / their window's
         // probability (sampler/windows.rs); nothing is rescaled here.
@@ -917,11 +960,16 @@ impl Collector {
             [estimate, estimate * mean_size, 0.0, 0.0]
         });
         // (Nothing hooked: alloc_* read 0 without having looked.)
-        let mut value_spreads = spreads(&snapshot.samples);
+        // Pure Rust over every sample: without the GVL if asked.
+        let mut value_spreads = if options.yield_gvl {
+            holds.without_gvl(|| spreads(&snapshot.samples))?
+        } else {
+            spreads(&snapshot.samples)
+        };
         widen_inuse_for_missed(&mut value_spreads, window_flush.inuse_missed_share);
         let spreads = total_spreads(&value_spreads, windows && coverage == 0.0);
         if options.proactively_yield_gvl {
-            yield_to_other_threads()?;
+            holds.yield_now()?;
         }
 
         // 2. Without the lock: name the frames (allocates Ruby strings, which
@@ -929,8 +977,8 @@ impl Collector {
         //    `finish_flush` prunes them).
         self.suppressed_thread
             .store(current_thread(), Ordering::Relaxed);
-        let yield_every = options.proactively_yield_gvl.then_some(256);
-        let ruby_frames = resolve_frames(&snapshot.stacks, yield_every)?;
+        let yield_after = options.proactively_yield_gvl.then_some(YIELD_AFTER);
+        let ruby_frames = resolve_frames(&snapshot.stacks, yield_after, &mut holds)?;
         let ruby_classes = resolve_classes(&classes)?;
         let mut frames = std::mem::take(&mut snapshot.resolved_frames);
         frames.extend(ruby_frames.iter().map(|(&f, info)| (f, info.clone())));
@@ -1018,7 +1066,7 @@ impl Collector {
         };
         let build = || build_profile_gzipped(&snapshot, &frames, &class_names, &meta);
         let (pprof, folded_samples) = if options.yield_gvl {
-            without_gvl(build)?
+            holds.without_gvl(build)?
         } else {
             build()
         };
@@ -1039,7 +1087,7 @@ impl Collector {
                 break;
             }
             if options.proactively_yield_gvl {
-                yield_to_other_threads()?;
+                holds.yield_now()?;
             }
         }
         self.with_sampler(|s| s.state.finish_flush(detaching))?;
@@ -1054,6 +1102,7 @@ impl Collector {
             finished_at,
             flush_duration_nanos: began.elapsed().as_nanos() as u64,
             serialization_nanos: serialization_began.elapsed().as_nanos() as u64,
+            longest_gvl_hold_nanos: holds.longest().as_nanos() as u64,
             window_coverage: coverage,
             spreads,
         })

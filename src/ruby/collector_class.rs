@@ -402,7 +402,9 @@ fn nanos_since_epoch(time: std::time::SystemTime) -> u64 {
 /// side: [pprof_data, allocation_samples_count, heap_samples_count,
 /// dropped_samples_nolock, dropped_samples_allocation_bufsize,
 /// dropped_samples_heap_bufsize, flush_duration_nsecs,
-/// pprof_serialization_nsecs, sample_rate, started_at_ns, finished_at_ns].
+/// pprof_serialization_nsecs, folded_samples_count, sample_rate,
+/// started_at_ns, finished_at_ns, window_coverage, relative_standard_errors,
+/// effective_samples, longest_gvl_hold_nsecs].
 unsafe extern "C" fn native_flush(
     rb_self: VALUE,
     yield_gvl: VALUE,
@@ -459,6 +461,7 @@ unsafe extern "C" fn native_flush(
         let rate = result.sample_rate;
         let coverage = result.window_coverage;
         let spread = result.spreads.map(|total| total.figures());
+        let longest_hold = result.longest_gvl_hold_nanos;
         // Everything captured by reference: a raise inside skips no owner.
         protect(|| {
             // SAFETY: plain Ruby allocations with valid pointers and lengths;
@@ -489,6 +492,7 @@ unsafe extern "C" fn native_flush(
                 }
                 rb_ary_push(array, rb_obj_freeze(errors));
                 rb_ary_push(array, rb_obj_freeze(effective_samples));
+                rb_ary_push(array, rb_ull2inum(longest_hold));
                 array
             }
         })

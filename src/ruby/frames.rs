@@ -3,6 +3,7 @@
 
 use std::ffi::c_int;
 use std::sync::Arc;
+use std::time::Duration;
 
 use rb_sys::{
     rb_profile_frame_first_lineno, rb_profile_frame_full_label, rb_profile_frame_path,
@@ -11,6 +12,7 @@ use rb_sys::{
 
 use super::convert::{fixnum, utf8_string};
 use super::errors::{protect, RbResult};
+use super::gvl::GvlHolds;
 use super::method_blocks::MethodBlocksReader;
 use crate::fast_hash::FastHashMap;
 use crate::pprof::heap_profile::FrameInfo;
@@ -95,15 +97,21 @@ impl BacktraceBuffer {
 /// frames already have theirs), and where the blocks of their methods are.
 /// Calls into Ruby (which allocates), so it must run without the sampler
 /// lock held; the frames stay alive because the stack table still holds
-/// (and marks) them. With `yield_every`, lets other threads run after that
-/// many frames.
+/// (and marks) them. With `yield_after`, lets other threads run whenever the
+/// GVL has been held that long.
 pub fn resolve_frames(
     stacks: &FastHashMap<StackId, Arc<[Frame]>>,
-    yield_every: Option<usize>,
+    yield_after: Option<Duration>,
+    holds: &mut GvlHolds,
 ) -> RbResult<FastHashMap<FrameRef, FrameInfo>> {
     let mut resolved: FastHashMap<FrameRef, FrameInfo> = FastHashMap::default();
     let mut blocks = MethodBlocksReader::default();
     for frames in stacks.values() {
+        // (Per stack too: once the frames are named, a million stacks
+        // still take a while to look through.)
+        if let Some(long) = yield_after {
+            holds.yield_if_held(long)?;
+        }
         for frame in frames.iter() {
             if frame.frame == TRUNCATION_FRAME
                 || is_resolved_frame(frame.frame)
@@ -111,10 +119,8 @@ pub fn resolve_frames(
             {
                 continue;
             }
-            if let Some(every) = yield_every {
-                if !resolved.is_empty() && resolved.len() % every == 0 {
-                    super::gvl::yield_to_other_threads()?;
-                }
+            if let Some(long) = yield_after {
+                holds.yield_if_held(long)?;
             }
             let info = frame_info(frame.frame as VALUE, &mut blocks)?;
             resolved.insert(frame.frame, info);

@@ -3,6 +3,7 @@
 
 use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::time::{Duration, Instant};
 
 use rb_sys::{rb_thread_call_without_gvl, rb_thread_schedule, Qnil, VALUE};
 
@@ -61,5 +62,59 @@ pub fn without_gvl<T, F: FnOnce() -> T>(work: F) -> RbResult<T> {
             "memprofiler_pprof_rs internal error while building the profile",
         )),
         None => Err(RbError::runtime("profile was not built")),
+    }
+}
+
+/// The longest the GVL was held between two points where other threads
+/// could run: how long a flush may have stalled the rest of the program.
+/// Every yield and every stretch without the GVL goes through it.
+pub struct GvlHolds {
+    since: Instant,
+    longest: Duration,
+}
+
+impl GvlHolds {
+    /// The GVL held from now.
+    pub fn new() -> Self {
+        GvlHolds {
+            since: Instant::now(),
+            longest: Duration::ZERO,
+        }
+    }
+
+    fn close(&mut self) {
+        self.longest = self.longest.max(self.since.elapsed());
+    }
+
+    /// `yield_to_other_threads`, ending a hold.
+    pub fn yield_now(&mut self) -> RbResult<()> {
+        self.close();
+        let result = yield_to_other_threads();
+        self.since = Instant::now();
+        result
+    }
+
+    /// `without_gvl`, ending a hold.
+    pub fn without_gvl<T, F: FnOnce() -> T>(&mut self, work: F) -> RbResult<T> {
+        self.close();
+        let result = without_gvl(work);
+        self.since = Instant::now();
+        result
+    }
+
+    /// Lets other threads run if the GVL has been held for `long` (the
+    /// steps that check it are much shorter).
+    pub fn yield_if_held(&mut self, long: Duration) -> RbResult<()> {
+        if self.since.elapsed() >= long {
+            self.yield_now()
+        } else {
+            Ok(())
+        }
+    }
+
+    /// The longest hold, the one under way included.
+    pub fn longest(&mut self) -> Duration {
+        self.close();
+        self.longest
     }
 }

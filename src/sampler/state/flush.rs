@@ -5,7 +5,9 @@
 //! ```text
 //! begin_flush() -> Measuring          detach the allocation list, list live objects
 //!   measure_live(&Measuring, ..)      size live objects in chunks; true when done
+//!   read_allocations(&Measuring, ..)  then the allocation list, in chunks; true when done
 //! end_snapshot(Measuring, ..) -> (FlushSnapshot, Naming)
+//!   copy_stacks(&Naming, ..)          (after end_snapshot_samples) in chunks; true when done
 //!   flush_classes()                   Ruby classes to name (held until the end)
 //!   .. the binding layer names frames and classes and builds the profile ..
 //! begin_detach(Naming, &classes) -> Detaching          (detach.rs)
@@ -24,7 +26,7 @@
 use std::sync::Arc;
 
 use super::{DropCounters, Liveness, SampleId, SamplerState, TOMBSTONE};
-use crate::fast_hash::FastHashMap;
+use crate::fast_hash::{FastHashMap, FastHashSet};
 use crate::sampler::reservoir::ReservoirScales;
 use crate::sampler::stack_table::{Frame, FrameInfo, StackId};
 use crate::sampler::types::{is_named_class, ClassRef, FrameRef, ObjectAddress};
@@ -97,10 +99,17 @@ pub(super) struct FlushInProgress {
     /// Live objects when the flush began, measured `next_live..` onwards.
     pub(super) live: Vec<(ObjectAddress, SampleId)>,
     pub(super) next_live: usize,
-    /// The detached allocation list (its entries still hold their records).
+    /// The detached allocation list (its entries still hold their records
+    /// until read), read `next_allocation..` onwards.
     allocations: Vec<SampleId>,
+    next_allocation: usize,
     scales: ReservoirScales,
+    /// Live samples, then allocation samples (`heap_samples` of the first).
     samples: Vec<FlushedSample>,
+    heap_samples: Option<usize>,
+    allocation_samples: usize,
+    /// The classes `samples` refer to.
+    classes: FastHashSet<ClassRef>,
     drops: DropCounters,
 }
 
@@ -115,6 +124,8 @@ pub struct FlushSnapshot {
     pub resolved_frames: FastHashMap<FrameRef, FrameInfo>,
     /// Names of the classes held by name that `samples` refer to.
     pub resolved_classes: FastHashMap<ClassRef, String>,
+    /// `samples` whose stacks `copy_stacks` has looked at.
+    stacks_copied: usize,
     pub allocation_samples: usize,
     pub heap_samples: usize,
     pub drops: DropCounters,
@@ -142,8 +153,12 @@ impl SamplerState {
                 .collect(),
             next_live: 0,
             allocations: std::mem::take(&mut self.allocations),
+            next_allocation: 0,
             scales: self.reservoir.take(),
             samples: Vec::new(),
+            heap_samples: None,
+            allocation_samples: 0,
+            classes: FastHashSet::default(),
             drops: std::mem::take(&mut self.drops),
         });
         Measuring(())
@@ -191,6 +206,7 @@ impl SamplerState {
                 record.size = size;
             }
             let class = record.info.class;
+            flush.classes.insert(class);
             flush.samples.push(FlushedSample {
                 stack: record.stack,
                 class,
@@ -218,32 +234,60 @@ impl SamplerState {
     /// stacks and classes every sample of the flush refers to.
     pub fn end_snapshot(
         &mut self,
-        _measuring: Measuring,
+        measuring: Measuring,
         measure: &mut impl FnMut(ObjectAddress) -> Option<u64>,
     ) -> (FlushSnapshot, Naming) {
-        let flush = match std::mem::replace(&mut self.phase, FlushPhase::Naming) {
+        let (mut snapshot, naming) = self.end_snapshot_samples(measuring, measure);
+        self.copy_stacks(&naming, &mut snapshot, usize::MAX);
+        (snapshot, naming)
+    }
+
+    /// `copy_stacks` for at most `max` samples more, so that a caller can
+    /// let other threads run in between (the stacks cannot change
+    /// meanwhile: pruning is held for the flush). True when all are done.
+    pub fn copy_stacks(&self, _naming: &Naming, snapshot: &mut FlushSnapshot, max: usize) -> bool {
+        let end = snapshot
+            .samples
+            .len()
+            .min(snapshot.stacks_copied.saturating_add(max));
+        for index in snapshot.stacks_copied..end {
+            let stack = snapshot.samples[index].stack;
+            snapshot
+                .stacks
+                .entry(stack)
+                .or_insert_with(|| self.stacks.frames(stack));
+        }
+        snapshot.stacks_copied = end;
+        end == snapshot.samples.len()
+    }
+
+    /// Reads up to `max` more samples of the detached allocation list into
+    /// the flush (once `measure_live` is done), so that a caller can let
+    /// other threads run in between. True when all are read (or no flush
+    /// is measuring).
+    pub fn read_allocations(
+        &mut self,
+        _measuring: &Measuring,
+        max: usize,
+        measure: &mut impl FnMut(ObjectAddress) -> Option<u64>,
+    ) -> bool {
+        let mut flush = match std::mem::replace(&mut self.phase, FlushPhase::Idle) {
             FlushPhase::Measuring(flush) => flush,
             other => {
-                debug_assert!(false, "end_snapshot outside the measuring phase");
+                debug_assert!(false, "read_allocations outside the measuring phase");
                 self.phase = other;
-                return (FlushSnapshot::default(), Naming::new());
+                return true;
             }
         };
-        let FlushInProgress {
-            allocations,
-            scales,
-            samples,
-            drops,
-            ..
-        } = flush;
-        let heap_samples = samples.len();
-        let mut snapshot = FlushSnapshot {
-            samples,
-            drops,
-            heap_samples,
-            ..FlushSnapshot::default()
-        };
-        for (slot, &id) in allocations.iter().enumerate() {
+        debug_assert_eq!(flush.next_live, flush.live.len(), "live samples first");
+        flush.heap_samples.get_or_insert(flush.samples.len());
+        let end = flush
+            .allocations
+            .len()
+            .min(flush.next_allocation.saturating_add(max));
+        for slot in flush.next_allocation..end {
+            // Read: the flush no longer holds it (end_flush releases the rest).
+            let id = std::mem::replace(&mut flush.allocations[slot], TOMBSTONE);
             if id == TOMBSTONE {
                 continue;
             }
@@ -254,29 +298,60 @@ impl SamplerState {
                     record.size = size;
                 }
             }
-            let weight = f64::from(record.alloc_weight) * scales.scale(slot);
+            let weight = f64::from(record.alloc_weight) * flush.scales.scale(slot);
             let class = record.info.class;
             // Its record may be the class name's last holder.
             self.hold_class_for_flush(class);
+            flush.classes.insert(class);
             let record = &self.records[id.0 as usize];
-            snapshot.samples.push(FlushedSample {
+            flush.samples.push(FlushedSample {
                 stack: record.stack,
-                class: record.info.class,
+                class,
                 gc_age: None,
                 values: [weight, weight * record.size as f64, 0.0, 0.0],
                 window: record.info.window(),
                 window_probability: record.info.window_probability(),
             });
-            snapshot.allocation_samples += 1;
+            flush.allocation_samples += 1;
             self.release(id);
         }
+        flush.next_allocation = end;
+        let done = end == flush.allocations.len();
+        self.phase = FlushPhase::Measuring(flush);
+        done
+    }
 
-        for sample in &snapshot.samples {
-            snapshot
-                .stacks
-                .entry(sample.stack)
-                .or_insert_with(|| self.stacks.frames(sample.stack));
-        }
+    /// `end_snapshot` without the stacks' frames: `copy_stacks` copies
+    /// them, in chunks if asked. Reads what `read_allocations` has not.
+    pub fn end_snapshot_samples(
+        &mut self,
+        measuring: Measuring,
+        measure: &mut impl FnMut(ObjectAddress) -> Option<u64>,
+    ) -> (FlushSnapshot, Naming) {
+        self.read_allocations(&measuring, usize::MAX, measure);
+        let flush = match std::mem::replace(&mut self.phase, FlushPhase::Naming) {
+            FlushPhase::Measuring(flush) => flush,
+            other => {
+                debug_assert!(false, "end_snapshot outside the measuring phase");
+                self.phase = other;
+                return (FlushSnapshot::default(), Naming::new());
+            }
+        };
+        let FlushInProgress {
+            samples,
+            heap_samples,
+            allocation_samples,
+            classes,
+            drops,
+            ..
+        } = flush;
+        let mut snapshot = FlushSnapshot {
+            heap_samples: heap_samples.unwrap_or(samples.len()),
+            allocation_samples,
+            samples,
+            drops,
+            ..FlushSnapshot::default()
+        };
         // All of them (per distinct frame, not per stack position; the
         // builder picks what it needs).
         snapshot.resolved_frames = self
@@ -284,9 +359,8 @@ impl SamplerState {
             .resolved_infos()
             .map(|(frame, info)| (frame, info.clone()))
             .collect();
-        let mut classes: Vec<ClassRef> = snapshot.samples.iter().map(|s| s.class).collect();
+        let mut classes: Vec<ClassRef> = classes.into_iter().collect();
         classes.sort_unstable();
-        classes.dedup();
         for &class in classes.iter().filter(|&&c| is_named_class(c)) {
             if let Some(name) = self.named_classes.name(class) {
                 snapshot.resolved_classes.insert(class, name.to_string());

@@ -1077,3 +1077,55 @@ fn random_flushes_and_detaches_keep_names_and_refcounts() {
 fn is_resolved_frame_(f: u64) -> bool {
     crate::sampler::types::is_resolved_frame(f)
 }
+
+/// A flush reads the allocation list and copies stacks in chunks, letting
+/// other threads run between them: the profile is the one read at once,
+/// and stacks that fall unused meanwhile stay until the flush ends.
+#[test]
+fn a_flush_read_in_chunks_is_the_flush_read_at_once() {
+    let fill = |st: &mut SamplerState| {
+        for i in 0..50usize {
+            let stack = [8 * (i as u64 % 7 + 1), 8 * (i as u64 + 100)];
+            record(st, 0x1000 + i * 0x40, &stack);
+        }
+        st.measure_pending(|_| Some(40));
+        // Half die before the flush: their stacks go at once.
+        for i in (0..50usize).step_by(2) {
+            st.record_free(0x1000 + i * 0x40);
+        }
+    };
+    let mut whole = state(100, 100);
+    fill(&mut whole);
+    let expected = whole.take_snapshot(0, |_| Some(40));
+
+    let mut st = state(100, 100);
+    fill(&mut st);
+    let measuring = st.begin_flush();
+    while !st.measure_live(&measuring, 0, 3, &mut |_| Some(40)) {}
+    let mut reads = 0;
+    while !st.read_allocations(&measuring, 7, &mut |_| Some(40)) {
+        reads += 1;
+        // Another thread frees objects between chunks: their stacks wait.
+        st.record_free(0x1000 + (2 * reads + 1) * 0x40);
+    }
+    assert!(reads >= 7, "{reads}");
+    let stacks_while_held = st.stacks().len();
+    let (mut snapshot, naming) = st.end_snapshot_samples(measuring, &mut |_| Some(40));
+    let mut copies = 0;
+    while !st.copy_stacks(&naming, &mut snapshot, 5) {
+        copies += 1;
+    }
+    assert!(copies >= 9, "{copies}");
+    assert_eq!(snapshot.heap_samples, expected.heap_samples);
+    assert_eq!(snapshot.allocation_samples, expected.allocation_samples);
+    assert_eq!(totals(&snapshot), totals(&expected));
+    assert_eq!(snapshot.stacks.len(), expected.stacks.len());
+    for sample in &snapshot.samples {
+        assert!(snapshot.stacks.contains_key(&sample.stack));
+    }
+    assert_eq!(st.stacks().len(), stacks_while_held, "held until the end");
+    st.end_flush();
+    assert!(st.stacks().len() < stacks_while_held);
+    // What is left: the stacks of the samples still alive.
+    assert_eq!(st.stacks().len(), st.live_count());
+}
