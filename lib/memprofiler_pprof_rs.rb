@@ -38,6 +38,7 @@ module MemprofilerPprof
   autoload :FileFlusher, File.join(lib, "flushers/file_flusher")
   autoload :PyroscopeFlusher, File.join(lib, "flushers/pyroscope_flusher")
   autoload :PyroscopeUploader, File.join(lib, "pyroscope/uploader")
+  autoload :PyroscopeAddress, File.join(lib, "pyroscope/address")
   autoload :EnvConfig, File.join(lib, "env_config")
   autoload :PprofReader, File.join(lib, "readers/pprof_reader")
   autoload :RackApp, File.join(lib, "rack_app")

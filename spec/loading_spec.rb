@@ -33,7 +33,7 @@ RSpec.describe "lazy loading" do
   # (PyroscopeFlusher loads the uploader, and net/http, when it makes one.)
   autoloaded = {
     "BlockFlusher" => nil, "FileFlusher" => nil, "EnvConfig" => nil,
-    "PyroscopeFlusher" => nil, "PyroscopeUploader" => "net/http",
+    "PyroscopeFlusher" => nil, "PyroscopeUploader" => "net/http", "PyroscopeAddress" => "uri",
     "PprofReader" => "stringio", "RackApp" => "openssl", "CLI" => "optparse"
   }.freeze
 

@@ -215,6 +215,35 @@ RSpec.describe "memprofiler_pprof_rs_profile" do
     expect(err).to include('not sending profiles to Pyroscope: PYROSCOPE_TAGS entry "not-a-pair" is not key=value')
   end
 
+  it "never prints a Pyroscope password, whatever characters it holds" do
+    script = write_script
+    ["/", "#", "?", "@", "%"].each do |char|
+      out, err, status = run_wrapped(RbConfig.ruby, script, env: {
+                                       "PYROSCOPE_SERVER_ADDRESS" => "ftp://123456:ab#{char}SECRET@host"
+                                     })
+      expect(status).to be_success, err
+      expect(out).to include("app ran in")
+      expect(err).to include("not sending profiles to Pyroscope: server_address must be an http(s) URL")
+      expect(err).not_to include("SECRET", "123456")
+    end
+  end
+
+  it "sends with a password holding '#' taken from the address, and prints nothing" do
+    server = FakePyroscope.new
+    address = server.url.sub("http://", "http://123456:ab#SECRET@")
+    _out, err, status = run_wrapped(RbConfig.ruby, write_script, env: {
+                                      "PYROSCOPE_SERVER_ADDRESS" => address,
+                                      "MEMPROFILER_PPROF_RS_FILE_PATTERN" => nil
+                                    })
+    expect(status).to be_success, err
+    expect(err).to eq("")
+    requests = server.all_requests
+    expect(requests.map(&:status)).to eq([200])
+    expect(requests.first.headers["authorization"]).to eq("Basic #{['123456:ab#SECRET'].pack('m0')}")
+  ensure
+    server&.stop
+  end
+
   it "explains its usage, and fails like a shell for a missing command" do
     _out, err, status = Open3.capture3(wrapper)
     expect(status.exitstatus).to eq(2)

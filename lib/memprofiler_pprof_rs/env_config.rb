@@ -69,6 +69,17 @@ module MemprofilerPprof
       @values.dup
     end
 
+    # The settings and the Pyroscope server, never the environment: it
+    # holds credentials (PYROSCOPE_BASIC_AUTH_PASSWORD, a password in
+    # PYROSCOPE_SERVER_ADDRESS), which Object#inspect would show.
+    def inspect
+      address = @env["PYROSCOPE_SERVER_ADDRESS"].to_s.strip
+      pyroscope = address.empty? ? "" : " pyroscope=#{PyroscopeAddress.redact(address)}"
+      settings = @values.map { |name, value| "#{name}=#{value.inspect}" }.join(" ")
+      "#<#{self.class.name} #{settings}#{pyroscope} warnings=#{@warnings.size}>"
+    end
+    alias to_s inspect
+
     # Keywords for Collector.new.
     def collector_options
       options = {

@@ -5,6 +5,7 @@ require "openssl"
 require "timeout"
 require "uri"
 require "zlib"
+require_relative "address"
 
 module MemprofilerPprof
   # Sends profiles to Grafana Pyroscope, through its push API (Connect,
@@ -31,8 +32,9 @@ module MemprofilerPprof
   # /ingest (a 422 saying resource_exhausted) is retried like a 429, and its
   # active-series limit (a 429) is not. Every attempt
   # is bounded by `open_timeout` and `read_timeout`. Credentials never appear
-  # in logs or in #inspect. See docs/pyroscope-protocol.md for the
-  # server behaviour this follows.
+  # in logs, exceptions or #inspect, whatever characters they hold
+  # (PyroscopeAddress). See docs/pyroscope-protocol.md for the server
+  # behaviour this follows.
   class PyroscopeUploader
     APIS = %i[push ingest].freeze
     PUSH_PATH = "/push.v1.PusherService/Push"
@@ -84,7 +86,8 @@ module MemprofilerPprof
         raise TypeError, "server_address must be an http(s) URL String, got #{shown}"
       end
 
-      address, user, password = self.class.split_credentials(server_address.to_s)
+      address, user, password = PyroscopeAddress.split(server_address.to_s)
+      check_no_at_sign_left(address, server_address)
       @base = parse_address(address)
       if user
         basic_auth_username ||= user
@@ -142,7 +145,8 @@ module MemprofilerPprof
     def inspect
       auth = @basic_auth ? " basic_auth=[FILTERED]" : ""
       tenant = @tenant_id ? " tenant_id=#{@tenant_id}" : ""
-      "#<#{self.class.name} #{@api} #{@server_address}#{auth}#{tenant} application_name=#{@application_name.inspect}>"
+      address = PyroscopeAddress.redact(@server_address)
+      "#<#{self.class.name} #{@api} #{address}#{auth}#{tenant} application_name=#{@application_name.inspect}>"
     end
     alias to_s inspect
 
@@ -152,46 +156,13 @@ module MemprofilerPprof
     end
 
     # Class methods, above `private` (which does not apply to them):
-    # instances call split_credentials and printable through self.class and
-    # the specs call split_credentials; percent_decode is split_credentials'.
+    # instances call printable through self.class, and the specs call
+    # split_credentials.
 
-    # [address without credentials, user, password] of
-    # "scheme://user:password@host..."; user and password are nil without
-    # credentials. A proper URL is read as one (%XX decoded, '+' kept).
-    # Users also paste tokens unencoded, and Grafana Cloud's are base64:
-    # '/' in one makes the URL unparsable. Then the credentials run from
-    # "//" to the last '@' before any '?' or '#' (a host holds none, and a
-    # query's '@' must never pick the host). Without "//", everything up to
-    # the last '@' is hidden.
+    # [address without credentials, user, password]: PyroscopeAddress.split.
     def self.split_credentials(address)
-      begin
-        uri = URI.parse(address)
-        if uri.host
-          return [address, nil, nil] unless uri.userinfo
-
-          # The userinfo as written sits right after "//" (URI#userinfo=
-          # cannot remove it).
-          start = address.index("//") + 2
-          stripped = address[0, start] + address[(start + uri.userinfo.size + 1)..]
-          return [stripped, percent_decode(uri.user.to_s), percent_decode(uri.password.to_s)]
-        end
-      rescue URI::InvalidURIError
-        nil
-      end
-      scheme_end = address.index("//")
-      authority_end = address.index(/[?#]/, scheme_end ? scheme_end + 2 : 0) || address.size
-      at = address.rindex("@", authority_end - 1)
-      return [address, nil, nil] unless at && (scheme_end.nil? || at > scheme_end)
-      return [address[(at + 1)..], "", ""] unless scheme_end
-
-      user, password = address[(scheme_end + 2)...at].split(":", 2)
-      [address[0, scheme_end + 2] + address[(at + 1)..], percent_decode(user.to_s), percent_decode(password.to_s)]
+      PyroscopeAddress.split(address)
     end
-
-    def self.percent_decode(text)
-      text.b.gsub(/%\h\h/n) { |escape| escape[1, 2].hex.chr }.force_encoding(Encoding::UTF_8)
-    end
-    private_class_method :percent_decode
 
     # A server's words for a log line: control characters (a CR, an
     # ANSI sequence) made visible, invalid UTF-8 replaced, 300 characters.
@@ -212,24 +183,31 @@ module MemprofilerPprof
           "Flush with sample_labels: :class_frame (PyroscopeFlusher's default) to send the class as a frame.")
     end
 
+    # An '@' left once the credentials are taken off was either in a path
+    # or query, or in a token that a URL parser read as a port or a host
+    # (https://1234:56#x@host is host 1234, port 56). Which was meant
+    # cannot be told, and guessing wrong sends uploads, with any
+    # credentials, to the wrong host.
+    def check_no_at_sign_left(address, given)
+      return unless address.b.include?("@")
+
+      raise ArgumentError, "server_address #{PyroscopeAddress.redact(given).inspect} has an '@' after its host " \
+                           "(as a URL parser reads it), so where its credentials end is unclear: write an '@' in " \
+                           "a password, path or query as %40 ('/' as %2F, '?' %3F, '#' %23, '%' %25), or give the " \
+                           "credentials apart (basic_auth_username: and basic_auth_password:, or " \
+                           "PYROSCOPE_BASIC_AUTH_USER and PYROSCOPE_BASIC_AUTH_PASSWORD)"
+    end
+
     def parse_address(address)
       uri = URI.parse(address.to_s)
       unless %w[http https].include?(uri.scheme) && uri.host && !uri.host.empty?
-        raise ArgumentError, "server_address must be an http(s) URL, got #{without_credentials(address)}"
+        raise ArgumentError, "server_address must be an http(s) URL, got #{PyroscopeAddress.redact(address).inspect}"
       end
 
       uri.path = uri.path.chomp("/")
       uri
     rescue URI::InvalidURIError
-      raise ArgumentError, "server_address must be an http(s) URL, got #{without_credentials(address)}"
-    end
-
-    # For messages: the address without its credentials.
-    def without_credentials(address)
-      stripped, user, = self.class.split_credentials(address.to_s)
-      return stripped.inspect unless user
-
-      (stripped.include?("//") ? stripped.sub("//", "//[FILTERED]@") : "[FILTERED]@#{stripped}").inspect
+      raise ArgumentError, "server_address must be an http(s) URL, got #{PyroscopeAddress.redact(address).inspect}"
     end
 
     def check_application_name(name)
