@@ -237,6 +237,48 @@ RSpec.describe MemprofilerPprof::RackApp do
       expect(app.flush_count).to eq(0)
     end
 
+    # Issue 36, item 7: a 1 MB query cost seconds of CPU before the token
+    # was looked at. The work is counted in objects allocated, not timed:
+    # parsing such a query made 2.5 million.
+    it "answers 401 to a huge query without parsing it, and reads only a token from it before" do
+      allow(app).to receive(:parse_query).and_call_original
+      allow(URI).to receive(:decode_www_form_component).and_call_original
+      pairs = "a=b&" * 250_000
+      [pairs, "#{pairs}token=wrong-token-0123456789", "token=#{'%41' * 350_000}",
+       "#{'&' * 1_000_000}token", "#{'token' * 200_000}=x"].each do |query|
+        expect(query.bytesize).to be >= 1_000_000
+        before = GC.stat(:total_allocated_objects)
+        response = get_raw_query("/debug/pprof/heap", query)
+        expect(GC.stat(:total_allocated_objects) - before).to be < 2_000
+        expect(response.status).to eq(401)
+      end
+      expect(app).not_to have_received(:parse_query)
+      # At most the token's own value is decoded, and only one short enough
+      # to be sent in a query at all.
+      expect(URI).to have_received(:decode_www_form_component).once.with("wrong-token-0123456789")
+      expect(app.flush_count).to eq(0)
+    end
+
+    it "answers 414, naming the limit, to a query over 8192 bytes once the token is right" do
+      limit = described_class::MAX_QUERY_BYTES
+      expect(limit).to eq(8192)
+      bearer = { "HTTP_AUTHORIZATION" => "Bearer #{RackAppSpec::TOKEN}" }
+      filler = "&pad=#{'x' * limit}"
+      [[token_query + filler, {}], [filler, bearer], ["debug=1#{filler}&#{token_query}", {}]].each do |query, env|
+        response = get_raw_query("/debug/pprof/heap", query, env: env)
+        expect(response.status).to eq(414), query[0, 40]
+        expect(response.body).to eq("query string too long: #{query.bytesize} bytes, at most #{limit}\n")
+        expect(response.headers["X-Go-Pprof"]).to eq("1")
+      end
+      # Up to the limit, a query is read as before.
+      fitting = "debug=1&#{token_query}&pad=".then { |start| start + ("x" * (limit - start.bytesize)) }
+      expect(fitting.bytesize).to eq(limit)
+      response = get_raw_query("/debug/pprof/heap", fitting)
+      expect(response.status).to eq(200)
+      expect(response.content_type).to eq("text/plain; charset=utf-8")
+      expect(get_raw_query("/debug/pprof/heap", "token&#{token_query}").status).to eq(401) # the first token counts
+    end
+
     it "compares fixed-length digests, so the length of a guess does not matter" do
       compared = []
       allow(OpenSSL).to receive(:fixed_length_secure_compare).and_wrap_original do |original, a, b|

@@ -30,8 +30,10 @@ module MemprofilerPprof
   # Security. Every request needs the token, as `?token=` (go tool pprof
   # cannot send headers) or `Authorization: Bearer <token>`; it is compared
   # in constant time (SHA-256 digests of both, fixed-length compare), and
-  # a missing or wrong one gets 401. Before that, the peer address is
-  # checked: by default only loopback peers (127.0.0.0/8, ::1,
+  # a missing or wrong one gets 401. Nothing else of the query is read
+  # before the token is right (only the first `token` pair is looked for),
+  # and a query over MAX_QUERY_BYTES then gets 414. Before the token, the
+  # peer address is checked: by default only loopback peers (127.0.0.0/8, ::1,
   # ::ffff:127.x.x.x) are served, others get 403; `allow_remote: true`
   # serves any address, an Array of CIDR ranges ("10.0.0.0/8", IPAddr)
   # serves those as well as loopback. The address is Rack's REMOTE_ADDR,
@@ -62,6 +64,13 @@ module MemprofilerPprof
     PREFIX = "/debug/pprof"
     MIN_TOKEN_LENGTH = 16
     MAX_SECONDS = 300
+    # Longer query strings get 414 (once the token is right): go tool pprof
+    # sends a few short parameters, and parsing a megabyte of them took
+    # seconds. Puma refuses more than 10 KiB itself.
+    MAX_QUERY_BYTES = 8192
+    # The first `token` pair's value, found without splitting the query
+    # (linear: no backtracking past an '&').
+    QUERY_TOKEN = /(?:\A|&)token(?:=([^&]*))?(?=&|\z)/n
 
     # name => [default sample type, description for the index]
     PROFILES = {
@@ -224,13 +233,20 @@ module MemprofilerPprof
     def answer(env, head)
       return text(403, "forbidden: this address may not read profiles\n", head) unless address_allowed?(env)
 
-      params, malformed = parse_query(env["QUERY_STRING"])
-      query_ok = token_matches?(params["token"])
+      # The token first, and nothing else of the query before it is right.
+      query = env["QUERY_STRING"].to_s
+      query_token = query_token(query)
+      query_ok = token_matches?(query_token)
       header_ok = token_matches?(bearer_token(env))
       unless query_ok || header_ok
         return text(401, "unauthorized: a valid token is required (?token= or Authorization: Bearer)\n", head,
                     "www-authenticate" => 'Bearer realm="pprof"')
       end
+      if query.bytesize > MAX_QUERY_BYTES
+        return text(414, "query string too long: #{query.bytesize} bytes, at most #{MAX_QUERY_BYTES}\n", head)
+      end
+
+      params, malformed = parse_query(query)
 
       name = route(env["PATH_INFO"])
       return text(404, "not found: the profiles are #{PROFILES.keys.join(' and ')}\n", head) if name.nil?
@@ -238,7 +254,7 @@ module MemprofilerPprof
         return text(405, "method not allowed: use GET\n", head, "allow" => "GET, HEAD")
       end
       return text(400, "malformed query string\n", head) if malformed
-      return index(env, query_ok ? params["token"] : nil, head) if name == :index
+      return index(env, query_ok ? query_token : nil, head) if name == :index
 
       serve_profile(name, params, head)
     end
@@ -410,6 +426,22 @@ module MemprofilerPprof
       return false if candidate.nil?
 
       OpenSSL.fixed_length_secure_compare(OpenSSL::Digest.digest("SHA256", candidate.b), @token_digest)
+    end
+
+    # The value of the query's first `token` pair, decoded ("" without a
+    # value), or nil: none, not valid %-encoding or UTF-8, or longer than a
+    # query may be (then it is not decoded at all).
+    def query_token(query)
+      match = QUERY_TOKEN.match(query.b)
+      return nil if match.nil?
+
+      value = match[1].to_s
+      return nil if value.bytesize > MAX_QUERY_BYTES
+
+      token = URI.decode_www_form_component(value)
+      token.valid_encoding? ? token : nil
+    rescue ArgumentError
+      nil
     end
 
     def bearer_token(env)
