@@ -432,6 +432,35 @@ RSpec.describe "memprofiler_pprof_rs executable" do
       expect(err).to include("a.pprof is given twice")
     end
 
+    # Issue 36, item 9: `diff a.pprof ./a.pprof` compared a profile with
+    # itself, and `merge` counted one file twice, because only identical
+    # spellings were caught.
+    it "refuses one file named twice under other names, in diff and merge, with one line" do
+      write("a.pprof", shop_profile(0))
+      write("b.pprof", shop_profile(2))
+      FileUtils.mkdir(File.join(@dir, "sub"))
+      File.symlink("a.pprof", File.join(@dir, "link.pprof"))
+      File.link(File.join(@dir, "a.pprof"), File.join(@dir, "hard.pprof"))
+      [
+        [%w[diff a.pprof ./a.pprof], "./a.pprof is a.pprof again"],
+        [%w[diff a.pprof b.pprof sub/../a.pprof], "sub/../a.pprof is a.pprof again"],
+        [["diff", File.join(@dir, "a.pprof"), "b.pprof", "link.pprof"], "link.pprof is #{File.join(@dir, 'a.pprof')} again"],
+        [%w[merge b.pprof hard.pprof a.pprof -o m.pprof], "a.pprof is hard.pprof again"]
+      ].each do |args, message|
+        out, err, status = cli(*args)
+        expect(status).to eq(2), "#{args.join(' ')}: #{err}"
+        expect(out).to eq("")
+        expect(err.lines.first).to eq("memprofiler_pprof_rs: #{message} (the same file; it would count twice)\n")
+        expect_one_line_error(err)
+      end
+      expect(File.exist?(File.join(@dir, "m.pprof"))).to be(false)
+      # A copy is another file: compared (and merged) as one.
+      write("copy.pprof", shop_profile(0))
+      out, err, status = cli("diff", "a.pprof", "copy.pprof")
+      expect(status).to eq(0), err
+      expect(out).to include("copy.pprof")
+    end
+
     it "rejects an unknown sample type naming the ones there are" do
       write("a.pprof", shop_profile(0))
       _out, err, status = cli("top", "a.pprof", "-i", "cpu")

@@ -243,7 +243,30 @@ module MemprofilerPprof
       duplicate = files.tally.find { |_, count| count > 1 }&.first
       raise UsageError, "#{duplicate} is given twice (it would count twice)" if duplicate
 
+      refuse_same_file_twice(files)
       files.map { |file| file == "-" ? ["(standard input)", stdin_profile] : [file, Profile.read(file)] }
+    end
+
+    # One file under two names (./a.pprof and a.pprof, a symlink, a hard
+    # link: the same device and inode) is refused like the same name twice:
+    # diff would compare a profile with itself and merge count it twice.
+    # Refused rather than counted once: dropping a name the user gave
+    # would hide the mistake (a glob that also matched the base, say), and
+    # leave `diff` one profile short or in another order than asked for.
+    # Files that cannot be read are left to Profile.read to report.
+    def refuse_same_file_twice(files)
+      seen = {}
+      files.each do |file|
+        next if file == "-"
+
+        stat = begin
+          File.stat(file)
+        rescue SystemCallError
+          next
+        end
+        first = seen[[stat.dev, stat.ino]] ||= file
+        raise UsageError, "#{file} is #{first} again (the same file; it would count twice)" unless first.equal?(file)
+      end
     end
 
     # "-" reads the profile from standard input (e.g. piped from curl).
