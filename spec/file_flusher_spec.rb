@@ -161,6 +161,39 @@ RSpec.describe MemprofilerPprof::FileFlusher do
     expect(described_class.new(collector, pattern: Pathname.new("#{@dir}/p.pprof")).pattern).to eq("#{@dir}/p.pprof")
   end
 
+  # Issue 36, item 9: MEMPROFILER_PPROF_RS_FILE_MODE=777 wrote profiles
+  # anybody could replace.
+  it "refuses a mode that lets group or others write, naming it, and keeps the others" do
+    [0o777, 0o666, 0o660, 0o620, 0o602, 0o622].each do |mode|
+      shown = format("0o%o", mode)
+      expect { described_class.new(collector, pattern: "#{@dir}/m.pprof", mode: mode) }
+        .to raise_error(ArgumentError, "mode must not let group or others write the file " \
+                                       "(e.g. 0o600, 0o640 or 0o644), got #{shown}")
+      data = collector.profile { Array.new(3) { |i| "x#{i}" } }
+      expect { data.write("#{@dir}/w.pprof", mode: mode) }.to raise_error(ArgumentError, /got #{shown}\z/)
+      expect(File.exist?("#{@dir}/w.pprof")).to be(false)
+    end
+    [0o600, 0o640, 0o644, 0o604, 0o400, 0o700].each do |mode|
+      flusher = described_class.new(collector, pattern: "#{@dir}/ok-#{mode.to_s(8)}.pprof", mode: mode)
+      expect(File.stat(flusher.write(collector.flush)).mode & 0o777).to eq(mode)
+    end
+  end
+
+  it "ignores a MEMPROFILER_PPROF_RS_FILE_MODE that lets group or others write, saying so by name" do
+    %w[777 666 0660 620 002].each do |value|
+      config = MemprofilerPprof::EnvConfig.new("MEMPROFILER_PPROF_RS_FILE_MODE" => value)
+      expect(config.file_flusher_options[:mode]).to eq(0o600)
+      expect(config.warnings).to eq(["ignoring MEMPROFILER_PPROF_RS_FILE_MODE=#{value.inspect}: must be an octal " \
+                                     "file permission that neither group nor others may write, such as 600, 640 " \
+                                     "or 644; using 0600"])
+    end
+    %w[640 0644 600 400].each do |value|
+      config = MemprofilerPprof::EnvConfig.new("MEMPROFILER_PPROF_RS_FILE_MODE" => value)
+      expect(config.warnings).to be_empty
+      expect(config.file_flusher_options[:mode]).to eq(Integer(value, 8))
+    end
+  end
+
   it "logs a write that fails and keeps going" do
     blocker = File.join(@dir, "not-a-dir")
     File.write(blocker, "")

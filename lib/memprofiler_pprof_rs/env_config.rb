@@ -22,7 +22,8 @@ module MemprofilerPprof
       flush_interval: [30.0, :seconds, "a number of seconds >= 0.1"],
       file_pattern: [FileFlusher::DEFAULT_PATTERN, :pattern, "a file name pattern"],
       keep_files: [nil, :positive_count, "a whole number >= 1"],
-      file_mode: [FileOutput::FILE_MODE, :file_mode, "an octal file permission such as 600 or 640"],
+      file_mode: [FileOutput::FILE_MODE, :file_mode,
+                  "an octal file permission that neither group nor others may write, such as 600, 640 or 644"],
       flush_at_exit: [true, :flag, "1/0, true/false, yes/no or on/off"],
       seed: [nil, :count, "a whole number >= 0"],
       mode: [DEFAULTS[:mode], :mode, "exact or light"],
@@ -202,10 +203,11 @@ module MemprofilerPprof
       value
     end
 
+    # FileOutput's rule: not writable by group or others.
     def parse_file_mode(raw)
       raise ArgumentError, "" unless raw.match?(/\A0?[0-7]{3}\z/)
 
-      Integer(raw, 8)
+      FileOutput.validate_mode(Integer(raw, 8))
     end
 
     def parse_pattern(raw)

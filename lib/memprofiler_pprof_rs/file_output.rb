@@ -255,10 +255,19 @@ module MemprofilerPprof
       File.rename(temporary, path)
     end
 
-    # Checks a mode asked for: an Integer file permission such as 0o640.
+    # Permission bits that let others than the owner change a file.
+    WRITABLE_BY_OTHERS = 0o022
+
+    # Checks a mode asked for: an Integer file permission such as 0o640,
+    # which neither group nor others may write (they could replace what a
+    # profile says, or fill the disk through it).
     def validate_mode(mode, name = "mode")
       Validation.integer(mode, name, min: 0, max: 0o777,
                                      expected: "a file permission from 0 to 0o777 (e.g. 0o600)")
+      return mode if mode.nobits?(WRITABLE_BY_OTHERS)
+
+      raise ArgumentError, "#{name} must not let group or others write the file (e.g. 0o600, 0o640 or 0o644), " \
+                           "got #{format('0o%o', mode)}"
     end
   end
 end
