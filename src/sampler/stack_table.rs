@@ -122,9 +122,12 @@ pub struct StackTable {
     /// Stacks a detach in progress has still to look at (it works in
     /// batches, see `detach_frames`).
     detach_queue: Vec<u32>,
-    /// Ids merged away during a detach in progress: reused only once it
-    /// ends, so that an id still queued never names a newer stack.
+    /// Ids merged away during a detach in progress, and where each went:
+    /// reused only once every sample holding one has been moved
+    /// (`end_forwarding`; the samples are moved in chunks, and meanwhile a
+    /// release of a merged id goes to where it went).
     merged_ids: Vec<u32>,
+    forward: FastHashMap<u32, u32>,
 }
 
 fn hash_frames(frames: &[Frame]) -> u64 {
@@ -287,16 +290,51 @@ impl StackTable {
     /// last call. A stack that becomes equal to one already stored is merged
     /// into it: the returned vector, indexed by stack id, gives the id its
     /// samples must move to (`NO_STACK` for the others; empty if none
-    /// merged). Frames `names` lacks (stacks taken while the flush ran) stay
-    /// Ruby frames until the next call.
+    /// merged); here nothing else holds ids, so forwarding ends at once.
+    /// Frames `names` lacks (stacks taken while the flush ran) stay Ruby
+    /// frames until the next call.
     ///
     /// Runs under the sampler lock with the GVL held, at every flush, so it
     /// works on frame slots: names are hashed once per distinct frame, and
     /// each stack position costs an array lookup and a use count.
     pub fn detach_frames(&mut self, names: &FastHashMap<FrameRef, FrameInfo>) -> Vec<u32> {
         self.begin_detach();
-        let (moved, _done) = self.detach_batch(names, usize::MAX);
+        self.detach_batch(names, usize::MAX);
+        let mut moved = Vec::new();
+        if !self.forward.is_empty() {
+            moved = vec![NO_STACK; self.entries.len()];
+            for &from in self.forward.keys() {
+                moved[from as usize] = self.forwarded(StackId(from)).0;
+            }
+        }
+        self.end_forwarding();
         moved
+    }
+
+    /// Where the samples of stack `id` are now: itself, or the stack it
+    /// was merged into during the detach in progress.
+    pub fn forwarded(&self, id: StackId) -> StackId {
+        if self.forward.is_empty() {
+            return id;
+        }
+        let mut id = id.0;
+        while let Some(&to) = self.forward.get(&id) {
+            id = to;
+        }
+        StackId(id)
+    }
+
+    /// Merged stacks whose samples have not all been moved yet.
+    pub fn is_forwarding(&self) -> bool {
+        !self.forward.is_empty()
+    }
+
+    /// Every sample holding a merged id has been moved: the ids may be
+    /// reused.
+    pub fn end_forwarding(&mut self) {
+        self.forward.clear();
+        let merged = std::mem::take(&mut self.merged_ids);
+        self.free_ids.extend(merged);
     }
 
     /// Queues every stack stored with Ruby frames for `detach_batch`.
@@ -315,15 +353,15 @@ impl StackTable {
     }
 
     /// `detach_frames` for at most `max_stacks` of the queued stacks, so a
-    /// caller can let other threads run in between. Returns the moves (as
-    /// `detach_frames`) and whether the queue is empty. Between batches the
-    /// frames still queued stay Ruby frames, held and marked as before.
+    /// caller can let other threads run in between. Returns whether the
+    /// queue is empty. Between batches the frames still queued stay Ruby
+    /// frames, held and marked as before. Merged ids are forwarded until
+    /// the caller has moved their samples (`forwarded`, `end_forwarding`).
     pub fn detach_batch(
         &mut self,
         names: &FastHashMap<FrameRef, FrameInfo>,
         max_stacks: usize,
-    ) -> (Vec<u32>, bool) {
-        let mut moved: Vec<u32> = Vec::new();
+    ) -> bool {
         // Old Ruby-frame slot -> its resolved slot (NO_SLOT: not named).
         let mut slot_map: Vec<u32> = Vec::new();
         let mut resolved_of: FastHashMap<FrameRef, FrameRef> = FastHashMap::default();
@@ -404,10 +442,7 @@ impl StackTable {
                     self.stacks -= 1;
                     self.merged_ids.push(slot);
                     self.entry_mut(StackId(target)).refs += old_entry.refs;
-                    if moved.is_empty() {
-                        moved = vec![NO_STACK; self.entries.len()];
-                    }
-                    moved[slot as usize] = target;
+                    self.forward.insert(slot, target);
                 }
                 None => {
                     // Rewrite in place: same id, new frames.
@@ -429,22 +464,16 @@ impl StackTable {
                 }
             }
         }
-        let done = self.detach_queue.is_empty();
-        if done {
-            let merged = std::mem::take(&mut self.merged_ids);
-            self.free_ids.extend(merged);
-        }
-        (moved, done)
+        self.detach_queue.is_empty()
     }
 
     /// A detach that will not be finished (its flush failed): what is still
-    /// queued waits for the next one, merged ids become reusable.
+    /// queued waits for the next one. (Merged ids stay forwarded until the
+    /// caller has moved their samples.)
     pub fn end_detach(&mut self) {
         for slot in std::mem::take(&mut self.detach_queue) {
             self.list_ruby(slot);
         }
-        let merged = std::mem::take(&mut self.merged_ids);
-        self.free_ids.extend(merged);
     }
 
     /// The stored stack with these frame slot ids, if any.
@@ -470,6 +499,7 @@ impl StackTable {
     }
 
     pub fn retain(&mut self, id: StackId) {
+        let id = self.forwarded(id);
         self.entry_mut(id).refs += 1;
     }
 
@@ -477,6 +507,7 @@ impl StackTable {
     /// Also removes up to `DRAIN_PER_RELEASE` of the stacks queued while
     /// pruning was held: the work stays a few stacks per call.
     pub fn release(&mut self, id: StackId) {
+        let id = self.forwarded(id);
         let entry = self.entry_mut(id);
         debug_assert!(entry.refs > 0, "stack released more often than retained");
         entry.refs = entry.refs.saturating_sub(1);
@@ -554,7 +585,7 @@ impl StackTable {
 
     /// The stack's frames, leaf first.
     pub fn frames(&self, id: StackId) -> Arc<[Frame]> {
-        self.entry(id)
+        self.entry(self.forwarded(id))
             .frames
             .iter()
             .map(|&frame| self.frame_slots[frame as usize].frame)
@@ -563,7 +594,7 @@ impl StackTable {
 
     #[cfg(test)]
     pub fn refs(&self, id: StackId) -> u32 {
-        self.entry(id).refs
+        self.entry(self.forwarded(id)).refs
     }
 
     /// Removes every stack no sample refers to (the queue included).
@@ -645,6 +676,7 @@ impl StackTable {
             + (self.with_ruby_frames.capacity()
                 + self.detach_queue.capacity()
                 + self.merged_ids.capacity()
+                + 3 * self.forward.capacity()
                 + self.unused.capacity())
                 * size_of::<u32>()
             + self.ruby_listed.capacity()

@@ -5,59 +5,106 @@
 use super::flush::{Detaching, FlushPhase, Naming};
 use super::SamplerState;
 use crate::fast_hash::FastHashMap;
-use crate::sampler::stack_table::{FrameInfo, StackId};
+use crate::sampler::stack_table::FrameInfo;
+
+/// Records whose stacks are moved per stack of a detach batch: a batch
+/// costs about as much in either half.
+const RECORDS_PER_STACK: usize = 64;
 use crate::sampler::types::{is_ruby_class, ClassRef, FrameRef};
 
 impl SamplerState {
-    /// Third step of a flush (see flush.rs): the classes just named
-    /// (`class_names`) are held by name from now on, and the stacks are
-    /// queued to hold their frames by name (`detach_frames_batch`).
+    /// Third step of a flush (see flush.rs): the stacks are queued to hold
+    /// their frames by name, and the samples to hold the classes just named
+    /// (`class_names`) by name (both in `detach_frames_batch`).
     pub fn begin_detach(
         &mut self,
         _naming: Naming,
         class_names: &FastHashMap<ClassRef, String>,
     ) -> Detaching {
         debug_assert!(matches!(self.phase, FlushPhase::Naming));
-        self.detach_classes(class_names);
+        self.detach_class_names = class_names.clone();
         self.stacks.begin_detach();
+        self.remap_from = None;
         self.phase = FlushPhase::Detaching;
         Detaching::new()
     }
 
     /// One batch of the detach: at most `max_stacks` stacks hold the frames
-    /// named in `names` by name, their samples moved in the same step (a
-    /// stack can merge with one already held by name). Returns whether all
-    /// are done.
+    /// named in `names` by name (a stack can merge with one already held by
+    /// name). Once all are, the samples take the named classes and follow
+    /// merged stacks to where they went, `max_stacks` x `RECORDS_PER_STACK`
+    /// records a batch (the table forwards the merged ids meanwhile).
+    /// Returns whether all is done.
     pub fn detach_frames_batch(
         &mut self,
         _detaching: &Detaching,
         names: &FastHashMap<FrameRef, FrameInfo>,
         max_stacks: usize,
     ) -> bool {
-        let (moved, done) = self.stacks.detach_batch(names, max_stacks);
-        if !moved.is_empty() {
-            self.remap_stacks(&moved);
+        if self.remap_from.is_none() {
+            if !self.stacks.detach_batch(names, max_stacks) {
+                return false;
+            }
+            self.remap_from = Some(0);
         }
-        done
+        self.detach_records(max_stacks.saturating_mul(RECORDS_PER_STACK))
     }
 
-    fn remap_stacks(&mut self, moved: &[u32]) {
-        for record in self.records.iter_mut().filter(|r| r.refs > 0) {
-            if let Some(stack) = moved
-                .get(record.stack.index())
-                .and_then(|&s| StackId::from_stored(s))
-            {
-                record.stack = stack;
+    /// Up to `max` more records: named classes held by name, samples moved
+    /// off merged stacks. True when every record is done (the merged ids
+    /// are then free again). Records taken meanwhile hold no merged id;
+    /// their classes are named at a later flush.
+    fn detach_records(&mut self, max: usize) -> bool {
+        let from = self.remap_from.unwrap_or(0);
+        let end = self.records.len().min(from.saturating_add(max));
+        let names = std::mem::take(&mut self.detach_class_names);
+        self.detach_classes_in(from..end, &names);
+        self.detach_class_names = names;
+        self.remap_stacks_in(from..end);
+        self.remap_from = Some(end);
+        if end < self.records.len() {
+            return false;
+        }
+        self.stacks.end_forwarding();
+        self.detach_class_names.clear();
+        true
+    }
+
+    /// A detach that will not be finished: samples still on merged stacks
+    /// move now, all at once (rare: a flush that failed or was forked).
+    pub(super) fn abandon_detach(&mut self) {
+        if self.stacks.is_forwarding() {
+            let from = self.remap_from.unwrap_or(0);
+            self.remap_stacks_in(from..self.records.len());
+            self.stacks.end_forwarding();
+        }
+        self.detach_class_names.clear();
+    }
+
+    fn remap_stacks_in(&mut self, range: std::ops::Range<usize>) {
+        if !self.stacks.is_forwarding() {
+            return;
+        }
+        for record in &mut self.records[range] {
+            if record.refs > 0 {
+                record.stack = self.stacks.forwarded(record.stack);
             }
         }
     }
 
     /// After a flush has named its classes (`names`): samples hold those
     /// classes by name from now on (see `named_classes`).
-    fn detach_classes(&mut self, names: &FastHashMap<ClassRef, String>) {
+    fn detach_classes_in(
+        &mut self,
+        range: std::ops::Range<usize>,
+        names: &FastHashMap<ClassRef, String>,
+    ) {
+        if names.is_empty() {
+            return;
+        }
         // Each name is hashed once; every further record is a hold.
         let mut named: FastHashMap<ClassRef, ClassRef> = FastHashMap::default();
-        for record in self.records.iter_mut().filter(|r| r.refs > 0) {
+        for record in self.records[range].iter_mut().filter(|r| r.refs > 0) {
             let class = record.info.class;
             if !is_ruby_class(class) {
                 continue;
@@ -88,6 +135,7 @@ impl SamplerState {
     #[cfg(test)]
     pub fn detach_resolved_frames(&mut self, names: &FastHashMap<FrameRef, FrameInfo>) {
         self.stacks.begin_detach();
+        self.remap_from = None;
         self.phase = FlushPhase::Detaching;
         while !self.detach_frames_batch(&Detaching::new(), names, usize::MAX) {}
     }
@@ -95,6 +143,6 @@ impl SamplerState {
     /// `begin_detach`'s class half, for tests.
     #[cfg(test)]
     pub fn detach_resolved_classes(&mut self, names: &FastHashMap<ClassRef, String>) {
-        self.detach_classes(names);
+        self.detach_classes_in(0..self.records.len(), names);
     }
 }

@@ -348,6 +348,9 @@ impl SamplerState {
         let mut snapshot = FlushSnapshot {
             heap_samples: heap_samples.unwrap_or(samples.len()),
             allocation_samples,
+            // (At most one stack a sample: sized once, not rehashed in
+            // `copy_stacks`.)
+            stacks: FastHashMap::with_capacity_and_hasher(samples.len(), Default::default()),
             samples,
             drops,
             ..FlushSnapshot::default()
@@ -391,6 +394,7 @@ impl SamplerState {
             return;
         }
         self.stacks.end_detach();
+        self.abandon_detach();
         if let FlushPhase::Measuring(flush) = std::mem::take(&mut self.phase) {
             for id in flush.allocations {
                 if id != TOMBSTONE {

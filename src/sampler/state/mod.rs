@@ -201,6 +201,11 @@ pub struct SamplerState {
     free_filter: Arc<AddressFilter>,
     /// Where the flush being read out in steps is (flush.rs).
     phase: FlushPhase,
+    /// Detaching: samples of merged stacks moved up to this record (None
+    /// until every stack is detached; see detach.rs).
+    remap_from: Option<usize>,
+    /// Detaching: the classes the flush named, for the records to take.
+    detach_class_names: FastHashMap<ClassRef, String>,
     /// Deaths are found through object ids, not the FREEOBJ hook
     /// (liveness.rs).
     lazy_liveness: bool,
@@ -222,6 +227,8 @@ impl SamplerState {
         let retain_seed = gaps.seed().wrapping_add(1);
         SamplerState {
             stacks: StackTable::new(),
+            remap_from: None,
+            detach_class_names: FastHashMap::default(),
             named_classes: NamedClasses::default(),
             flush_named_holds: Vec::new(),
             records: Vec::new(),

@@ -1129,3 +1129,85 @@ fn a_flush_read_in_chunks_is_the_flush_read_at_once() {
     // What is left: the stacks of the samples still alive.
     assert_eq!(st.stacks().len(), st.live_count());
 }
+
+/// A detach in batches moves the samples of merged stacks a chunk of
+/// records at a time: meanwhile a sample freed on a merged stack releases
+/// the stack it went to, and no new stack takes a merged id.
+#[test]
+fn samples_of_merged_stacks_follow_them_between_batches() {
+    let mut st = state(1_000, 1_000);
+    // 20 paths, named at a first flush.
+    let path = |i: u64| [8 * (i + 1000), 8 * (i + 1100), 16];
+    let mut named = Vec::new();
+    for i in 0..20u64 {
+        record(&mut st, 0x10000 + i as usize * 0x40, &path(i));
+        named.push((8 * (i + 1000), "Leaf#a"));
+        named.push((8 * (i + 1100), "Mid#b"));
+    }
+    named.push((16, "<main>"));
+    st.measure_pending(|_| Some(40));
+    st.take_snapshot(0, |_| Some(40));
+    st.detach_resolved_frames(&names(&named));
+    st.end_flush();
+    assert_eq!(st.stacks().len(), 1, "one path by name");
+    // The same path again, through new method entries: merges at the
+    // next detach, which runs in batches of 2 stacks.
+    let mut again = Vec::new();
+    for i in 0..20u64 {
+        let frames = [8 * (i + 200), 8 * (i + 300), 16];
+        record(&mut st, 0x20000 + i as usize * 0x40, &frames);
+        again.push((8 * (i + 200), "Leaf#a"));
+        again.push((8 * (i + 300), "Mid#b"));
+    }
+    again.push((16, "<main>"));
+    st.measure_pending(|_| Some(40));
+    let measuring = st.begin_flush();
+    while !st.measure_live(&measuring, 0, usize::MAX, &mut |_| Some(40)) {}
+    let (_snapshot, naming) = st.end_snapshot(measuring, &mut |_| Some(40));
+    let detaching = st.begin_detach(naming, &FastHashMap::default());
+    let names = names(&again);
+    let mut batches = 0;
+    let mut freed = Vec::new();
+    while !st.detach_frames_batch(&detaching, &names, 2) {
+        batches += 1;
+        if batches == 6 {
+            // Some stacks merged, their samples not moved yet: they are
+            // freed, and a new sample taken, in between.
+            assert!(st.stacks().is_forwarding());
+            let on_merged: Vec<ObjectAddress> = st
+                .live
+                .iter()
+                .filter(|(_, id)| {
+                    let stack = st.records[id.0 as usize].stack;
+                    st.stacks().forwarded(stack) != stack
+                })
+                .map(|(&object, _)| object)
+                .collect();
+            assert!(on_merged.len() >= 2, "{}", on_merged.len());
+            for object in on_merged {
+                assert!(st.record_free(object));
+                freed.push(object);
+            }
+            record(&mut st, 0x30000, &[8 * 999, 16]);
+        }
+    }
+    assert!(batches >= 9, "{batches}");
+    assert!(!st.stacks().is_forwarding());
+    st.finish_flush(detaching);
+    // The named path and the new sample's stack.
+    assert_eq!(st.stacks().len(), 2);
+    assert_eq!(st.live_count(), 20 + 20 - freed.len() + 1);
+    // Every sample is on a stored stack, and frees release them all.
+    for i in 0..20usize {
+        assert!(st.record_free(0x10000 + i * 0x40));
+        let object = 0x20000 + i * 0x40;
+        assert_eq!(st.record_free(object), !freed.contains(&object));
+    }
+    assert!(st.record_free(0x30000));
+    let snapshot = st.take_snapshot(0, |_| Some(40));
+    st.end_flush();
+    // (The sample taken during the detach, in this interval's allocations.)
+    assert_eq!(snapshot.heap_samples, 0);
+    assert_eq!(snapshot.allocation_samples, 1);
+    assert!(st.stacks().is_empty());
+}
