@@ -16,6 +16,7 @@ use rb_sys::{
 
 use super::convert::{array_elements, count_arg, is_string, rust_string};
 use super::errors::{method_entry, protect, RbError, RbResult};
+use super::gvl::without_gvl;
 use super::method_table::{method_def, MethodDef, MethodKind};
 use crate::analysis::decoded_profile::{decompress, DecodedProfile};
 use crate::analysis::diff::{render_diff, DiffOptions};
@@ -129,16 +130,15 @@ unsafe extern "C" fn native_parse(klass: VALUE, bytes: VALUE) -> VALUE {
         if !is_string(bytes) {
             return Err(RbError::type_error("profile data must be a String"));
         }
-        // SAFETY: `bytes` is a String; its buffer stays valid and unmoved while
-        // we decode, because nothing below calls into Ruby until `decoded`
-        // no longer borrows it.
-        let decoded = unsafe {
-            let slice = std::slice::from_raw_parts(
-                RSTRING_PTR(bytes).cast::<u8>(),
-                RSTRING_LEN(bytes) as usize,
-            );
-            DecodedProfile::decode(slice)
+        // SAFETY: `bytes` is a String; its buffer stays valid and unmoved
+        // while it is copied (nothing in between calls into Ruby).
+        let owned = unsafe {
+            std::slice::from_raw_parts(RSTRING_PTR(bytes).cast::<u8>(), RSTRING_LEN(bytes) as usize)
+                .to_vec()
         };
+        // Decoding a large profile takes a while: other threads run
+        // meanwhile (a /debug/pprof request must not stop the app).
+        let decoded = without_gvl(|| DecodedProfile::decode(&owned))?;
         match decoded {
             Ok(profile) => wrap(klass, profile),
             Err(error) => utf8_result(&error.to_string()),
@@ -372,7 +372,9 @@ unsafe extern "C" fn native_top(
             base_dir: string_arg(base_dir, "base_dir")?,
             title: string_arg(title, "title")?,
         };
-        let text = render_top(profile, &options).map_err(RbError::argument)?;
+        // (Pure Rust over an immutable profile `rb_self` keeps alive: other
+        // threads run meanwhile, as in parse.)
+        let text = without_gvl(|| render_top(profile, &options))?.map_err(RbError::argument)?;
         utf8_result(&text)
     })
 }
@@ -405,7 +407,8 @@ unsafe extern "C" fn native_diff(
             base_dir: string_arg(base_dir, "base_dir")?,
             titles,
         };
-        let text = render_diff(&list, &options).map_err(RbError::argument)?;
+        // (`profiles`, on this method's stack, keeps them alive.)
+        let text = without_gvl(|| render_diff(&list, &options))?.map_err(RbError::argument)?;
         utf8_result(&text)
     })
 }
@@ -414,9 +417,11 @@ unsafe extern "C" fn native_diff(
 unsafe extern "C" fn native_merge(klass: VALUE, profiles: VALUE) -> VALUE {
     method_entry(|| {
         let list = profiles_arg(profiles)?;
-        let merged = merge(&list).map_err(RbError::argument)?;
-        let decoded = DecodedProfile::from_raw(merged)
-            .map_err(|error| RbError::runtime(format!("merged profile is invalid: {error}")))?;
+        let decoded = without_gvl(|| {
+            let merged = merge(&list).map_err(RbError::argument)?;
+            DecodedProfile::from_raw(merged)
+                .map_err(|error| RbError::runtime(format!("merged profile is invalid: {error}")))
+        })??;
         wrap(klass, decoded)
     })
 }
@@ -426,9 +431,10 @@ unsafe extern "C" fn native_to_pprof(rb_self: VALUE, default_sample_type: VALUE)
     method_entry(|| {
         let profile = profile_of(rb_self)?;
         let default = optional_string_arg(default_sample_type, "default_sample_type")?;
-        let bytes = profile
-            .to_pprof(default.as_deref())
-            .map_err(RbError::argument)?;
+        // Without the GVL, as parse: the profile is immutable, and `rb_self`
+        // (on this method's stack) keeps it alive.
+        let bytes =
+            without_gvl(|| profile.to_pprof(default.as_deref()))?.map_err(RbError::argument)?;
         binary_result(&bytes)
     })
 }
@@ -445,17 +451,20 @@ unsafe extern "C" fn native_flamegraph(
         let sample_type = optional_string_arg(sample_type, "sample_index")?;
         let format = string_arg(format, "format")?;
         let title = string_arg(title, "title")?;
-        let input =
-            flame_graph_of(profile, sample_type.as_deref(), title).map_err(RbError::argument)?;
-        let text = match format.as_str() {
-            "html" => render_html(&input),
-            "svg" => render_svg(&input),
-            other => {
-                return Err(RbError::argument(format!(
-                    "format must be html or svg, got {other:?}"
-                )))
-            }
-        };
+        if format != "html" && format != "svg" {
+            return Err(RbError::argument(format!(
+                "format must be html or svg, got {format:?}"
+            )));
+        }
+        let text = without_gvl(|| {
+            let input = flame_graph_of(profile, sample_type.as_deref(), title)?;
+            Ok::<String, String>(if format == "html" {
+                render_html(&input)
+            } else {
+                render_svg(&input)
+            })
+        })?
+        .map_err(RbError::argument)?;
         utf8_result(&text)
     })
 }
