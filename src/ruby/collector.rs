@@ -43,6 +43,9 @@ const DETACH_BATCH: usize = 1024;
 const STACK_COPY_CHUNK: usize = 1024;
 const ALLOCATION_CHUNK: usize = 8_192;
 
+/// Stacks that fell unused during a flush, removed after it in chunks.
+const PRUNE_CHUNK: usize = 1_024;
+
 /// A flush that lets other threads run does so once it has held the GVL
 /// this long, where its steps can tell.
 const YIELD_AFTER: Duration = Duration::from_millis(2);
@@ -1091,6 +1094,15 @@ impl Collector {
             }
         }
         self.with_sampler(|s| s.state.finish_flush(detaching))?;
+        loop {
+            let done = self.with_sampler(|s| s.state.prune_unused(PRUNE_CHUNK))?;
+            if done {
+                break;
+            }
+            if options.proactively_yield_gvl {
+                holds.yield_if_held(YIELD_AFTER)?;
+            }
+        }
         Ok(FlushResult {
             pprof,
             folded_samples,

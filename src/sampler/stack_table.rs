@@ -519,7 +519,9 @@ impl StackTable {
             return;
         }
         self.remove_if_unused(id.0);
-        self.drain_unused(DRAIN_PER_RELEASE);
+        if !self.unused.is_empty() {
+            self.drain_unused(DRAIN_PER_RELEASE);
+        }
     }
 
     /// A flush begins: stack ids and frames stay as they are until
@@ -540,7 +542,12 @@ impl StackTable {
         self.unused.len()
     }
 
-    fn drain_unused(&mut self, max: usize) {
+    /// Removes up to `max` of the stacks queued while pruning was held
+    /// (none while it is). True when the queue is empty.
+    pub fn drain_unused(&mut self, max: usize) -> bool {
+        if self.prune_held {
+            return self.unused.is_empty();
+        }
         for _ in 0..max {
             match self.unused.pop() {
                 Some(slot) => self.remove_if_unused(slot),
@@ -550,6 +557,7 @@ impl StackTable {
         if self.unused.is_empty() && self.unused.capacity() > 1024 {
             self.unused = Vec::new();
         }
+        self.unused.is_empty()
     }
 
     /// Removes the stack stored at `slot` if no sample uses it (it may

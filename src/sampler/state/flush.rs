@@ -379,9 +379,18 @@ impl SamplerState {
         &self.flush_classes
     }
 
-    /// Last step: forgets stacks that fell unused during the flush.
+    /// Last step: forgets stacks that fell unused during the flush (up to
+    /// `END_FLUSH_PRUNE`; `prune_unused` the rest, in chunks).
     pub fn finish_flush(&mut self, _detaching: Detaching) {
         self.end_flush();
+    }
+
+    /// After a flush: removes up to `max` more of the stacks that fell
+    /// unused while it ran. True when none is left. (Releases remove a few
+    /// each too, but between flushes a process may release few: in lazy
+    /// liveness most samples go at a flush.)
+    pub fn prune_unused(&mut self, max: usize) -> bool {
+        self.stacks.drain_unused(max)
     }
 
     /// Ends a flush in whatever phase it is (see the top of this file): the

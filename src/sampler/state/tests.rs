@@ -1211,3 +1211,26 @@ fn samples_of_merged_stacks_follow_them_between_batches() {
     assert_eq!(snapshot.allocation_samples, 1);
     assert!(st.stacks().is_empty());
 }
+
+/// More stacks fall unused during a flush than its end removes at once:
+/// `prune_unused` removes the rest in chunks, so that a process that
+/// releases few samples between flushes (lazy liveness) does not keep them.
+#[test]
+fn stacks_unused_after_a_flush_are_pruned_in_chunks() {
+    let mut st = state(5_000, 0);
+    for i in 0..3_000usize {
+        record(&mut st, 0x10000 + i * 0x40, &[8 * (i as u64 + 1), 16]);
+    }
+    st.measure_pending(|_| Some(40));
+    // Every allocation sample goes with the flush: 3,000 stacks queued.
+    st.take_snapshot(0, |_| Some(40));
+    st.end_flush();
+    assert_eq!(st.stacks().len(), 3_000 - 1_024);
+    let mut chunks = 0;
+    while !st.prune_unused(500) {
+        chunks += 1;
+    }
+    assert_eq!(chunks, 3);
+    assert!(st.stacks().is_empty());
+    assert_eq!(st.stacks().unused_len(), 0);
+}
