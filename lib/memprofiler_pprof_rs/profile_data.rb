@@ -15,8 +15,8 @@ module MemprofilerPprof
     # How long the flush took, and the part spent building the pprof.
     attr_reader :flush_duration_nsecs, :pprof_serialization_nsecs
     # The longest the flush held the GVL at a stretch: how long it may have
-    # stopped the program's other threads (the whole flush when flushed
-    # with proactively_yield_gvl: false).
+    # stopped the program's other threads (with proactively_yield_gvl:
+    # false, the whole flush but the part built without the GVL).
     attr_reader :longest_gvl_hold_nsecs
     # The sample rate in force at flush time.
     attr_reader :sample_rate

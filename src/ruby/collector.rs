@@ -118,8 +118,8 @@ pub struct FlushResult {
     pub finished_at: SystemTime,
     pub flush_duration_nanos: u64,
     pub serialization_nanos: u64,
-    /// The longest the flush held the GVL at a stretch (the whole flush
-    /// without `proactively_yield_gvl`).
+    /// The longest the flush held the GVL at a stretch (without
+    /// `proactively_yield_gvl`, all of it but the build without the GVL).
     pub longest_gvl_hold_nanos: u64,
     /// Samples folded into "(other)" to respect max_profile_bytes.
     pub folded_samples: usize,

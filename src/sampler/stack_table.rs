@@ -601,6 +601,15 @@ impl StackTable {
     }
 
     #[cfg(test)]
+    pub fn total_refs(&self) -> u64 {
+        self.entries
+            .iter()
+            .flatten()
+            .map(|e| u64::from(e.refs))
+            .sum()
+    }
+
+    #[cfg(test)]
     pub fn refs(&self, id: StackId) -> u32 {
         self.entry(self.forwarded(id)).refs
     }

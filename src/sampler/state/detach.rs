@@ -53,7 +53,8 @@ impl SamplerState {
     /// Up to `max` more records: named classes held by name, samples moved
     /// off merged stacks. True when every record is done (the merged ids
     /// are then free again). Records taken meanwhile hold no merged id;
-    /// their classes are named at a later flush.
+    /// those past the chunks already done take named classes in this
+    /// flush, the others at a later one.
     fn detach_records(&mut self, max: usize) -> bool {
         let from = self.remap_from.unwrap_or(0);
         let end = self.records.len().min(from.saturating_add(max));

@@ -348,9 +348,12 @@ impl SamplerState {
         let mut snapshot = FlushSnapshot {
             heap_samples: heap_samples.unwrap_or(samples.len()),
             allocation_samples,
-            // (At most one stack a sample: sized once, not rehashed in
-            // `copy_stacks`.)
-            stacks: FastHashMap::with_capacity_and_hasher(samples.len(), Default::default()),
+            // (At most one stack a sample, and at most what is stored:
+            // sized once, not rehashed in `copy_stacks`.)
+            stacks: FastHashMap::with_capacity_and_hasher(
+                samples.len().min(self.stacks.len()),
+                Default::default(),
+            ),
             samples,
             drops,
             ..FlushSnapshot::default()

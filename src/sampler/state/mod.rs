@@ -31,6 +31,8 @@ use super::types::{ClassRef, ObjectAddress};
 use crate::fast_hash::FastHashMap;
 
 mod admission;
+#[cfg(test)]
+mod chunked_flush_tests;
 mod detach;
 mod flush;
 mod liveness;

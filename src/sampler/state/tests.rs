@@ -975,7 +975,9 @@ fn random_flushes_and_detaches_keep_names_and_refcounts() {
             }
             let measuring = st.begin_flush();
             while !st.measure_live(&measuring, 0, usize::MAX, &mut |_| Some(8)) {}
-            let (snap, naming) = st.end_snapshot(measuring, &mut |_| Some(8));
+            while !st.read_allocations(&measuring, 3, &mut |_| Some(8)) {}
+            let (mut snap, naming) = st.end_snapshot_samples(measuring, &mut |_| Some(8));
+            while !st.copy_stacks(&naming, &mut snap, 2) {}
             // Check every live sample's names.
             let mut got: Vec<Vec<(String, i32)>> = snap
                 .samples
@@ -1046,6 +1048,14 @@ fn random_flushes_and_detaches_keep_names_and_refcounts() {
                         sample_expecting(&mut st, &mut next_obj, &mut expected, &stack, |f| {
                             name_of(f, &gen)
                         });
+                    }
+                    // review36: frees between batches too.
+                    let objs: Vec<_> = expected.keys().copied().collect();
+                    for o in objs {
+                        if rng.random_bool(0.1) {
+                            st.record_free(o);
+                            expected.remove(&o);
+                        }
                     }
                     let live: std::collections::HashSet<u64> = st.stacks().live_frames().collect();
                     for v in 1..8u64 {
