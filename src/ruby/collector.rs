@@ -841,6 +841,23 @@ impl Collector {
         }
     }
 
+    /// Runs a flush step until it says it is done, a chunk under each hold
+    /// of the lock, letting other threads run once the GVL has been held
+    /// `YIELD_AFTER` (when asked).
+    fn in_chunks(
+        &self,
+        options: &FlushOptions,
+        holds: &mut GvlHolds,
+        mut step: impl FnMut(&mut Sampler) -> bool,
+    ) -> RbResult<()> {
+        while !self.with_sampler(&mut step)? {
+            if options.proactively_yield_gvl {
+                holds.yield_if_held(YIELD_AFTER)?;
+            }
+        }
+        Ok(())
+    }
+
     fn flush_inner(&self, options: FlushOptions) -> RbResult<FlushResult> {
         let began = Instant::now();
         let mut holds = GvlHolds::new();
@@ -905,18 +922,10 @@ impl Collector {
         };
         // The allocation samples, in chunks (a million of them take tens of
         // milliseconds).
-        loop {
-            let done = self.with_sampler(|s| {
-                s.state
-                    .read_allocations(&measuring, ALLOCATION_CHUNK, &mut measure_unmeasured)
-            })?;
-            if done {
-                break;
-            }
-            if options.proactively_yield_gvl {
-                holds.yield_if_held(YIELD_AFTER)?;
-            }
-        }
+        self.in_chunks(&options, &mut holds, |s| {
+            s.state
+                .read_allocations(&measuring, ALLOCATION_CHUNK, &mut measure_unmeasured)
+        })?;
         let (mut snapshot, naming, classes) = self.with_sampler(|s| {
             let (snapshot, naming) = s
                 .state
@@ -925,18 +934,10 @@ impl Collector {
         })?;
         // The stacks' frames, in chunks (tens of thousands of deep stacks
         // take milliseconds to copy).
-        loop {
-            let done = self.with_sampler(|s| {
-                s.state
-                    .copy_stacks(&naming, &mut snapshot, STACK_COPY_CHUNK)
-            })?;
-            if done {
-                break;
-            }
-            if options.proactively_yield_gvl {
-                holds.yield_if_held(YIELD_AFTER)?;
-            }
-        }
+        self.in_chunks(&options, &mut holds, |s| {
+            s.state
+                .copy_stacks(&naming, &mut snapshot, STACK_COPY_CHUNK)
+        })?;
         snapshot.drops.nolock += self.nolock_drops.swap(0, Ordering::Relaxed);
         // Sampling windows: samples already weigh 1 / their window's
         // probability (sampler/windows.rs); nothing is rescaled here.
@@ -1081,28 +1082,12 @@ impl Collector {
         //    If this fails (the thread killed while it let others run), what
         //    is left stays Ruby frames until the next flush.
         let detaching = self.with_sampler(|s| s.state.begin_detach(naming, &ruby_classes))?;
-        loop {
-            let done = self.with_sampler(|s| {
-                s.state
-                    .detach_frames_batch(&detaching, &ruby_frames, DETACH_BATCH)
-            })?;
-            if done {
-                break;
-            }
-            if options.proactively_yield_gvl {
-                holds.yield_now()?;
-            }
-        }
+        self.in_chunks(&options, &mut holds, |s| {
+            s.state
+                .detach_frames_batch(&detaching, &ruby_frames, DETACH_BATCH)
+        })?;
         self.with_sampler(|s| s.state.finish_flush(detaching))?;
-        loop {
-            let done = self.with_sampler(|s| s.state.prune_unused(PRUNE_CHUNK))?;
-            if done {
-                break;
-            }
-            if options.proactively_yield_gvl {
-                holds.yield_if_held(YIELD_AFTER)?;
-            }
-        }
+        self.in_chunks(&options, &mut holds, |s| s.state.prune_unused(PRUNE_CHUNK))?;
         Ok(FlushResult {
             pprof,
             folded_samples,

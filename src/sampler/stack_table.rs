@@ -7,7 +7,8 @@
 //! of dropped and dead samples between flushes, and the flush removed them
 //! all while holding the GVL). While a flush runs (`hold_pruning`), stack
 //! ids and frames must stay as its snapshot saw them: stacks that fall
-//! unused wait in a queue, removed a few at each release once it ends.
+//! unused wait in a queue, which the flush empties in chunks once it ends
+//! (`drain_unused`; a flush cut short leaves the rest to the next).
 //!
 //! A frame starts as a Ruby object (a method entry or iseq, kept alive by
 //! the collector's mark function). Once a flush has named it, `detach_frames`
@@ -75,9 +76,6 @@ struct StackEntry {
 
 const NO_STACK: u32 = u32::MAX;
 
-/// Queued unused stacks removed at each release (see `release`): enough to
-/// empty the queue faster than a flush fills it.
-const DRAIN_PER_RELEASE: usize = 2;
 const NO_SLOT: u32 = u32::MAX;
 
 /// One distinct (frame, line), and how many stored stack positions use it.
@@ -503,9 +501,8 @@ impl StackTable {
         self.entry_mut(id).refs += 1;
     }
 
-    /// Drops one reference; the stack goes with its last (see the top).
-    /// Also removes up to `DRAIN_PER_RELEASE` of the stacks queued while
-    /// pruning was held: the work stays a few stacks per call.
+    /// Drops one reference; the stack goes with its last, or waits in the
+    /// queue while pruning is held (see the top).
     pub fn release(&mut self, id: StackId) {
         let id = self.forwarded(id);
         let entry = self.entry_mut(id);
@@ -519,9 +516,6 @@ impl StackTable {
             return;
         }
         self.remove_if_unused(id.0);
-        if !self.unused.is_empty() {
-            self.drain_unused(DRAIN_PER_RELEASE);
-        }
     }
 
     /// A flush begins: stack ids and frames stay as they are until
@@ -530,8 +524,9 @@ impl StackTable {
         self.prune_held = true;
     }
 
-    /// The flush ended: stacks that fell unused meanwhile are removed, up
-    /// to `max` now and the rest a few at each release.
+    /// The flush ended: stacks go with their last reference again; of
+    /// those that fell unused meanwhile, `max` are removed now and the rest
+    /// wait for `drain_unused`.
     pub fn release_pruning(&mut self, max: usize) {
         self.prune_held = false;
         self.drain_unused(max);
@@ -762,10 +757,10 @@ mod tests {
     }
 
     /// While a flush runs, ids and frames stay as its snapshot saw them;
-    /// after, the queue drains a few at each release, so the table never
-    /// holds more than its samples use for long, and no call does much.
+    /// after, the queue is drained in chunks, and stacks go with their last
+    /// reference again.
     #[test]
-    fn stacks_unused_while_pruning_is_held_wait_then_drain_at_releases() {
+    fn stacks_unused_while_pruning_is_held_wait_then_drain_in_chunks() {
         let mut table = StackTable::new();
         let kept = table.intern(&stack(&[(8, 1)]));
         table.hold_pruning();
@@ -777,17 +772,19 @@ mod tests {
         }
         assert_eq!(table.len(), 11);
         assert_eq!(table.frames(ids[3]).len(), 2, "still resolvable");
+        assert!(!table.drain_unused(usize::MAX), "nothing goes while held");
         // A queued stack taken again is not removed.
         let again = table.intern(&stack(&[(40, 1), (16, 2)]));
         assert_eq!(again, ids[0]);
         table.release_pruning(3);
         assert_eq!(table.len(), 8);
         assert_eq!(table.unused_len(), 7);
-        // Each release removes its own stack and two queued.
+        // A release removes its own stack at once, and only that.
         let other = table.intern(&stack(&[(1000, 1)]));
         table.release(other);
-        assert_eq!(table.unused_len(), 5);
-        table.release_pruning(usize::MAX);
+        assert_eq!(table.unused_len(), 7);
+        assert_eq!(table.len(), 8);
+        assert!(table.drain_unused(usize::MAX));
         assert_eq!(table.len(), 2, "kept and again");
         assert_eq!(table.refs(kept), 1);
         assert_eq!(table.refs(again), 1);
@@ -796,8 +793,6 @@ mod tests {
         assert_eq!(frames, vec![8, 16, 40]);
     }
 
-    /// Ids are reused as stacks come and go: the detach list holds each
-    /// once, however many stacks an id held between two flushes.
     #[test]
     fn churning_stacks_are_listed_for_detach_once_per_id() {
         let mut table = StackTable::new();

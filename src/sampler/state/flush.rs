@@ -31,8 +31,9 @@ use crate::sampler::reservoir::ReservoirScales;
 use crate::sampler::stack_table::{Frame, FrameInfo, StackId};
 use crate::sampler::types::{is_named_class, ClassRef, FrameRef, ObjectAddress};
 
-/// Stacks that fell unused during a flush removed when it ends; the rest
-/// go a few at each release (a flush's last GVL hold stays short).
+/// Stacks that fell unused during a flush removed as it ends (the rest in
+/// chunks by `prune_unused`, or by the next flush if this one was cut
+/// short).
 const END_FLUSH_PRUNE: usize = 1_024;
 
 /// Proof that a flush is measuring live objects (from `begin_flush`).
@@ -382,25 +383,25 @@ impl SamplerState {
         &self.flush_classes
     }
 
-    /// Last step: forgets stacks that fell unused during the flush (up to
-    /// `END_FLUSH_PRUNE`; `prune_unused` the rest, in chunks).
+    /// Last step: stacks go with their last sample again; those that fell
+    /// unused during the flush go (`END_FLUSH_PRUNE` now, the rest with
+    /// `prune_unused`, in chunks).
     pub fn finish_flush(&mut self, _detaching: Detaching) {
         self.end_flush();
     }
 
     /// After a flush: removes up to `max` more of the stacks that fell
-    /// unused while it ran. True when none is left. (Releases remove a few
-    /// each too, but between flushes a process may release few: in lazy
-    /// liveness most samples go at a flush.)
+    /// unused while it ran (or while an earlier one, cut short, ran). True
+    /// when none is left.
     pub fn prune_unused(&mut self, max: usize) -> bool {
         self.stacks.drain_unused(max)
     }
 
     /// Ends a flush in whatever phase it is (see the top of this file): the
     /// allocation samples of a flush still measuring are dropped, what the
-    /// flush held is released, and stacks that fell unused meanwhile are
-    /// forgotten. Nothing to do without a flush (the collector's guard
-    /// calls it after `finish_flush` too).
+    /// flush held is released, and stacks go with their last sample again
+    /// (those that fell unused: see `finish_flush`). Nothing to do without
+    /// a flush (the collector's guard calls it after `finish_flush` too).
     pub fn end_flush(&mut self) {
         if !self.flush_in_progress() {
             return;

@@ -1223,8 +1223,8 @@ fn samples_of_merged_stacks_follow_them_between_batches() {
 }
 
 /// More stacks fall unused during a flush than its end removes at once:
-/// `prune_unused` removes the rest in chunks, so that a process that
-/// releases few samples between flushes (lazy liveness) does not keep them.
+/// `prune_unused` removes the rest in chunks (nothing else would before
+/// the next flush: a release removes only its own stack).
 #[test]
 fn stacks_unused_after_a_flush_are_pruned_in_chunks() {
     let mut st = state(5_000, 0);
