@@ -103,6 +103,17 @@ RSpec.describe MemprofilerPprof::FileOutput do
   describe "symlinks on the way to the file" do
     let(:data) { MemprofilerPprof::Collector.new(sample_rate: 1.0).profile { Array.new(10) { "x" * 10 } } }
     let(:nobody) { Etc.getpwnam("nobody").uid }
+
+    # /tmp/NAME -> a root-only directory, the symlink owned by nobody (as if
+    # nobody had planted it): [the directory, the symlink].
+    def plant_symlink(name)
+      target = path("root-only")
+      Dir.mkdir(target, 0o700)
+      planted = path(name)
+      File.symlink(target, planted)
+      File.lchown(nobody, nil, planted)
+      [target, planted]
+    end
     let(:logged) { [] }
     let(:logger) do
       lines = logged
@@ -114,11 +125,7 @@ RSpec.describe MemprofilerPprof::FileOutput do
 
       # /tmp/X -> /root-only/dir, planted by nobody: the target is root's,
       # so the directory's own owner check passes.
-      target = path("root-only")
-      Dir.mkdir(target, 0o700)
-      planted = path("planted")
-      File.symlink(target, planted)
-      File.lchown(nobody, nil, planted)
+      target, planted = plant_symlink("planted")
       refusal = /#{Regexp.escape(planted)} is a symlink owned by uid #{nobody} \(nobody\)/
       expect { data.write(File.join(planted, "heap.pprof")) }.to raise_error(Errno::EACCES, refusal)
       # Deeper: no directory is made in the target first.
@@ -141,11 +148,7 @@ RSpec.describe MemprofilerPprof::FileOutput do
     it "keeps the wrapper, run as root, from writing through a planted directory symlink" do
       skip "needs root to give a symlink to another user" unless Process.euid.zero?
 
-      target = path("root-only")
-      Dir.mkdir(target, 0o700)
-      planted = path("X")
-      File.symlink(target, planted)
-      File.lchown(nobody, nil, planted)
+      target, planted = plant_symlink("X")
       env = { "MEMPROFILER_PPROF_RS_FILE_PATTERN" => "#{planted}/mem-%{pid}.pprof", "RUBYOPT" => nil, "RUBYLIB" => nil }
       out, err, status = Open3.capture3(env, File.join(root, "exe", "memprofiler_pprof_rs_profile"),
                                         RbConfig.ruby, "-e", "puts :ran", chdir: @dir)
