@@ -67,15 +67,131 @@ RSpec.describe "hostile input" do
     it "refuses millions of empty labels before decoding them" do
       w = PprofWriter
       label = w.message(3, "".b)
-      sample = w.message(2, w.packed(1, [1]) + w.packed(2, [1]) + (label * 20_000_000))
+      sample = w.message(2, w.packed(1, [1]) + w.packed(2, [1]) + (label * 40_000_000))
       bytes = w.gzip(w.message(1, w.field_varint(1, 1) + w.field_varint(2, 2)) + sample +
                      ["", "inuse_space", "bytes"].map { |s| w.message(6, s.b) }.join)
       File.binwrite(path("labels.pprof"), bytes)
-      expect(File.size(path("labels.pprof"))).to be < 300_000
+      expect(File.size(path("labels.pprof"))).to be < 600_000
       _out, err, status = cli(exe, "top", "labels.pprof")
       expect(status).to eq(1), err
       one_line_error(err)
-      expect(err).to match(/would take about \d+ MB of memory \(limit 1024 MB\); refusing to read it/)
+      expect(err).to match(/would take about \d+ MB of memory \(limit 2048 MB\); refusing to read it/)
+    end
+  end
+
+  # Issue 36, item 2: each of three files holding one huge string was
+  # accepted alone, and together they aborted the CLI ("memory allocation
+  # of 1000000000 bytes failed", SIGABRT); an app's Profile.parse would
+  # have died the same way. The sizes are scaled down with the limit.
+  describe "one memory limit for every profile a command or an app reads" do
+    def huge_string_profile(tag, megabytes)
+      PprofWriter.build(sample_types: [%w[inuse_space bytes]],
+                        samples: [{ stack: [["Big##{tag}#{'x' * (megabytes << 20)}", "/app/big.rb", 1, 1]],
+                                    values: [1] }])
+    end
+
+    it "refuses the profile that would go past it, naming the limit, in one line" do
+      %w[a b c].each { |tag| File.binwrite(path("#{tag}.pprof"), huge_string_profile(tag, 20)) }
+      expect(File.size(path("a.pprof"))).to be < 100_000
+      _out, err, status = cli(exe, "diff", "a.pprof", "b.pprof", "c.pprof", "--memory-limit", "80")
+      expect(status).to eq(1), err
+      one_line_error(err)
+      expect(err).to match(/c.pprof: reading this profile would take about \d+ MB of memory more, /)
+      expect(err).to match(/and the profiles already read hold \d+ MB \(limit 80 MB for all of them\); refusing to read it$/)
+      out, err, status = cli(exe, "diff", "a.pprof", "b.pprof", "--memory-limit", "80")
+      expect(status).to eq(0), err
+      expect(out).to include("profile")
+      _out, err, status = cli(exe, "top", "a.pprof", "--memory-limit", "30")
+      expect(status).to eq(1), err
+      expect(err).to match(/a.pprof: reading this profile would take about \d+ MB of memory \(limit 30 MB\)/)
+      _out, err, status = cli(exe, "top", "a.pprof", "--memory-limit", "0")
+      expect(status).to eq(2)
+      expect(err).to include("--memory-limit must be from 1 to 1000000000 (MB), got 0")
+    end
+
+    it "merges any number of files within it, folding them in as they are read" do
+      samples = (1..3_000).map { |k| { stack: [["Shop##{'m' * 100}#{k}", "/app/shop.rb", k, 1]], values: [k] } }
+      files = (1..24).map do |k|
+        File.binwrite(path("w#{k}.pprof"), PprofWriter.build(sample_types: types, samples: samples))
+        "w#{k}.pprof"
+      end
+      _out, err, status = cli(exe, "merge", *files, "-o", "all.pprof", "--memory-limit", "12")
+      expect(status).to eq(0), err
+      merged = MemprofilerPprof::Profile.read(path("all.pprof"))
+      expect(merged.samples_count).to eq(3_000)
+      expect(merged.totals["inuse_space"]).to eq(24 * samples.sum { |s| s[:values].first })
+    end
+
+    describe MemprofilerPprof::Profile do
+      around do |example|
+        limit = described_class.memory_limit
+        begin
+          example.run
+        ensure
+          described_class.memory_limit = limit
+        end
+      end
+
+      it "raises ProfileMemoryLimitError past the limit, and frees the share of profiles collected" do
+        data = huge_string_profile("a", 4)
+        described_class.memory_limit = 20 << 20
+        kept = []
+        error = nil
+        10.times do
+          kept << described_class.parse(data)
+        rescue MemprofilerPprof::ProfileMemoryLimitError => e
+          error = e
+          break
+        end
+        expect(kept.size).to be_between(1, 4)
+        expect(error.message)
+          .to match(/reading this profile would take about .* \(limit 20 MB for all of them\); refusing to read it\z/)
+        expect(error).to be_a(MemprofilerPprof::ProfileFormatError)
+        kept.clear
+        # Profiles let go of are collected when the limit is reached.
+        expect { 20.times { described_class.parse(data) } }.not_to raise_error
+        expect { described_class.merge([described_class.parse(data)]).to_pprof }.not_to raise_error
+      end
+
+      it "validates the limit" do
+        expect(described_class.memory_limit).to eq(described_class::DEFAULT_MEMORY_LIMIT)
+        expect(MemprofilerPprof::CLI::DEFAULT_MEMORY_LIMIT_MB << 20).to eq(described_class::DEFAULT_MEMORY_LIMIT)
+        expect { described_class.memory_limit = 1000 }.to raise_error(ArgumentError, /memory_limit.*1000/)
+        expect { described_class.memory_limit = "1G" }.to raise_error(TypeError, /memory_limit/)
+        described_class.memory_limit = 64 << 20
+        expect(described_class.memory_limit).to eq(64 << 20)
+        expect(described_class.memory_held).to be >= 0
+      end
+    end
+  end
+
+  # Issue 36, item 4: PprofReader.parse_file on the 1 KB file of item 1 ran
+  # 243 s, reached 3.7 GB and died ("failed to allocate memory").
+  describe MemprofilerPprof::PprofReader do
+    it "refuses the expanding file at once, as the native reader does" do
+      File.binwrite(path("bomb.pprof"), inlined_bomb(lines: 100_000, repeats: 10_000))
+      expect { described_class.parse_file(path("bomb.pprof")) }
+        .to raise_error(described_class::FormatError, /bomb.pprof: .*1000000000 frames.*refusing to read it/)
+    end
+
+    it "refuses what would take its Ruby objects past the memory limit, and shares frames" do
+      samples = (1..20_000).map { |k| { stack: [["A#a#{k}", "/app/a.rb", k, 1], ["B#b", "/b.rb", 2, 1]], values: [k] } }
+      data = PprofWriter.build(sample_types: types, samples: samples)
+      limit = MemprofilerPprof::Profile.memory_limit
+      begin
+        MemprofilerPprof::Profile.memory_limit = 48 << 20
+        expect { described_class.parse(data) }
+          .to raise_error(described_class::FormatError, /reading this profile in Ruby would take about \d+ MB of memory /)
+        expect { described_class.parse(data) }
+          .to raise_error(/\(limit 48 MB, MemprofilerPprof::Profile.memory_limit\); MemprofilerPprof::Profile reads it/)
+        MemprofilerPprof::Profile.memory_limit = 256 << 20
+        profile = described_class.parse(data)
+      ensure
+        MemprofilerPprof::Profile.memory_limit = limit
+      end
+      expect(profile.samples.size).to eq(20_000)
+      expect(profile.samples.map { |s| s.frames.last }.uniq(&:object_id).size).to eq(1)
+      expect(profile.samples.first.frames.last).to be_frozen
     end
   end
 

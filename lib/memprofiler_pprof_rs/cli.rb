@@ -14,6 +14,10 @@ module MemprofilerPprof
     # A mistake in how the command was called: usage error, exit 2.
     class UsageError < StandardError; end
 
+    # Profile::DEFAULT_MEMORY_LIMIT in MB (`--help` runs without the
+    # extension, which defines Profile).
+    DEFAULT_MEMORY_LIMIT_MB = 2048
+
     COMMANDS = {
       "top" => "the biggest users of memory, like go tool pprof -top",
       "diff" => "what grew between profiles of one process (leak hunting)",
@@ -111,6 +115,7 @@ module MemprofilerPprof
       # `COMMAND --help` prints and stops parsing: exit 0 without running.
       catch(:exit_now) { files = parser_for(command, options).parse(argv) } or return 0
       load_library
+      Profile.memory_limit = options[:memory_limit] if options[:memory_limit]
       send(command, files, options)
     end
 
@@ -118,6 +123,7 @@ module MemprofilerPprof
       OptionParser.new do |opts|
         opts.program_name = PROGRAM
         send(:"#{command}_options", opts, options)
+        memory_limit_option(opts, options)
         opts.separator("")
         opts.on("-h", "--help", "this help") do
           @stdout.print(opts.help)
@@ -130,6 +136,15 @@ module MemprofilerPprof
       opts.on("-i", "--sample-index TYPE",
               "#{SAMPLE_INDEXES.join(', ')} (or any sample type of the profile); #{default_text}") do |value|
         options[:sample_index] = value
+      end
+    end
+
+    def memory_limit_option(opts, options)
+      opts.on("--memory-limit MB", Integer,
+              "memory the profiles read may take together (default #{DEFAULT_MEMORY_LIMIT_MB})") do |value|
+        raise UsageError, "--memory-limit must be from 1 to 1000000000 (MB), got #{value}" unless (1..1_000_000_000).cover?(value)
+
+        options[:memory_limit] = value << 20
       end
     end
 
@@ -236,6 +251,15 @@ module MemprofilerPprof
     end
 
     def read_profiles(files, command, minimum:)
+      check_file_list(files, command, minimum: minimum)
+      files.map { |file| [file == "-" ? "(standard input)" : file, read_profile(file)] }
+    end
+
+    def read_profile(file)
+      file == "-" ? stdin_profile : Profile.read(file)
+    end
+
+    def check_file_list(files, command, minimum:)
       if files.size < minimum
         raise UsageError, "#{command} needs #{minimum == 1 ? 'a profile file' : "at least #{minimum} profile files"}"
       end
@@ -244,7 +268,24 @@ module MemprofilerPprof
       raise UsageError, "#{duplicate} is given twice (it would count twice)" if duplicate
 
       refuse_same_file_twice(files)
-      files.map { |file| file == "-" ? ["(standard input)", stdin_profile] : [file, Profile.read(file)] }
+    end
+
+    # Merges any number of files within Profile.memory_limit: profiles are
+    # read until they hold a quarter of it, then folded into the running
+    # result (a merge reserves as much again as its inputs hold) and let go.
+    def merge_within_memory_limit(files)
+      check_file_list(files, "merge", minimum: 1)
+      merged = nil
+      pending = []
+      files.each do |file|
+        pending << read_profile(file)
+        next if Profile.memory_held < Profile.memory_limit / 4
+
+        merged = Profile.merge([merged, *pending].compact)
+        pending.clear
+        GC.start # frees what was folded in, and its share of the limit
+      end
+      pending.empty? ? merged : Profile.merge([merged, *pending].compact)
     end
 
     # One file under two names (./a.pprof and a.pprof, a symlink, a hard
@@ -273,7 +314,7 @@ module MemprofilerPprof
     def stdin_profile
       Profile.parse(Profile.read_limited($stdin))
     rescue ProfileFormatError => e
-      raise ProfileFormatError, "standard input: #{e.message}"
+      raise e.class, "standard input: #{e.message}"
     end
 
     # Refuses to write over one of the profiles being read (flamegraph's -o
@@ -326,8 +367,7 @@ module MemprofilerPprof
 
     def merge(files, options)
       output = options[:output] or raise UsageError, "merge needs -o OUTPUT (e.g. -o all.pprof)"
-      loaded = read_profiles(files, "merge", minimum: 1)
-      merged = Profile.merge(loaded.map(&:last))
+      merged = merge_within_memory_limit(files)
       write_output(output, merged.to_pprof)
       @stderr.puts("#{PROGRAM}: merged #{files.size} profiles (#{merged.samples_count} samples) into #{output}")
       0

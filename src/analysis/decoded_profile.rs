@@ -10,19 +10,14 @@ use flate2::bufread::GzDecoder;
 use prost::Message;
 
 use super::display::{shown, shown_at_most};
+use super::read_budget::{OverBudget, ReadBudget, Reservation, READ_BUDGET};
 use crate::analysis::{InputMap, InputSet};
 use crate::pprof;
-use crate::pprof::encode_gzipped;
+use crate::pprof::gzip::gzip_bytes;
 
 /// Decompressed profiles larger than this are refused: a gzip bomb must not
 /// take the machine's memory (the biggest real heap profiles are ~100 MB).
 pub const MAX_DECODED_BYTES: u64 = 1 << 30;
-
-/// Decoding needs more memory than the encoded bytes (an empty label is 2
-/// bytes on the wire and 32 in memory, a packed varint 1 and 8); profiles
-/// whose estimate (`decode_memory_estimate`) exceeds this are refused
-/// before decoding.
-pub const MAX_DECODE_MEMORY: u64 = 1 << 30;
 
 /// A sample's stack, its locations' inlined frames counted, is refused past
 /// this depth (views hold one stack at a time, 4 bytes a frame). Real
@@ -56,7 +51,11 @@ pub enum ReadError {
     TruncatedGzip,
     BadGzip(String),
     TooLarge,
-    NeedsTooMuchMemory(u64),
+    /// Decoding needs more memory than the encoded bytes (an empty label is
+    /// 2 bytes on the wire and 32 in memory, a packed varint 1 and 8): the
+    /// estimate (`decode_memory_estimate`) is reserved from the read budget
+    /// before decoding, and a profile it refuses is not read.
+    OverBudget(OverBudget),
     TrailingData,
     NotPprof(String),
     Malformed(String),
@@ -79,12 +78,9 @@ impl fmt::Display for ReadError {
                 "the profile decompresses to more than {} MB; refusing to read it",
                 MAX_DECODED_BYTES >> 20
             ),
-            ReadError::NeedsTooMuchMemory(bytes) => write!(
-                f,
-                "reading this profile would take about {} MB of memory (limit {} MB); refusing to read it",
-                bytes >> 20,
-                MAX_DECODE_MEMORY >> 20
-            ),
+            ReadError::OverBudget(refused) => {
+                write!(f, "reading this profile {refused}; refusing to read it")
+            }
             ReadError::TrailingData => write!(
                 f,
                 "unexpected data after the end of the gzip stream (two profiles written into one file?)"
@@ -97,6 +93,12 @@ impl fmt::Display for ReadError {
 }
 
 impl std::error::Error for ReadError {}
+
+impl From<OverBudget> for ReadError {
+    fn from(refused: OverBudget) -> Self {
+        ReadError::OverBudget(refused)
+    }
+}
 
 /// One frame of a stack, resolved. Strings are `DecodedProfile::string`
 /// indices; `start_line` is 0 for C methods and unknown starts.
@@ -129,19 +131,62 @@ pub struct DecodedProfile {
     canonical: Vec<u32>,
     /// Position in `raw.mapping` of each location's mapping, if any.
     pub location_mapping: Vec<Option<u32>>,
+    /// This profile's share of the read budget (none for profiles built
+    /// in tests), returned when it is freed.
+    reservation: Option<Reservation>,
 }
 
 impl DecodedProfile {
-    /// Reads a profile from a file's bytes (gzipped or plain protobuf).
+    /// Reads a profile from a file's bytes (gzipped or plain protobuf),
+    /// within the process's read budget.
     pub fn decode(bytes: &[u8]) -> Result<DecodedProfile, ReadError> {
-        let plain = decompress(bytes)?;
+        DecodedProfile::decode_within(bytes, &READ_BUDGET)
+    }
+
+    /// Reads a profile, reserving from `budget` before allocating: the
+    /// decompressed bytes as they grow, then the decoded profile's estimate
+    /// (kept until the profile is freed).
+    pub fn decode_within(
+        bytes: &[u8],
+        budget: &'static ReadBudget,
+    ) -> Result<DecodedProfile, ReadError> {
+        DecodedProfile::decode_reserved(bytes, budget.reserve(0)?)
+    }
+
+    /// As `decode_within`, `reservation` already paying for what the
+    /// caller holds while this runs (a copy of `bytes`, say): a refusal
+    /// then names the whole cost.
+    pub fn decode_reserved(
+        bytes: &[u8],
+        mut reservation: Reservation,
+    ) -> Result<DecodedProfile, ReadError> {
+        let plain = decompress_within(bytes, &mut reservation)?;
         let needed = decode_memory_estimate(&plain)?;
-        if needed > MAX_DECODE_MEMORY {
-            return Err(ReadError::NeedsTooMuchMemory(needed));
-        }
+        reservation.grow(needed)?;
         let raw = pprof::Profile::decode(&plain[..])
             .map_err(|error| ReadError::NotPprof(format!("protobuf decoding failed: {error}")))?;
-        DecodedProfile::from_raw(raw)
+        drop(plain);
+        reservation.shrink_to(needed);
+        let mut profile = DecodedProfile::from_raw(raw)?;
+        profile.reservation = Some(reservation);
+        Ok(profile)
+    }
+
+    /// Gives the profile a reservation that now pays for it (a merged
+    /// profile's, see `memory_estimate`).
+    pub fn hold(&mut self, reservation: Reservation) {
+        self.reservation = Some(reservation);
+    }
+
+    /// The read budget's bytes this profile holds.
+    pub fn reserved_bytes(&self) -> u64 {
+        self.reservation.as_ref().map_or(0, Reservation::bytes)
+    }
+
+    fn budget(&self) -> &'static ReadBudget {
+        self.reservation
+            .as_ref()
+            .map_or(&READ_BUDGET, Reservation::budget)
     }
 
     /// Checks and indexes an already decoded message.
@@ -343,6 +388,7 @@ impl DecodedProfile {
             sample_depth,
             location_mapping,
             canonical,
+            reservation: None,
         })
     }
 
@@ -444,6 +490,29 @@ impl DecodedProfile {
                 .sum::<usize>()
     }
 
+    /// How much of each kind the profile holds, for readers that build
+    /// objects of their own from its bytes (the Ruby PprofReader estimates
+    /// its memory from these), in `SHAPE_KEYS` order.
+    pub fn shape(&self) -> [u64; 10] {
+        let raw = &self.raw;
+        let sum = |n: usize| n as u64;
+        [
+            sum(raw.sample.len()),
+            raw.sample
+                .iter()
+                .map(|s| sum(s.location_id.len() + s.value.len()))
+                .sum(),
+            raw.sample.iter().map(|s| sum(s.label.len())).sum(),
+            sum(raw.location.len()),
+            raw.location.iter().map(|l| sum(l.line.len())).sum(),
+            sum(raw.function.len()),
+            sum(raw.string_table.len()),
+            raw.string_table.iter().map(|s| sum(s.len())).sum(),
+            self.sample_depth.iter().map(|d| u64::from(*d)).sum(),
+            self.reserved_bytes(),
+        ]
+    }
+
     pub fn sample_count(&self) -> usize {
         self.raw.sample.len()
     }
@@ -463,14 +532,51 @@ impl DecodedProfile {
 
     /// The profile encoded again (gzipped), with another default sample
     /// type if one is given (e.g. "alloc_space" for /debug/pprof/allocs).
-    pub fn to_pprof(&self, default_sample_type: Option<&str>) -> Result<Vec<u8>, String> {
-        let mut raw = self.raw.clone();
-        if let Some(name) = default_sample_type {
-            let index = self.sample_index(Some(name))?;
-            raw.default_sample_type = raw.sample_type[index].r#type;
+    /// The encoding and its gzip are reserved from the budget while they
+    /// are made; the profile itself is not copied.
+    pub fn to_pprof(&self, default_sample_type: Option<&str>) -> Result<Vec<u8>, ViewError> {
+        let default = match default_sample_type {
+            Some(name) => {
+                let index = self.sample_index(Some(name)).map_err(ViewError::Argument)?;
+                Some(self.raw.sample_type[index].r#type)
+            }
+            None => None,
+        };
+        let length = self.raw.encoded_len() as u64;
+        let _transient = self
+            .budget()
+            .reserve(length.saturating_add(length / 4 + 64))
+            .map_err(|refused| ViewError::Memory(format!("writing this profile {refused}")))?;
+        let mut plain = self.raw.encode_to_vec();
+        if let Some(index) = default {
+            // A scalar field given twice takes its last value: appending
+            // field 14 overrides the default sample type without a copy.
+            prost::encoding::int64::encode(14, &index, &mut plain);
         }
-        Ok(encode_gzipped(&raw))
+        Ok(gzip_bytes(&plain))
     }
+}
+
+/// What `DecodedProfile::shape` counts.
+pub const SHAPE_KEYS: [&str; 10] = [
+    "samples",
+    "sample_numbers",
+    "labels",
+    "locations",
+    "lines",
+    "functions",
+    "strings",
+    "string_bytes",
+    "frames",
+    "reserved_bytes",
+];
+
+/// Why a view of a profile could not be made: a bad argument, or the read
+/// budget (the message names what and how much).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ViewError {
+    Argument(String),
+    Memory(String),
 }
 
 /// Positions of a profile's mappings, functions or locations by id.
@@ -670,9 +776,68 @@ fn decode_memory_estimate(plain: &[u8]) -> Result<u64, ReadError> {
     Ok(estimate)
 }
 
+/// `decode_memory_estimate` of a message already in memory (a merged
+/// profile's): what reading its encoding back would reserve.
+pub fn memory_estimate(raw: &pprof::Profile) -> u64 {
+    let count = |n: usize, cost: u64| (n as u64).saturating_mul(cost);
+    let mut estimate = 0u64;
+    for sample in &raw.sample {
+        estimate = estimate
+            .saturating_add(cost::SAMPLE)
+            .saturating_add(count(
+                sample.location_id.len() + sample.value.len(),
+                cost::SAMPLE_NUMBER,
+            ))
+            .saturating_add(count(sample.label.len(), cost::LABEL));
+    }
+    for location in &raw.location {
+        estimate =
+            estimate
+                .saturating_add(cost::LOCATION)
+                .saturating_add(if location.line.is_empty() {
+                    cost::UNSYMBOLIZED_NAME
+                } else {
+                    count(location.line.len(), cost::LINE)
+                });
+    }
+    let strings: u64 = raw
+        .string_table
+        .iter()
+        .map(|string| cost::STRING + string.len() as u64)
+        .fold(0, u64::saturating_add);
+    estimate
+        .saturating_add(strings)
+        .saturating_add(count(
+            raw.sample_type.len() + usize::from(raw.period_type.is_some()),
+            cost::VALUE_TYPE,
+        ))
+        .saturating_add(count(raw.mapping.len(), cost::MAPPING))
+        .saturating_add(count(raw.function.len(), cost::FUNCTION))
+        .saturating_add(count(raw.comment.len(), cost::NUMBER))
+}
+
+/// At most what reading `raw` back from its gzipped encoding reserves at
+/// its peak: the decoded estimate, the decompressed bytes (their buffer
+/// grows by doubling: up to twice their length, at least a chunk), the
+/// chunk gunzip reads into, and the file's bytes (gzip makes them smaller
+/// than the encoding; counted at half).
+pub fn read_back_estimate(raw: &pprof::Profile) -> u64 {
+    let encoded = raw.encoded_len() as u64;
+    memory_estimate(raw)
+        .saturating_add(encoded.saturating_mul(2) + encoded / 2)
+        .saturating_add(2 * DECOMPRESS_CHUNK as u64)
+}
+
+/// What gunzip reads at a time, and its output's first capacity.
+const DECOMPRESS_CHUNK: usize = 1 << 16;
+
 /// Gunzips if the bytes are gzip (else returns them as they are), with the
-/// size bound and clear errors.
-pub fn decompress(bytes: &[u8]) -> Result<std::borrow::Cow<'_, [u8]>, ReadError> {
+/// size bound and clear errors; `reservation` grows with the output before
+/// the output does.
+pub fn decompress_within<'b>(
+    bytes: &'b [u8],
+    reservation: &mut Reservation,
+) -> Result<std::borrow::Cow<'b, [u8]>, ReadError> {
     if bytes.is_empty() {
         return Err(ReadError::Empty);
     }
@@ -682,19 +847,34 @@ pub fn decompress(bytes: &[u8]) -> Result<std::borrow::Cow<'_, [u8]>, ReadError>
         }
         return Ok(std::borrow::Cow::Borrowed(bytes));
     }
+    const CHUNK: usize = DECOMPRESS_CHUNK;
     let mut decoder = GzDecoder::new(bytes);
-    let mut plain = Vec::new();
-    let read = decoder
-        .by_ref()
-        .take(MAX_DECODED_BYTES + 1)
-        .read_to_end(&mut plain);
-    match read {
-        Ok(_) if plain.len() as u64 > MAX_DECODED_BYTES => return Err(ReadError::TooLarge),
-        Ok(_) => {}
-        Err(error) if error.kind() == std::io::ErrorKind::UnexpectedEof => {
-            return Err(ReadError::TruncatedGzip)
+    let mut chunk = vec![0u8; CHUNK];
+    let mut plain: Vec<u8> = Vec::new();
+    reservation.grow(CHUNK as u64)?;
+    loop {
+        let read = match decoder.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(read) => read,
+            Err(error) if error.kind() == std::io::ErrorKind::UnexpectedEof => {
+                return Err(ReadError::TruncatedGzip)
+            }
+            Err(error) if error.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(error) => return Err(ReadError::BadGzip(error.to_string())),
+        };
+        let length = plain.len() + read;
+        if length as u64 > MAX_DECODED_BYTES {
+            return Err(ReadError::TooLarge);
         }
-        Err(error) => return Err(ReadError::BadGzip(error.to_string())),
+        if length > plain.capacity() {
+            let capacity = (plain.capacity() * 2)
+                .max(length)
+                .max(CHUNK)
+                .min(MAX_DECODED_BYTES as usize);
+            reservation.grow((capacity - plain.capacity()) as u64)?;
+            plain.reserve_exact(capacity - plain.len());
+        }
+        plain.extend_from_slice(&chunk[..read]);
     }
     // GzDecoder stops at the end of the first member; anything after it is
     // a second file appended or garbage.
@@ -934,9 +1114,93 @@ pub(crate) mod tests {
         let bytes = bomb.encode_to_vec();
         let estimate = decode_memory_estimate(&bytes).unwrap();
         assert!(estimate >= 2_000_000 * 48, "{estimate}");
-        assert!(estimate < MAX_DECODE_MEMORY, "still readable");
+        assert!(estimate < READ_BUDGET.limit(), "still readable");
         // A real profile's estimate is small.
         assert!(decode_memory_estimate(&small().encode_to_vec()).unwrap() < 10_000);
+    }
+
+    #[test]
+    fn a_message_in_memory_is_estimated_as_its_encoding_would_be() {
+        let mut raw = small();
+        raw.comment = vec![1, 2];
+        raw.sample[0].label.push(pprof::Label::default());
+        raw.location.push(pprof::Location {
+            id: 99,
+            ..Default::default()
+        });
+        let wire = decode_memory_estimate(&raw.encode_to_vec()).unwrap();
+        assert_eq!(memory_estimate(&raw), wire);
+    }
+
+    #[test]
+    fn a_decoded_profile_holds_its_estimate_until_freed() {
+        let budget = crate::analysis::read_budget::test_budget(1 << 30);
+        let raw = small();
+        let plain = raw.encode_to_vec();
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        gz.write_all(&plain).unwrap();
+        let gz = gz.finish().unwrap();
+        let profile = DecodedProfile::decode_within(&gz, budget).unwrap();
+        assert_eq!(profile.reserved_bytes(), memory_estimate(&raw));
+        assert_eq!(budget.held(), profile.reserved_bytes());
+        drop(profile);
+        assert_eq!(budget.held(), 0);
+    }
+
+    #[test]
+    fn profiles_read_together_share_one_limit() {
+        let raw = small();
+        let bytes = raw.encode_to_vec();
+        let one = memory_estimate(&raw);
+        let budget = crate::analysis::read_budget::test_budget(2 * one + one / 2);
+        let first = DecodedProfile::decode_within(&bytes, budget).unwrap();
+        let second = DecodedProfile::decode_within(&bytes, budget).unwrap();
+        let error = DecodedProfile::decode_within(&bytes, budget).err().unwrap();
+        assert!(
+            matches!(error, ReadError::OverBudget(refused) if refused.held == 2 * one),
+            "{error}"
+        );
+        assert!(error
+            .to_string()
+            .starts_with("reading this profile would take about"));
+        assert!(error.to_string().contains("the profiles already read hold"));
+        drop(first);
+        assert!(DecodedProfile::decode_within(&bytes, budget).is_ok());
+        drop(second);
+        assert_eq!(budget.held(), 0, "refusals hold nothing");
+    }
+
+    #[test]
+    fn decompressed_bytes_are_reserved_as_they_grow() {
+        // 64 MB of zeros gzip to ~64 KB; a 16 MB budget stops the gunzip
+        // before it has allocated past the limit.
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        gz.write_all(&vec![0u8; crate::test_support::miri_scaled(64 << 20)])
+            .unwrap();
+        let gz = gz.finish().unwrap();
+        let budget = crate::analysis::read_budget::test_budget(16 << 20);
+        let (error, peak) = crate::test_support::counting_alloc::peak_bytes_during(|| {
+            DecodedProfile::decode_within(&gz, budget).err()
+        });
+        if cfg!(miri) {
+            return;
+        }
+        assert!(matches!(error, Some(ReadError::OverBudget(_))), "{error:?}");
+        assert!(peak <= 17 << 20, "{peak} bytes");
+        assert_eq!(budget.held(), 0);
+    }
+
+    #[test]
+    fn to_pprof_sets_the_default_sample_type_without_copying_the_profile() {
+        let profile = DecodedProfile::from_raw(small()).unwrap();
+        let bytes = profile.to_pprof(Some("alloc_space")).unwrap();
+        let again = DecodedProfile::decode(&bytes).unwrap();
+        assert_eq!(again.sample_index(None), Ok(0));
+        assert_eq!(again.raw.sample, profile.raw.sample);
+        assert!(matches!(
+            profile.to_pprof(Some("cpu")),
+            Err(ViewError::Argument(_))
+        ));
     }
 
     #[test]

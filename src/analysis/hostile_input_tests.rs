@@ -16,12 +16,13 @@ use std::time::{Duration, Instant};
 use prost::Message;
 use rand::{rngs::StdRng, RngExt, SeedableRng};
 
-use super::decoded_profile::{DecodedProfile, ReadError, MAX_DECODE_MEMORY};
+use super::decoded_profile::{DecodedProfile, ReadError};
 use super::diff::{render_diff, DiffOptions};
 use super::display::MAX_SHOWN_CHARS;
 use super::flamegraph::{flame_graph_of, render_html, render_svg};
 use super::grouping::GroupBy;
-use super::merge::merge;
+use super::merge::{merge, merge_within};
+use super::read_budget::test_budget;
 use super::top::{render_top, TopOptions};
 use crate::pprof;
 use crate::test_support::counting_alloc::peak_bytes_during;
@@ -199,13 +200,15 @@ fn millions_of_empty_labels_or_samples_are_refused_before_decoding() {
     tiny.sample = vec![pprof::Sample::default(); samples];
     let tiny_bytes = tiny.encode_to_vec();
     for bytes in [bytes, tiny_bytes] {
-        let (result, peak) = peak_bytes_during(|| DecodedProfile::decode(&bytes).err());
+        let budget = test_budget(1 << 30);
+        let (result, peak) =
+            peak_bytes_during(|| DecodedProfile::decode_within(&bytes, budget).err());
         if cfg!(miri) {
             continue; // scaled down below the limit
         }
         let error = result.expect("refused");
         assert!(
-            matches!(error, ReadError::NeedsTooMuchMemory(n) if n > MAX_DECODE_MEMORY),
+            matches!(error, ReadError::OverBudget(refused) if refused.needed > 1 << 30),
             "{error}"
         );
         assert!(peak < 1 << 20, "refused before decoding: {peak} bytes");
@@ -507,9 +510,33 @@ fn random_profile(random: &mut StdRng) -> Vec<u8> {
     raw.encode_to_vec()
 }
 
-#[test]
-#[ignore = "runs for MEMPROFILER_FUZZ_SECONDS; script/test runs it in release mode"]
-fn fuzzed_profiles_never_panic_and_stay_in_bounded_memory() {
+/// One fuzz case's bytes: a random profile (now and then mutated) or a
+/// mutated one of the corpus, gzipped or not.
+fn fuzz_input(random: &mut StdRng, corpus: &[Vec<u8>]) -> Vec<u8> {
+    let (mut bytes, mutations) = if random.random_bool(0.5) {
+        (
+            random_profile(random),
+            usize::from(random.random_ratio(1, 5)),
+        )
+    } else {
+        (
+            corpus[random.random_range(0..corpus.len())].clone(),
+            random.random_range(1..6),
+        )
+    };
+    for _ in 0..mutations {
+        mutate(&mut bytes, random);
+    }
+    if random.random_bool(0.3) {
+        gzip(&bytes)
+    } else {
+        bytes
+    }
+}
+
+/// MEMPROFILER_FUZZ_SECONDS (default 10) and MEMPROFILER_FUZZ_SEED (a
+/// random one if unset).
+fn fuzz_settings() -> (u64, u64) {
     let seconds: u64 = std::env::var("MEMPROFILER_FUZZ_SECONDS")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -522,31 +549,20 @@ fn fuzzed_profiles_never_panic_and_stay_in_bounded_memory() {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(1, |t| t.as_nanos() as u64)
         });
+    (seconds, seed)
+}
+
+#[test]
+#[ignore = "runs for MEMPROFILER_FUZZ_SECONDS; script/test runs it in release mode"]
+fn fuzzed_profiles_never_panic_and_stay_in_bounded_memory() {
+    let (seconds, seed) = fuzz_settings();
     let mut random = StdRng::seed_from_u64(seed);
     let corpus = seed_corpus();
     let deadline = Instant::now() + Duration::from_secs(seconds);
     let (mut cases, mut readable) = (0usize, 0usize);
     let (mut max_peak, mut slowest) = (0usize, Duration::ZERO);
     while Instant::now() < deadline && cases < miri_scaled(1_000_000) {
-        let (mut bytes, mutations) = if random.random_bool(0.5) {
-            (
-                random_profile(&mut random),
-                usize::from(random.random_ratio(1, 5)),
-            )
-        } else {
-            (
-                corpus[random.random_range(0..corpus.len())].clone(),
-                random.random_range(1..6),
-            )
-        };
-        for _ in 0..mutations {
-            mutate(&mut bytes, &mut random);
-        }
-        let input = if random.random_bool(0.3) {
-            gzip(&bytes)
-        } else {
-            bytes
-        };
+        let input = fuzz_input(&mut random, &corpus);
         let began = Instant::now();
         let outcome = std::panic::catch_unwind(|| peak_bytes_during(|| read_everything(&input)));
         slowest = slowest.max(began.elapsed());
@@ -570,6 +586,106 @@ fn fuzzed_profiles_never_panic_and_stay_in_bounded_memory() {
         "fuzz: {cases} cases, {readable} readable, most memory {} MB, slowest {} ms, seed {seed}",
         max_peak >> 20,
         slowest.as_millis()
+    );
+    assert!(cases > 0);
+}
+
+/// The process may not take more address space than this while the fuzz
+/// tests run: a reader that allocated past its budget would then fail to
+/// allocate, which aborts the process, as it did the CLI under `ulimit -v`.
+const FUZZ_ADDRESS_SPACE: u64 = 6 << 30;
+
+fn limit_address_space() {
+    let limit = libc::rlimit {
+        rlim_cur: FUZZ_ADDRESS_SPACE,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: setrlimit reads the struct it is given; lowering the soft
+    // limit needs no privilege. A failure leaves the limit as it was.
+    let _ = unsafe { libc::setrlimit(libc::RLIMIT_AS, &limit) };
+}
+
+/// Sets of fuzzed profiles through merge and diff, as the CLI runs them:
+/// read within one budget (a random limit from 1 MB to 256 MB), merged,
+/// written and read back. Nothing may panic or abort (the address space
+/// is limited), a reader's memory stays within the budget's limit plus
+/// what the views render, a merge the budget allowed must read back under
+/// the same limit, and every reservation is returned.
+#[test]
+#[ignore = "runs for MEMPROFILER_FUZZ_SECONDS; script/test runs it in release mode"]
+fn fuzzed_profile_sets_merge_and_diff_within_one_budget() {
+    limit_address_space();
+    let (seconds, seed) = fuzz_settings();
+    let mut random = StdRng::seed_from_u64(seed ^ 0x6d65_7267_6500);
+    let corpus = seed_corpus();
+    let deadline = Instant::now() + Duration::from_secs(seconds);
+    let (mut cases, mut merged_count, mut refused) = (0usize, 0usize, 0usize);
+    let mut max_peak = 0usize;
+    while Instant::now() < deadline && cases < miri_scaled(1_000_000) {
+        let limit = [1u64 << 20, 16 << 20, 64 << 20, 256 << 20][random.random_range(0..4)];
+        let budget = test_budget(limit);
+        let inputs: Vec<Vec<u8>> = (0..random.random_range(2..7))
+            .map(|_| fuzz_input(&mut random, &corpus))
+            .collect();
+        let input_bytes: usize = inputs.iter().map(Vec::len).sum();
+        let outcome = std::panic::catch_unwind(|| {
+            peak_bytes_during(|| {
+                let profiles: Vec<DecodedProfile> = inputs
+                    .iter()
+                    .filter_map(|bytes| DecodedProfile::decode_within(bytes, budget).ok())
+                    .collect();
+                let list: Vec<&DecodedProfile> = profiles.iter().collect();
+                if list.len() >= 2 {
+                    let _ = render_diff(&list, &DiffOptions::default());
+                }
+                if list.is_empty() {
+                    return None;
+                }
+                let merged = merge_within(&list, budget);
+                drop(list);
+                drop(profiles);
+                // As the CLI writes it, its inputs let go: what the merge
+                // check allowed must write and read back under the limit.
+                Some(merged.map(|merged| {
+                    let bytes = merged.to_pprof(None);
+                    drop(merged);
+                    let bytes = bytes.expect("a merge the budget allowed can be written");
+                    let again = DecodedProfile::decode_within(&bytes, budget);
+                    assert!(
+                        !matches!(again, Err(ReadError::OverBudget(_))),
+                        "a merge the budget allowed reads back under its limit: {:?}",
+                        again.err()
+                    );
+                }))
+            })
+        });
+        let Ok((result, peak)) = outcome else {
+            panic!(
+                "panic on case {cases} of seed {seed} (MEMPROFILER_FUZZ_SEED={seed} repeats it)"
+            );
+        };
+        assert_eq!(
+            budget.held(),
+            0,
+            "case {cases} of seed {seed} kept reservations"
+        );
+        // What the budget does not cover: the diff's and merge's tables
+        // and texts, a small multiple of the inputs.
+        assert!(
+            (peak as u64) < limit + (256 << 20) + 64 * input_bytes as u64,
+            "case {cases} of seed {seed} took {peak} bytes under a limit of {limit}"
+        );
+        match result {
+            Some(Ok(())) => merged_count += 1,
+            Some(Err(_)) => refused += 1,
+            None => {}
+        }
+        max_peak = max_peak.max(peak);
+        cases += 1;
+    }
+    eprintln!(
+        "fuzz: {cases} sets merged and diffed, {merged_count} merged, {refused} merges refused, most memory {} MB, seed {seed}",
+        max_peak >> 20
     );
     assert!(cases > 0);
 }

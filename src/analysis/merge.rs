@@ -6,8 +6,9 @@ use crate::analysis::{InputMap, InputSet};
 use crate::pprof;
 use crate::pprof::string_table::StringTable;
 
-use super::decoded_profile::DecodedProfile;
+use super::decoded_profile::{memory_estimate, read_back_estimate, DecodedProfile, ViewError};
 use super::display::shown;
+use super::read_budget::ReadBudget;
 
 /// The merged profile's string table, keyed by SipHash: its strings come
 /// from files anybody may have crafted.
@@ -48,6 +49,39 @@ type FunctionKey = (i64, i64, i64, i64);
 type MappingKey = (i64, i64, u64, u64, u64);
 type LocationKey = (u64, u64, Vec<(u64, i64, i64)>, bool);
 type SampleKey = (Vec<u64>, Vec<(i64, i64, i64, i64)>);
+
+/// `merge`, read back as a profile, within `budget`: the sum of the
+/// inputs' estimates is reserved first (the merged profile and its indexes
+/// take at most that), then only the result's estimate is kept. A result
+/// that could not be read back from its file under the same limit is
+/// refused: merge never writes what the readers refuse.
+pub fn merge_within(
+    profiles: &[&DecodedProfile],
+    budget: &'static ReadBudget,
+) -> Result<DecodedProfile, ViewError> {
+    let inputs = profiles
+        .iter()
+        .map(|profile| profile.reserved_bytes().max(memory_estimate(&profile.raw)))
+        .fold(0u64, u64::saturating_add);
+    let mut reservation = budget
+        .reserve(inputs)
+        .map_err(|refused| ViewError::Memory(format!("merging these profiles {refused}")))?;
+    let merged = merge(profiles).map_err(ViewError::Argument)?;
+    let read_back = read_back_estimate(&merged);
+    if read_back > budget.limit() {
+        return Err(ViewError::Memory(format!(
+            "the merged profile would take about {} MB of memory to read back (limit {} MB); merge fewer profiles",
+            read_back >> 20,
+            budget.limit() >> 20
+        )));
+    }
+    let estimate = memory_estimate(&merged);
+    let mut profile = DecodedProfile::from_raw(merged)
+        .map_err(|error| ViewError::Argument(format!("the merged profile is invalid: {error}")))?;
+    reservation.shrink_to(estimate);
+    profile.hold(reservation);
+    Ok(profile)
+}
 
 pub fn merge(profiles: &[&DecodedProfile]) -> Result<pprof::Profile, String> {
     let Some(first) = profiles.first() else {
@@ -273,6 +307,69 @@ mod tests {
     use crate::analysis::decoded_profile::tests::profile_from;
 
     const TYPES: &[(&str, &str)] = &[("alloc_space", "bytes"), ("inuse_space", "bytes")];
+
+    fn decoded_within(raw: &pprof::Profile, budget: &'static ReadBudget) -> DecodedProfile {
+        use prost::Message;
+        DecodedProfile::decode_within(&raw.encode_to_vec(), budget).unwrap()
+    }
+
+    #[test]
+    fn merging_reserves_its_inputs_then_keeps_the_result() {
+        use crate::test_support::counting_alloc::peak_bytes_during;
+        let samples: Vec<(String, i64)> = (0..2_000).map(|k| (format!("M#m{k}"), k)).collect();
+        let raw = |shift: i64| {
+            let stacks: Vec<[(&str, &str, i64); 1]> = samples
+                .iter()
+                .map(|(name, line)| [(name.as_str(), "m.rb", line + shift)])
+                .collect();
+            let list: Vec<crate::analysis::decoded_profile::tests::TestSample> = stacks
+                .iter()
+                .map(|stack| (&stack[..], &[1i64, 1][..], None))
+                .collect();
+            profile_from(TYPES, &list)
+        };
+        let budget = crate::analysis::read_budget::test_budget(1 << 30);
+        let inputs: Vec<DecodedProfile> = (0..4).map(|k| decoded_within(&raw(k), budget)).collect();
+        let list: Vec<&DecodedProfile> = inputs.iter().collect();
+        let held = budget.held();
+        let (merged, peak) = peak_bytes_during(|| merge_within(&list, budget).unwrap());
+        assert!(
+            peak as u64 <= held,
+            "{peak} bytes allocated, {held} reserved"
+        );
+        assert_eq!(merged.sample_count(), 8_000);
+        assert_eq!(budget.held(), held + merged.reserved_bytes());
+        assert_eq!(merged.reserved_bytes(), memory_estimate(&merged.raw));
+        drop(merged);
+        assert_eq!(budget.held(), held);
+    }
+
+    #[test]
+    fn merging_past_the_limit_or_into_an_unreadable_file_is_refused() {
+        let big = "B#".to_string() + &"b".repeat(4 << 20);
+        let raw = profile_from(TYPES, &[(&[(big.as_str(), "b.rb", 1)], &[1, 1], None)]);
+        let one = memory_estimate(&raw);
+        // Room to read it and reserve a merge of it, but not to read the
+        // merged file back (its bytes count too).
+        let budget = crate::analysis::read_budget::test_budget(3 * one);
+        let input = decoded_within(&raw, budget);
+        let error = merge_within(&[&input], budget).err().unwrap();
+        let ViewError::Memory(message) = error else {
+            panic!("{error:?}")
+        };
+        assert!(message.contains("to read back"), "{message}");
+        assert_eq!(
+            budget.held(),
+            input.reserved_bytes(),
+            "a refusal keeps nothing"
+        );
+        budget.set_limit(one + one / 2);
+        let error = merge_within(&[&input], budget).err().unwrap();
+        assert!(
+            matches!(&error, ViewError::Memory(m) if m.starts_with("merging these profiles would take")),
+            "{error:?}"
+        );
+    }
 
     #[test]
     fn same_stacks_add_up_and_others_are_kept() {

@@ -18,5 +18,6 @@ mod growth_test;
 #[cfg(test)]
 mod hostile_input_tests;
 pub mod merge;
+pub mod read_budget;
 pub mod top;
 pub mod units;

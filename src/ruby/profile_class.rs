@@ -10,19 +10,22 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use rb_sys::{
     rb_ary_new_capa, rb_ary_push, rb_data_type_struct, rb_data_type_struct__bindgen_ty_1,
     rb_data_type_t, rb_data_typed_object_wrap, rb_str_new, rb_ull2inum, rb_utf8_str_new,
-    ruby_value_type, NIL_P, RB_TYPE_P, RSTRING_LEN, RSTRING_PTR, RTYPEDDATA_GET_DATA, RTYPEDDATA_P,
-    RTYPEDDATA_TYPE, TEST, VALUE,
+    ruby_value_type, Qnil, NIL_P, RB_TYPE_P, RSTRING_LEN, RSTRING_PTR, RTYPEDDATA_GET_DATA,
+    RTYPEDDATA_P, RTYPEDDATA_TYPE, TEST, VALUE,
 };
 
 use super::convert::{array_elements, count_arg, is_string, rust_string};
 use super::errors::{method_entry, protect, RbError, RbResult};
 use super::gvl::without_gvl;
 use super::method_table::{method_def, MethodDef, MethodKind};
-use crate::analysis::decoded_profile::{decompress, DecodedProfile};
+use crate::analysis::decoded_profile::{
+    decompress_within, DecodedProfile, ReadError, ViewError, SHAPE_KEYS,
+};
 use crate::analysis::diff::{render_diff, DiffOptions};
 use crate::analysis::flamegraph::{flame_graph_of, render_html, render_svg};
 use crate::analysis::grouping::GroupBy;
-use crate::analysis::merge::merge;
+use crate::analysis::merge::merge_within;
+use crate::analysis::read_budget::READ_BUDGET;
 use crate::analysis::top::{render_top, TopOptions};
 use crate::analysis::{InputMap, InputSet};
 
@@ -124,25 +127,45 @@ fn binary_result(bytes: &[u8]) -> RbResult<VALUE> {
 }
 
 /// `Profile._native_parse(bytes)`: a Profile, or the reason (a String) the
-/// bytes are not one; the Ruby side raises ProfileFormatError with it.
+/// bytes are not one, or `[reason]` when the read budget refused them; the
+/// Ruby side raises ProfileFormatError or ProfileMemoryLimitError with it.
 unsafe extern "C" fn native_parse(klass: VALUE, bytes: VALUE) -> VALUE {
     method_entry(|| {
         if !is_string(bytes) {
             return Err(RbError::type_error("profile data must be a String"));
         }
+        // SAFETY: `bytes` is a String; reading its length calls nothing.
+        let length = unsafe { RSTRING_LEN(bytes) } as usize;
+        let copy = match READ_BUDGET.reserve(length as u64) {
+            Ok(copy) => copy,
+            Err(refused) => {
+                return memory_refusal(&ReadError::OverBudget(refused).to_string());
+            }
+        };
         // SAFETY: `bytes` is a String; its buffer stays valid and unmoved
         // while it is copied (nothing in between calls into Ruby).
-        let owned = unsafe {
-            std::slice::from_raw_parts(RSTRING_PTR(bytes).cast::<u8>(), RSTRING_LEN(bytes) as usize)
-                .to_vec()
-        };
+        let owned =
+            unsafe { std::slice::from_raw_parts(RSTRING_PTR(bytes).cast::<u8>(), length).to_vec() };
         // Decoding a large profile takes a while: other threads run
         // meanwhile (a /debug/pprof request must not stop the app).
-        let decoded = without_gvl(|| DecodedProfile::decode(&owned))?;
+        let decoded = without_gvl(|| DecodedProfile::decode_reserved(&owned, copy))?;
+        drop(owned);
         match decoded {
             Ok(profile) => wrap(klass, profile),
+            Err(error @ ReadError::OverBudget(_)) => memory_refusal(&error.to_string()),
             Err(error) => utf8_result(&error.to_string()),
         }
+    })
+}
+
+/// `[message]`: what the read budget refused, told apart from a result.
+fn memory_refusal(message: &str) -> RbResult<VALUE> {
+    let message = utf8_result(message)?;
+    // SAFETY: plain allocation under protect; `message` is a local.
+    protect(|| unsafe {
+        let array = rb_ary_new_capa(1);
+        rb_ary_push(array, message);
+        array
     })
 }
 
@@ -156,6 +179,11 @@ unsafe extern "C" fn native_gunzip(_klass: VALUE, bytes: VALUE) -> VALUE {
         if !is_string(bytes) {
             return Err(RbError::type_error("data must be a String"));
         }
+        // The output is reserved while it is made; once a Ruby String, it
+        // is the caller's (PprofReader counts it in its own estimate).
+        let mut transient = READ_BUDGET
+            .reserve(0)
+            .map_err(|refused| RbError::runtime(refused.to_string()))?;
         // SAFETY: `bytes` is a String whose buffer stays valid and unmoved:
         // nothing below calls into Ruby while `plain` may borrow it.
         let plain = unsafe {
@@ -163,7 +191,7 @@ unsafe extern "C" fn native_gunzip(_klass: VALUE, bytes: VALUE) -> VALUE {
                 RSTRING_PTR(bytes).cast::<u8>(),
                 RSTRING_LEN(bytes) as usize,
             );
-            decompress(slice).map(|plain| plain.into_owned())
+            decompress_within(slice, &mut transient).map(|plain| plain.into_owned())
         };
         match plain {
             Ok(plain) => {
@@ -183,6 +211,33 @@ unsafe extern "C" fn native_gunzip(_klass: VALUE, bytes: VALUE) -> VALUE {
                 })
             }
         }
+    })
+}
+
+/// `Profile._native_memory_limit` → bytes.
+unsafe extern "C" fn native_memory_limit(_klass: VALUE) -> VALUE {
+    method_entry(|| {
+        let limit = READ_BUDGET.limit();
+        // SAFETY: allocates at most a Bignum, under protect.
+        protect(|| unsafe { rb_ull2inum(limit) })
+    })
+}
+
+/// `Profile._native_set_memory_limit(bytes)` (validated by the Ruby side).
+unsafe extern "C" fn native_set_memory_limit(_klass: VALUE, bytes: VALUE) -> VALUE {
+    method_entry(|| {
+        let bytes = count_arg(bytes, "memory_limit")?;
+        READ_BUDGET.set_limit(bytes as u64);
+        Ok(Qnil as VALUE)
+    })
+}
+
+/// `Profile._native_memory_held` → bytes held by profiles read back.
+unsafe extern "C" fn native_memory_held(_klass: VALUE) -> VALUE {
+    method_entry(|| {
+        let held = READ_BUDGET.held();
+        // SAFETY: allocates at most a Bignum, under protect.
+        protect(|| unsafe { rb_ull2inum(held) })
     })
 }
 
@@ -249,6 +304,30 @@ unsafe extern "C" fn native_comments(rb_self: VALUE) -> VALUE {
                     array,
                     rb_utf8_str_new(comment.as_ptr().cast(), comment.len() as c_long),
                 );
+            }
+            array
+        })
+    })
+}
+
+/// `[[name, count], ...]`: `DecodedProfile::shape`, named.
+unsafe extern "C" fn native_shape(rb_self: VALUE) -> VALUE {
+    method_entry(|| {
+        let shape = profile_of(rb_self)?.shape();
+        let names = SHAPE_KEYS
+            .iter()
+            .map(|name| utf8_result(name))
+            .collect::<RbResult<Vec<VALUE>>>()?;
+        // SAFETY: plain allocations under protect; the name Strings are
+        // reachable from `names` on this stack (the GC scans it) until
+        // pushed.
+        protect(|| unsafe {
+            let array = rb_ary_new_capa(shape.len() as c_long);
+            for (name, count) in names.iter().zip(shape) {
+                let pair = rb_ary_new_capa(2);
+                rb_ary_push(array, pair);
+                rb_ary_push(pair, *name);
+                rb_ary_push(pair, rb_ull2inum(count));
             }
             array
         })
@@ -413,16 +492,17 @@ unsafe extern "C" fn native_diff(
     })
 }
 
-/// `Profile._native_merge(profiles)` → a new Profile.
+/// `Profile._native_merge(profiles)` → a new Profile, or `[reason]` when
+/// the read budget refused it.
 unsafe extern "C" fn native_merge(klass: VALUE, profiles: VALUE) -> VALUE {
     method_entry(|| {
         let list = profiles_arg(profiles)?;
-        let decoded = without_gvl(|| {
-            let merged = merge(&list).map_err(RbError::argument)?;
-            DecodedProfile::from_raw(merged)
-                .map_err(|error| RbError::runtime(format!("merged profile is invalid: {error}")))
-        })??;
-        wrap(klass, decoded)
+        // (`profiles`, on this method's stack, keeps them alive.)
+        match without_gvl(|| merge_within(&list, &READ_BUDGET))? {
+            Ok(profile) => wrap(klass, profile),
+            Err(ViewError::Argument(message)) => Err(RbError::argument(message)),
+            Err(ViewError::Memory(message)) => memory_refusal(&message),
+        }
     })
 }
 
@@ -433,9 +513,11 @@ unsafe extern "C" fn native_to_pprof(rb_self: VALUE, default_sample_type: VALUE)
         let default = optional_string_arg(default_sample_type, "default_sample_type")?;
         // Without the GVL, as parse: the profile is immutable, and `rb_self`
         // (on this method's stack) keeps it alive.
-        let bytes =
-            without_gvl(|| profile.to_pprof(default.as_deref()))?.map_err(RbError::argument)?;
-        binary_result(&bytes)
+        match without_gvl(|| profile.to_pprof(default.as_deref()))? {
+            Ok(bytes) => binary_result(&bytes),
+            Err(ViewError::Argument(message)) => Err(RbError::argument(message)),
+            Err(ViewError::Memory(message)) => memory_refusal(&message),
+        }
     })
 }
 
@@ -476,6 +558,24 @@ pub fn methods() -> Vec<MethodDef> {
         method_def!(c"_native_diff", native_diff, 5, MethodKind::Singleton),
         method_def!(c"_native_merge", native_merge, 1, MethodKind::Singleton),
         method_def!(
+            c"_native_memory_limit",
+            native_memory_limit,
+            0,
+            MethodKind::Singleton
+        ),
+        method_def!(
+            c"_native_set_memory_limit",
+            native_set_memory_limit,
+            1,
+            MethodKind::Singleton
+        ),
+        method_def!(
+            c"_native_memory_held",
+            native_memory_held,
+            0,
+            MethodKind::Singleton
+        ),
+        method_def!(
             c"_native_sample_types",
             native_sample_types,
             0,
@@ -490,6 +590,7 @@ pub fn methods() -> Vec<MethodDef> {
         method_def!(c"_native_summary", native_summary, 0, MethodKind::Private),
         method_def!(c"_native_comments", native_comments, 0, MethodKind::Private),
         method_def!(c"_native_totals", native_totals, 0, MethodKind::Private),
+        method_def!(c"_native_shape", native_shape, 0, MethodKind::Private),
         method_def!(
             c"_native_frame_strings",
             native_frame_strings,

@@ -43,18 +43,49 @@ module MemprofilerPprof
 
     module_function
 
+    # Ruby objects cost far more than the native reader's structures: bytes
+    # per item of each kind, measured on this gem's profiles and on
+    # label-heavy ones (the wire-format pass and the structs built from it
+    # are alive together), rounded up.
+    RUBY_BYTES = {
+      "samples" => 1000, "sample_numbers" => 60, "labels" => 700, "locations" => 700, "lines" => 500,
+      "functions" => 700, "strings" => 120, "string_bytes" => 2, "frames" => 8
+    }.freeze
+
     def parse(bytes)
       bytes = bytes.b
       # Not Ruby's zlib: see MemprofilerPprof::Profile.gunzip (it can corrupt
       # memory under fork).
       bytes = MemprofilerPprof::Profile.gunzip(bytes) if bytes.start_with?("\x1f\x8b".b)
+      check_bounds(bytes)
       decode_profile(bytes)
+    rescue ProfileMemoryLimitError => e
+      raise FormatError, e.message
     rescue ProfileFormatError => e
       raise FormatError, "not a gzipped pprof profile: #{e.message}"
     end
 
+    # The native reader checks the profile first (stack depths, frames in
+    # all, its own memory), and its counts bound what building it in Ruby
+    # takes, under the same limit as every profile read back
+    # (MemprofilerPprof::Profile.memory_limit).
+    def check_bounds(plain)
+      shape = MemprofilerPprof::Profile.parse(plain).send(:_native_shape).to_h
+      needed = plain.bytesize * 2 + RUBY_BYTES.sum { |kind, bytes| shape.fetch(kind) * bytes }
+      limit = MemprofilerPprof::Profile.memory_limit
+      held = MemprofilerPprof::Profile.memory_held - shape.fetch("reserved_bytes")
+      return if needed + held <= limit
+
+      raise FormatError, "reading this profile in Ruby would take about #{needed >> 20} MB of memory" \
+                         "#{", and the profiles already read hold #{held >> 20} MB" if held >> 20 >= 1} " \
+                         "(limit #{limit >> 20} MB, MemprofilerPprof::Profile.memory_limit); " \
+                         "MemprofilerPprof::Profile reads it in far less"
+    end
+
     def parse_file(path)
-      parse(File.binread(path))
+      parse(File.open(path, "rb") { |file| MemprofilerPprof::Profile.read_limited(file) })
+    rescue ProfileFormatError, FormatError => e
+      raise FormatError, "#{path}: #{e.message}"
     end
 
     # ----- protobuf wire format ---------------------------------------------
@@ -95,8 +126,10 @@ module MemprofilerPprof
 
     # int64 fields arrive as unsigned 64-bit two's complement.
     def signed(value)
-      value >= 2**63 ? value - 2**64 : value
+      value >= INT64_LIMIT ? value - UINT64_RANGE : value
     end
+    INT64_LIMIT = 2**63
+    UINT64_RANGE = 2**64
 
     # Repeated scalar fields may be packed (wire type 2) or not.
     def scalars(wire_type, value)
@@ -170,14 +203,17 @@ module MemprofilerPprof
       functions = raw[:function].transform_values do |f|
         Function.new(f[1], str[f[2]], str[f[3]], str[f[4]], signed(f[5]))
       end
-      samples = raw[:sample].map do |s|
-        frames = s[:location_ids].flat_map do |id|
-          location = raw[:location].fetch(id) { raise FormatError, "unknown location #{id}" }
-          location[:lines].map do |line|
-            function = functions.fetch(line[1]) { raise FormatError, "unknown function #{line[1]}" }
-            Frame.new(function.name, function.filename, signed(line[2]), function.start_line)
-          end
+      # Each location's frames are made once and shared by every sample
+      # that lists it.
+      location_frames = Hash.new do |frames_of, id|
+        location = raw[:location].fetch(id) { raise FormatError, "unknown location #{id}" }
+        frames_of[id] = location[:lines].map do |line|
+          function = functions.fetch(line[1]) { raise FormatError, "unknown function #{line[1]}" }
+          Frame.new(function.name, function.filename, signed(line[2]), function.start_line).freeze
         end
+      end
+      samples = raw[:sample].map do |s|
+        frames = s[:location_ids].flat_map { |id| location_frames[id] }
         labels = s[:labels].map { |l| Label.new(str[l[1]], str[l[2]], signed(l[3]), str[l[4]]) }
         Sample.new(frames, s[:values], labels)
       end

@@ -5,6 +5,11 @@ module MemprofilerPprof
   # truncated gzip, dangling references). The message says which.
   class ProfileFormatError < StandardError; end
 
+  # Raised when reading, merging or writing a profile would take the
+  # profiles read back past Profile.memory_limit, together. A
+  # ProfileFormatError, so that one rescue covers every profile refused.
+  class ProfileMemoryLimitError < ProfileFormatError; end
+
   # A pprof profile read back, from this gem or any other tool, and the
   # answers the `memprofiler_pprof_rs` executable prints. Decoding and
   # aggregation run in the native core, so multi-megabyte profiles are quick.
@@ -21,7 +26,11 @@ module MemprofilerPprof
     # (/dev/zero or an endless pipe must not fill the memory).
     MAX_READ_BYTES = (1 << 30) + (1 << 20)
 
-    private_class_method :_native_parse, :_native_gunzip, :_native_diff, :_native_merge
+    # The default of Profile.memory_limit.
+    DEFAULT_MEMORY_LIMIT = 2 << 30
+
+    private_class_method :_native_parse, :_native_gunzip, :_native_diff, :_native_merge,
+                         :_native_memory_limit, :_native_set_memory_limit, :_native_memory_held
 
     class << self
       # `data`: the bytes of a profile (gzipped or not), or a ProfileData.
@@ -29,10 +38,30 @@ module MemprofilerPprof
         data = data.pprof_data if data.is_a?(ProfileData)
         Validation.instance(data, String, "profile data", expected: "a String or a ProfileData")
 
-        result = _native_parse(data)
+        result = within_memory_limit { _native_parse(data) }
         raise ProfileFormatError, result if result.is_a?(String)
 
         result
+      end
+
+      # The memory, in bytes, that the profiles read back in this process
+      # (parsed, merged, and being written) may take together; what would
+      # go past it raises ProfileMemoryLimitError before it is allocated.
+      # Default 2 GB. Estimates count the decoded structures at their
+      # largest, so real use is lower.
+      def memory_limit
+        _native_memory_limit
+      end
+
+      def memory_limit=(bytes)
+        bytes = Validation.integer(bytes, :memory_limit, min: 1 << 20, max: 1 << 50,
+                                                         expected: "a number of bytes from 1 MB (1048576) to 1 PB")
+        _native_set_memory_limit(bytes)
+      end
+
+      # Bytes of the limit held now (by profiles not yet garbage collected).
+      def memory_held
+        _native_memory_held
       end
 
       # `data` gunzipped (returned as is if it is not gzip), in Rust with the
@@ -54,7 +83,7 @@ module MemprofilerPprof
 
         File.open(path, "rb") { |file| parse(read_limited(file)) }
       rescue ProfileFormatError => e
-        raise ProfileFormatError, "#{path}: #{e.message}"
+        raise e.class, "#{path}: #{e.message}"
       end
 
       # At most MAX_READ_BYTES of `io` (a file, a pipe, standard input);
@@ -72,7 +101,8 @@ module MemprofilerPprof
       # One profile from many (e.g. every worker of a server): samples with
       # the same stack and labels are added up.
       def merge(profiles)
-        _native_merge(profile_list(profiles, "merge", minimum: 1))
+        profiles = profile_list(profiles, "merge", minimum: 1)
+        within_memory_limit { _native_merge(profiles) }
       end
 
       # What grew from the first profile to the last (oldest first): a report
@@ -101,6 +131,21 @@ module MemprofilerPprof
       end
 
       private
+
+      # Runs a native call that returns `[reason]` when the memory limit
+      # refused it. Profiles no longer referenced still hold their share
+      # until the GC frees them: one full GC, then one more try.
+      def within_memory_limit
+        result = yield
+        return result unless result.is_a?(Array)
+
+        if memory_held.positive?
+          GC.start
+          result = yield
+          return result unless result.is_a?(Array)
+        end
+        raise ProfileMemoryLimitError, result.first
+      end
 
       def profile_list(profiles, what, minimum:)
         Validation.instance(profiles, Array, "#{what}'s argument", expected: "an Array of Profiles")
@@ -177,7 +222,8 @@ module MemprofilerPprof
     # The profile as gzipped pprof bytes; optionally with another default
     # sample type (what `go tool pprof` shows first).
     def to_pprof(default_sample_type: nil)
-      _native_to_pprof(self.class.sample_index_name(default_sample_type))
+      default = self.class.sample_index_name(default_sample_type)
+      self.class.send(:within_memory_limit) { _native_to_pprof(default) }
     end
 
     def inspect
