@@ -13,6 +13,7 @@ pub mod decoded_profile;
 pub mod diff;
 pub mod display;
 pub mod flamegraph;
+pub mod focus;
 pub mod grouping;
 mod growth_test;
 #[cfg(test)]
