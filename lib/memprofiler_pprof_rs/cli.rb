@@ -179,12 +179,9 @@ module MemprofilerPprof
         options[:by] = value
       end
       limit_option(opts, options, 20)
-      opts.on("-f", "--focus REGEX", "only samples with a frame whose name or file matches") do |value|
-        options[:focus] = begin
-          Regexp.new(value)
-        rescue RegexpError => e
-          raise UsageError, "--focus #{value.inspect} is not a valid regular expression: #{e.message}"
-        end
+      opts.on("-f", "--focus REGEX", "only samples with a frame whose name or file matches",
+              "(Ruby syntax, matched in linear time: no backreferences or look-around)") do |value|
+        options[:focus] = value
       end
       opts.on("--cum", "sort by cum instead of flat") { options[:cum] = true }
     end
@@ -326,13 +323,22 @@ module MemprofilerPprof
       raise UsageError, "-o #{output} is the input profile #{clobbered}; write elsewhere" if clobbered
     end
 
+    # --focus as the Regexp `top` matches; one it cannot take (not a
+    # regular expression, or a backreference) is a usage mistake.
+    def focus_option(value)
+      value && Profile.focus_regexp(value)
+    rescue ArgumentError => e
+      raise UsageError, "--#{e.message}"
+    end
+
     def top(files, options)
       raise UsageError, "top reads one profile; got #{files.size} files (merge them first)" if files.size > 1
 
+      focus = focus_option(options[:focus])
       (file, profile), = read_profiles(files, "top", minimum: 1)
       report = profile.top(
         sample_index: options[:sample_index], by: options.fetch(:by, "function").to_sym,
-        limit: options.fetch(:limit, 20), focus: options[:focus], cum: options[:cum],
+        limit: options.fetch(:limit, 20), focus: focus, cum: options[:cum],
         base_dir: Dir.pwd, title: file
       )
       @stdout.print(report)

@@ -14,7 +14,7 @@ use rb_sys::{
     RTYPEDDATA_P, RTYPEDDATA_TYPE, TEST, VALUE,
 };
 
-use super::convert::{array_elements, count_arg, is_string, rust_string};
+use super::convert::{array_elements, count_arg, fixnum, is_string, rust_string};
 use super::errors::{method_entry, protect, RbError, RbResult};
 use super::gvl::without_gvl;
 use super::method_table::{method_def, MethodDef, MethodKind};
@@ -23,11 +23,12 @@ use crate::analysis::decoded_profile::{
 };
 use crate::analysis::diff::{render_diff, DiffOptions};
 use crate::analysis::flamegraph::{flame_graph_of, render_html, render_svg};
+use crate::analysis::focus::{FocusPattern, RubyOptions};
 use crate::analysis::grouping::GroupBy;
 use crate::analysis::merge::merge_within;
 use crate::analysis::read_budget::READ_BUDGET;
 use crate::analysis::top::{render_top, TopOptions};
-use crate::analysis::{InputMap, InputSet};
+use crate::analysis::InputSet;
 
 struct DataType(rb_data_type_t);
 
@@ -352,49 +353,66 @@ unsafe extern "C" fn native_totals(rb_self: VALUE) -> VALUE {
     })
 }
 
-/// `[strings, frames]`: every distinct name and file the frames use, once
-/// each, and for each frame (by frame index) the positions of its name and
-/// file in `strings`, flat: `[name0, file0, name1, file1, ...]`. The Ruby
-/// side matches `--focus` against each string once: a name can be long and
-/// used by thousands of frames, and must not be copied for each.
-unsafe extern "C" fn native_frame_strings(rb_self: VALUE) -> VALUE {
+/// A focus pattern's arguments: a Regexp's source (UTF-8; the Ruby side
+/// converts it) and its Regexp#options.
+fn focus_pattern_args(source: VALUE, options: VALUE) -> RbResult<(Vec<u8>, RubyOptions)> {
+    if !is_string(source) {
+        return Err(RbError::type_error("focus source must be a String"));
+    }
+    let bits = fixnum(options)
+        .and_then(|bits| u64::try_from(bits).ok())
+        .ok_or_else(|| RbError::type_error("focus options must be an Integer >= 0"))?;
+    // SAFETY: `source` is a String; its buffer stays valid and unmoved while
+    // it is copied (nothing in between calls into Ruby).
+    let bytes = unsafe {
+        std::slice::from_raw_parts(
+            RSTRING_PTR(source).cast::<u8>(),
+            RSTRING_LEN(source) as usize,
+        )
+        .to_vec()
+    };
+    Ok((bytes, RubyOptions::from_bits(bits)))
+}
+
+/// `Profile._native_focus_error(source, options)`: nil if the pattern can
+/// be matched (in linear time), else why not (a String to follow
+/// "focus /.../ "; the Ruby side raises ArgumentError with it).
+unsafe extern "C" fn native_focus_error(_klass: VALUE, source: VALUE, options: VALUE) -> VALUE {
+    method_entry(|| {
+        let (source, options) = focus_pattern_args(source, options)?;
+        // Compiling a long pattern takes a while: without the GVL.
+        match without_gvl(|| FocusPattern::new(&source, options).map(drop))? {
+            Ok(()) => Ok(Qnil as VALUE),
+            Err(error) => utf8_result(&error.to_string()),
+        }
+    })
+}
+
+/// `#_native_focus_frames(source, options)`: the frames (by index, for
+/// `_native_top`'s focus) whose name or file the pattern matches, or why it
+/// cannot be matched (a String, as in `_native_focus_error`).
+unsafe extern "C" fn native_focus_frames(rb_self: VALUE, source: VALUE, options: VALUE) -> VALUE {
     method_entry(|| {
         let profile = profile_of(rb_self)?;
-        let mut position: InputMap<u32, u32> = InputMap::default();
-        let mut used: Vec<u32> = Vec::new();
-        let mut slot = |id: u32| {
-            *position.entry(id).or_insert_with(|| {
-                used.push(id);
-                (used.len() - 1) as u32
-            })
+        let (source, options) = focus_pattern_args(source, options)?;
+        // Without the GVL, as top: names can be megabytes long, and other
+        // threads run meanwhile. `rb_self` keeps the profile alive.
+        let frames = without_gvl(|| {
+            FocusPattern::new(&source, options).map(|pattern| pattern.matching_frames(profile))
+        })?;
+        let frames = match frames {
+            Ok(frames) => frames,
+            Err(error) => return utf8_result(&error.to_string()),
         };
-        let frames: Vec<(u32, u32)> = profile
-            .frames
-            .iter()
-            .map(|frame| (slot(frame.name), slot(frame.file)))
-            .collect();
-        // Built inside one protect: a raise (NoMemoryError) leaves no Rust
-        // owner behind, only borrowed strings.
-        // SAFETY: plain allocations with valid pointers and lengths, each
-        // pushed into an Array held by a local as soon as it is made.
+        // SAFETY: plain allocations under one protect, each pushed into the
+        // Array (held by a local) as soon as it is made; `frames` is only
+        // borrowed, its owner is outside.
         protect(|| unsafe {
-            let result = rb_ary_new_capa(2);
-            let strings = rb_ary_new_capa(used.len() as c_long);
-            rb_ary_push(result, strings);
-            for id in &used {
-                let text = profile.string(*id);
-                rb_ary_push(
-                    strings,
-                    rb_utf8_str_new(text.as_ptr().cast(), text.len() as c_long),
-                );
+            let array = rb_ary_new_capa(frames.len() as c_long);
+            for frame in &frames {
+                rb_ary_push(array, rb_ull2inum(u64::from(*frame)));
             }
-            let pairs = rb_ary_new_capa(2 * frames.len() as c_long);
-            rb_ary_push(result, pairs);
-            for (name, file) in &frames {
-                rb_ary_push(pairs, rb_ull2inum(u64::from(*name)));
-                rb_ary_push(pairs, rb_ull2inum(u64::from(*file)));
-            }
-            result
+            array
         })
     })
 }
@@ -592,9 +610,15 @@ pub fn methods() -> Vec<MethodDef> {
         method_def!(c"_native_totals", native_totals, 0, MethodKind::Private),
         method_def!(c"_native_shape", native_shape, 0, MethodKind::Private),
         method_def!(
-            c"_native_frame_strings",
-            native_frame_strings,
-            0,
+            c"_native_focus_error",
+            native_focus_error,
+            2,
+            MethodKind::Singleton
+        ),
+        method_def!(
+            c"_native_focus_frames",
+            native_focus_frames,
+            2,
             MethodKind::Private
         ),
         method_def!(c"_native_top", native_top, 8, MethodKind::Private),
