@@ -267,16 +267,21 @@ module MemprofilerPprof
       refuse_same_file_twice(files)
     end
 
-    # Merges any number of files within Profile.memory_limit: profiles are
-    # read until they hold a quarter of it, then folded into the running
-    # result (a merge reserves as much again as its inputs hold) and let go.
+    # Merges any number of files within Profile.memory_limit. A merge
+    # reserves as much again as its inputs hold, so profiles are read while
+    # they and the next (as big as the biggest so far) fit in half of it,
+    # then folded into the running result and let go: few merges, each of
+    # many files, unless the result itself nears the limit.
     def merge_within_memory_limit(files)
       check_file_list(files, "merge", minimum: 1)
       merged = nil
       pending = []
+      biggest = 0
       files.each do |file|
+        before = Profile.memory_held
         pending << read_profile(file)
-        next if Profile.memory_held < Profile.memory_limit / 4
+        biggest = [biggest, Profile.memory_held - before].max
+        next if Profile.memory_held + biggest < Profile.memory_limit / 2
 
         merged = Profile.merge([merged, *pending].compact)
         pending.clear
