@@ -75,7 +75,7 @@ RSpec.describe "hostile input" do
       _out, err, status = cli(exe, "top", "labels.pprof")
       expect(status).to eq(1), err
       one_line_error(err)
-      expect(err).to match(/would take about \d+ MB of memory \(limit 2048 MB\); refusing to read it/)
+      expect(err).to match(/would take about [\d.]+ MB of memory \(limit 2048 MB\); refusing to read it/)
     end
   end
 
@@ -96,17 +96,20 @@ RSpec.describe "hostile input" do
       _out, err, status = cli(exe, "diff", "a.pprof", "b.pprof", "c.pprof", "--memory-limit", "80")
       expect(status).to eq(1), err
       one_line_error(err)
-      expect(err).to match(/c.pprof: reading this profile would take about \d+ MB of memory more, /)
-      expect(err).to match(/and the profiles already read hold \d+ MB \(limit 80 MB for all of them\); refusing to read it$/)
+      expect(err).to match(/c.pprof: reading this profile would take about [\d.]+ MB of memory more, /)
+      expect(err).to match(/and the profiles already read hold [\d.]+ MB \(limit 80.0 MB for all of them\); refusing to read it$/)
       out, err, status = cli(exe, "diff", "a.pprof", "b.pprof", "--memory-limit", "80")
       expect(status).to eq(0), err
       expect(out).to include("profile")
       _out, err, status = cli(exe, "top", "a.pprof", "--memory-limit", "30")
       expect(status).to eq(1), err
-      expect(err).to match(/a.pprof: reading this profile would take about \d+ MB of memory \(limit 30 MB\)/)
+      expect(err).to match(/a.pprof: reading this profile would take (about|more than) [\d.]+ MB of memory \(limit 30.0 MB\)/)
       _out, err, status = cli(exe, "top", "a.pprof", "--memory-limit", "0")
       expect(status).to eq(2)
       expect(err).to include("--memory-limit must be from 1 to 1000000000 (MB), got 0")
+      _out, err, status = cli(exe, "top", "a.pprof", "--memory-limit", "0x10")
+      expect(status).to eq(2)
+      expect(err).to include("invalid argument: --memory-limit 0x10")
     end
 
     it "merges any number of files within it, folding them in as they are read" do
@@ -145,12 +148,30 @@ RSpec.describe "hostile input" do
         end
         expect(kept.size).to be_between(1, 4)
         expect(error.message)
-          .to match(/reading this profile would take about .* \(limit 20 MB for all of them\); refusing to read it\z/)
+          .to match(/reading this profile would take about .* \(limit 20.0 MB for all of them\); refusing to read it\z/)
         expect(error).to be_a(MemprofilerPprof::ProfileFormatError)
         kept.clear
         # Profiles let go of are collected when the limit is reached.
         expect { 20.times { described_class.parse(data) } }.not_to raise_error
         expect { described_class.merge([described_class.parse(data)]).to_pprof }.not_to raise_error
+      end
+
+      # Found by a reviewer: below what was held, gunzip raised a bare
+      # RuntimeError ("would take about 0.0 MB more"), and a refusal part
+      # way through a gunzip understated what the whole would take.
+      it "says what is held when the limit is below it, and 'more than' when refused part way" do
+        kept = described_class.parse(huge_string_profile("k", 4))
+        described_class.memory_limit = 1 << 20
+        expect { described_class.gunzip(huge_string_profile("g", 1)) }
+          .to raise_error(MemprofilerPprof::ProfileMemoryLimitError,
+                          /cannot start: the profiles already read hold [\d.]+ MB, the whole limit \(1.0 MB\)/)
+        expect { MemprofilerPprof::PprofReader.parse(huge_string_profile("r", 1)) }
+          .to raise_error(MemprofilerPprof::PprofReader::MemoryLimitError, /cannot start/)
+        expect(kept.samples_count).to eq(1)
+        described_class.memory_limit = described_class.memory_held + (8 << 20)
+        expect { described_class.parse(huge_string_profile("m", 20)) }
+          .to raise_error(MemprofilerPprof::ProfileMemoryLimitError,
+                          /reading this profile would take more than [\d.]+ MB of memory/)
       end
 
       it "validates the limit" do
@@ -179,11 +200,13 @@ RSpec.describe "hostile input" do
       data = PprofWriter.build(sample_types: types, samples: samples)
       limit = MemprofilerPprof::Profile.memory_limit
       begin
-        MemprofilerPprof::Profile.memory_limit = 48 << 20
+        MemprofilerPprof::Profile.memory_limit = 32 << 20
+        GC.start
         expect { described_class.parse(data) }
-          .to raise_error(described_class::FormatError, /reading this profile in Ruby would take about \d+ MB of memory /)
+          .to raise_error(described_class::MemoryLimitError, /reading this profile in Ruby would take about [\d.]+ MB of memory /)
         expect { described_class.parse(data) }
-          .to raise_error(/\(limit 48 MB, MemprofilerPprof::Profile.memory_limit\); MemprofilerPprof::Profile reads it/)
+          .to raise_error(described_class::FormatError,
+                          /\(limit 32.0 MB, MemprofilerPprof::Profile.memory_limit\); MemprofilerPprof::Profile reads it/)
         MemprofilerPprof::Profile.memory_limit = 256 << 20
         profile = described_class.parse(data)
       ensure

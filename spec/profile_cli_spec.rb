@@ -197,8 +197,29 @@ RSpec.describe "memprofiler_pprof_rs executable" do
       write("cpu.pprof", PprofWriter.build(sample_types: [%w[cpu nanoseconds]], samples: []))
       _out, err, status = cli("merge", "a.pprof", "cpu.pprof", "-o", "all.pprof")
       expect(status).to eq(1)
-      expect(err).to include("profile 2 has sample types cpu/nanoseconds")
+      expect(err).to include("cpu.pprof has sample types cpu/nanoseconds but a.pprof has ")
       expect(File.exist?(File.join(@dir, "all.pprof"))).to be(false)
+    end
+
+    # Found by a reviewer: with files folded in as memory allows, the merge's
+    # own message counted from the last fold ("profile 2" for the sixth).
+    it "names the file of another kind however the files are folded" do
+      5.times { |k| write("s#{k}.pprof", shop_profile(k % 3)) }
+      write("t.pprof", PprofWriter.build(sample_types: [%w[alloc_space bytes]], samples: []))
+      files = %w[s0.pprof s1.pprof s2.pprof s3.pprof t.pprof s4.pprof]
+      _out, err, status = cli("merge", *files, "-o", "all.pprof", "--memory-limit", "1")
+      expect(status).to eq(1)
+      expect(err).to include("t.pprof has sample types alloc_space/bytes but s0.pprof has ")
+    end
+
+    it "refuses standard input redirected from a file it also names" do
+      write("a.pprof", shop_profile(0))
+      out, err, status = Open3.capture3(RbConfig.ruby, EXE, "merge", "a.pprof", "-", "-o", "all.pprof",
+                                        chdir: @dir, stdin_data: "")
+      expect(status.exitstatus).to eq(1), out + err # a pipe: read, and found empty
+      _out, err, status = Open3.capture3("#{RbConfig.ruby} #{EXE} merge a.pprof - -o all.pprof < a.pprof", chdir: @dir)
+      expect(status.exitstatus).to eq(2)
+      expect(err).to include("standard input is a.pprof again (the same file; it would count twice)")
     end
   end
 

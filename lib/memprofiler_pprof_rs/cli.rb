@@ -140,7 +140,7 @@ module MemprofilerPprof
     end
 
     def memory_limit_option(opts, options)
-      opts.on("--memory-limit MB", Integer,
+      opts.on("--memory-limit MB", OptionParser::DecimalInteger,
               "memory the profiles read may take together (default #{DEFAULT_MEMORY_LIMIT_MB})") do |value|
         raise UsageError, "--memory-limit must be from 1 to 1000000000 (MB), got #{value}" unless (1..1_000_000_000).cover?(value)
 
@@ -277,17 +277,39 @@ module MemprofilerPprof
       merged = nil
       pending = []
       biggest = 0
+      first = nil
       files.each do |file|
         before = Profile.memory_held
-        pending << read_profile(file)
+        profile = read_profile(file)
+        first ||= [file, profile.sample_types.sort]
+        refuse_other_kind(file, profile, *first)
+        pending << profile
         biggest = [biggest, Profile.memory_held - before].max
         next if Profile.memory_held + biggest < Profile.memory_limit / 2
 
-        merged = Profile.merge([merged, *pending].compact)
+        merged = merge_step(merged, pending, file)
         pending.clear
         GC.start # frees what was folded in, and its share of the limit
       end
-      pending.empty? ? merged : Profile.merge([merged, *pending].compact)
+      pending.empty? ? merged : merge_step(merged, pending, files.last)
+    end
+
+    # Checked as each file is read: the merge's own message would count
+    # profiles from 1 in each step, not name the file.
+    def refuse_other_kind(file, profile, first_file, first_types)
+      return if profile.sample_types.sort == first_types
+
+      describe = ->(types) { types.map { |type, unit| "#{type}/#{unit}" }.join(", ") }
+      raise ArgumentError, "#{file} has sample types #{describe[profile.sample_types]} but #{first_file} has " \
+                        "#{describe[first_types]}: only profiles of one kind can be merged"
+    end
+
+    def merge_step(merged, pending, last_file)
+      Profile.merge([merged, *pending].compact)
+    rescue ProfileMemoryLimitError => e
+      advice = e.message.include?("merge fewer") ? "" : "; merging takes about twice what its profiles hold"
+      raise ProfileMemoryLimitError, "merging the profiles up to #{last_file}: #{e.message}#{advice} " \
+                                     "(--memory-limit raises the limit)"
     end
 
     # One file under two names (./a.pprof and a.pprof, a symlink, a hard
@@ -300,15 +322,19 @@ module MemprofilerPprof
     def refuse_same_file_twice(files)
       seen = {}
       files.each do |file|
-        next if file == "-"
-
+        # Standard input redirected from a file (`- < a.pprof`) is that file.
         stat = begin
-          File.stat(file)
+          file == "-" ? $stdin.stat : File.stat(file)
         rescue SystemCallError
           next
         end
+        next if file == "-" && !stat.file?
+
         first = seen[[stat.dev, stat.ino]] ||= file
-        raise UsageError, "#{file} is #{first} again (the same file; it would count twice)" unless first.equal?(file)
+        next if first.equal?(file)
+
+        name = ->(f) { f == "-" ? "standard input" : f }
+        raise UsageError, "#{name[file]} is #{name[first]} again (the same file; it would count twice)"
       end
     end
 
@@ -380,7 +406,8 @@ module MemprofilerPprof
       output = options[:output] or raise UsageError, "merge needs -o OUTPUT (e.g. -o all.pprof)"
       merged = merge_within_memory_limit(files)
       write_output(output, merged.to_pprof)
-      @stderr.puts("#{PROGRAM}: merged #{files.size} profiles (#{merged.samples_count} samples) into #{output}")
+      @stderr.puts("#{PROGRAM}: merged #{files.size} profile#{'s' unless files.size == 1} " \
+                   "(#{merged.samples_count} samples) into #{output}")
       0
     end
 

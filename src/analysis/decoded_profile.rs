@@ -13,7 +13,7 @@ use super::display::{shown, shown_at_most};
 use super::read_budget::{OverBudget, ReadBudget, Reservation, READ_BUDGET};
 use crate::analysis::{InputMap, InputSet};
 use crate::pprof;
-use crate::pprof::gzip::gzip_bytes;
+use crate::pprof::gzip::gzip_to;
 
 /// Decompressed profiles larger than this are refused: a gzip bomb must not
 /// take the machine's memory (the biggest real heap profiles are ~100 MB).
@@ -493,7 +493,7 @@ impl DecodedProfile {
     /// How much of each kind the profile holds, for readers that build
     /// objects of their own from its bytes (the Ruby PprofReader estimates
     /// its memory from these), in `SHAPE_KEYS` order.
-    pub fn shape(&self) -> [u64; 10] {
+    pub fn shape(&self) -> [u64; 11] {
         let raw = &self.raw;
         let sum = |n: usize| n as u64;
         [
@@ -509,6 +509,7 @@ impl DecodedProfile {
             sum(raw.string_table.len()),
             raw.string_table.iter().map(|s| sum(s.len())).sum(),
             self.sample_depth.iter().map(|d| u64::from(*d)).sum(),
+            sum(raw.comment.len()),
             self.reserved_bytes(),
         ]
     }
@@ -534,7 +535,7 @@ impl DecodedProfile {
     /// type if one is given (e.g. "alloc_space" for /debug/pprof/allocs).
     /// The encoding and its gzip are reserved from the budget while they
     /// are made; the profile itself is not copied.
-    pub fn to_pprof(&self, default_sample_type: Option<&str>) -> Result<Vec<u8>, ViewError> {
+    pub fn to_pprof(&self, default_sample_type: Option<&str>) -> Result<Written, ViewError> {
         let default = match default_sample_type {
             Some(name) => {
                 let index = self.sample_index(Some(name)).map_err(ViewError::Argument)?;
@@ -542,23 +543,88 @@ impl DecodedProfile {
             }
             None => None,
         };
-        let length = self.raw.encoded_len() as u64;
-        let _transient = self
-            .budget()
-            .reserve(length.saturating_add(length / 4 + 64))
-            .map_err(|refused| ViewError::Memory(format!("writing this profile {refused}")))?;
-        let mut plain = self.raw.encode_to_vec();
+        // The encoding, then its gzip as it grows, then the caller's copy
+        // of that (held by the returned reservation).
+        let memory = |refused| ViewError::Memory(format!("writing this profile {refused}"));
+        let length = self.raw.encoded_len() + 16;
+        let mut transient = self.budget().reserve(length as u64).map_err(memory)?;
+        let mut plain = Vec::with_capacity(length);
+        self.raw
+            .encode(&mut plain)
+            .expect("a Vec with room for the encoding");
         if let Some(index) = default {
             // A scalar field given twice takes its last value: appending
             // field 14 overrides the default sample type without a copy.
             prost::encoding::int64::encode(14, &index, &mut plain);
         }
-        Ok(gzip_bytes(&plain))
+        let refused = std::cell::Cell::new(None);
+        let out = BudgetedBuffer {
+            bytes: Vec::new(),
+            reservation: transient.budget().reserve(0).map_err(memory)?,
+            refused: &refused,
+        };
+        let out = match gzip_to(&plain, out) {
+            Ok(out) => out,
+            Err(_) => {
+                // Writing into a Vec fails only when the budget refuses.
+                return Err(memory(refused.get().expect("refused by the budget")));
+            }
+        };
+        drop(plain);
+        let BudgetedBuffer {
+            bytes,
+            mut reservation,
+            ..
+        } = out;
+        transient.shrink_to(0);
+        reservation.grow(bytes.len() as u64).map_err(memory)?;
+        Ok(Written {
+            bytes,
+            _copy: reservation,
+        })
+    }
+}
+
+/// A profile written out, and the budget held for the caller's copy of it
+/// until this is dropped.
+pub struct Written {
+    pub bytes: Vec<u8>,
+    _copy: Reservation,
+}
+
+/// A buffer that reserves from the read budget before it grows, and fails
+/// the write (noting why in `refused`) when the budget refuses.
+struct BudgetedBuffer<'r> {
+    bytes: Vec<u8>,
+    reservation: Reservation,
+    refused: &'r std::cell::Cell<Option<OverBudget>>,
+}
+
+impl std::io::Write for BudgetedBuffer<'_> {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        let length = self.bytes.len() + data.len();
+        if length > self.bytes.capacity() {
+            let capacity = (self.bytes.capacity() * 2).max(length).max(4096);
+            if let Err(refused) = self
+                .reservation
+                .grow((capacity - self.bytes.capacity()) as u64)
+            {
+                self.refused.set(Some(refused));
+                return Err(std::io::Error::other("over the read budget"));
+            }
+            self.bytes.reserve_exact(capacity - self.bytes.len());
+        }
+        self.bytes.extend_from_slice(data);
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
 /// What `DecodedProfile::shape` counts.
-pub const SHAPE_KEYS: [&str; 10] = [
+pub const SHAPE_KEYS: [&str; 11] = [
     "samples",
     "sample_numbers",
     "labels",
@@ -568,6 +634,7 @@ pub const SHAPE_KEYS: [&str; 10] = [
     "strings",
     "string_bytes",
     "frames",
+    "comments",
     "reserved_bytes",
 ];
 
@@ -816,15 +883,15 @@ pub fn memory_estimate(raw: &pprof::Profile) -> u64 {
         .saturating_add(count(raw.comment.len(), cost::NUMBER))
 }
 
-/// At most what reading `raw` back from its gzipped encoding reserves at
-/// its peak: the decoded estimate, the decompressed bytes (their buffer
-/// grows by doubling: up to twice their length, at least a chunk), the
-/// chunk gunzip reads into, and the file's bytes (gzip makes them smaller
-/// than the encoding; counted at half).
+/// At most what reading `raw` back from the gzipped encoding `to_pprof`
+/// writes reserves at its peak: the decoded estimate, the decompressed
+/// bytes (one buffer of their size, from gzip's trailer), the file's bytes
+/// (gzip adds at most 0.1% and a few bytes to what it cannot compress) and
+/// the chunk gunzip reads into.
 pub fn read_back_estimate(raw: &pprof::Profile) -> u64 {
     let encoded = raw.encoded_len() as u64;
     memory_estimate(raw)
-        .saturating_add(encoded.saturating_mul(2) + encoded / 2)
+        .saturating_add(encoded.saturating_mul(2) + encoded / 1000 + 1024)
         .saturating_add(2 * DECOMPRESS_CHUNK as u64)
 }
 
@@ -848,10 +915,28 @@ pub fn decompress_within<'b>(
         return Ok(std::borrow::Cow::Borrowed(bytes));
     }
     const CHUNK: usize = DECOMPRESS_CHUNK;
+    // Refused part way, the gunzip would have needed more still.
+    let part_way = |refused: OverBudget| OverBudget {
+        at_least: true,
+        ..refused
+    };
     let mut decoder = GzDecoder::new(bytes);
     let mut chunk = vec![0u8; CHUNK];
     let mut plain: Vec<u8> = Vec::new();
-    reservation.grow(CHUNK as u64)?;
+    reservation.grow(CHUNK as u64).map_err(part_way)?;
+    // gzip's trailer gives the size (mod 4 GB): the buffer is made that
+    // big at once, not grown by doubling to up to twice it, when it is a
+    // size profiles compress to (a crafted one only costs its reservation).
+    if let Some(trailer) = bytes.len().checked_sub(4).map(|start| &bytes[start..]) {
+        let size = u32::from_le_bytes(trailer.try_into().expect("4 bytes")) as usize;
+        let likely = size
+            .min(MAX_DECODED_BYTES as usize)
+            .min(bytes.len().saturating_mul(64));
+        if likely > CHUNK {
+            reservation.grow(likely as u64).map_err(part_way)?;
+            plain.reserve_exact(likely);
+        }
+    }
     loop {
         let read = match decoder.read(&mut chunk) {
             Ok(0) => break,
@@ -871,7 +956,9 @@ pub fn decompress_within<'b>(
                 .max(length)
                 .max(CHUNK)
                 .min(MAX_DECODED_BYTES as usize);
-            reservation.grow((capacity - plain.capacity()) as u64)?;
+            reservation
+                .grow((capacity - plain.capacity()) as u64)
+                .map_err(part_way)?;
             plain.reserve_exact(capacity - plain.len());
         }
         plain.extend_from_slice(&chunk[..read]);
@@ -1171,6 +1258,13 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn gzip_too_short_for_a_trailer_is_refused_not_panicked_on() {
+        for bytes in [&b"\x1f\x8b"[..], b"\x1f\x8b\x08"] {
+            assert!(DecodedProfile::decode(bytes).is_err());
+        }
+    }
+
+    #[test]
     fn decompressed_bytes_are_reserved_as_they_grow() {
         // 64 MB of zeros gzip to ~64 KB; a 16 MB budget stops the gunzip
         // before it has allocated past the limit.
@@ -1188,19 +1282,6 @@ pub(crate) mod tests {
         assert!(matches!(error, Some(ReadError::OverBudget(_))), "{error:?}");
         assert!(peak <= 17 << 20, "{peak} bytes");
         assert_eq!(budget.held(), 0);
-    }
-
-    #[test]
-    fn to_pprof_sets_the_default_sample_type_without_copying_the_profile() {
-        let profile = DecodedProfile::from_raw(small()).unwrap();
-        let bytes = profile.to_pprof(Some("alloc_space")).unwrap();
-        let again = DecodedProfile::decode(&bytes).unwrap();
-        assert_eq!(again.sample_index(None), Ok(0));
-        assert_eq!(again.raw.sample, profile.raw.sample);
-        assert!(matches!(
-            profile.to_pprof(Some("cpu")),
-            Err(ViewError::Argument(_))
-        ));
     }
 
     #[test]
@@ -1255,8 +1336,8 @@ pub(crate) mod tests {
     #[test]
     fn to_pprof_changes_only_the_default() {
         let profile = DecodedProfile::from_raw(small()).unwrap();
-        let bytes = profile.to_pprof(Some("alloc_space")).unwrap();
-        let again = DecodedProfile::decode(&bytes).unwrap();
+        let written = profile.to_pprof(Some("alloc_space")).unwrap();
+        let again = DecodedProfile::decode(&written.bytes).unwrap();
         assert_eq!(again.sample_index(None), Ok(0));
         assert_eq!(again.raw.sample, profile.raw.sample);
         assert!(profile.to_pprof(Some("nope")).is_err());

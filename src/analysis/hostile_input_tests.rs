@@ -147,7 +147,7 @@ fn read_everything(bytes: &[u8]) -> Result<Vec<String>, ReadError> {
         }
     }
     if let Ok(pprof) = profile.to_pprof(None) {
-        texts.push(format!("{} bytes re-encoded", pprof.len()));
+        texts.push(format!("{} bytes re-encoded", pprof.bytes.len()));
     }
     Ok(texts)
 }
@@ -649,8 +649,8 @@ fn fuzzed_profile_sets_merge_and_diff_within_one_budget() {
                 Some(merged.map(|merged| {
                     let bytes = merged.to_pprof(None);
                     drop(merged);
-                    let bytes = bytes.expect("a merge the budget allowed can be written");
-                    let again = DecodedProfile::decode_within(&bytes, budget);
+                    let written = bytes.expect("a merge the budget allowed can be written");
+                    let again = DecodedProfile::decode_within(&written.bytes, budget);
                     assert!(
                         !matches!(again, Err(ReadError::OverBudget(_))),
                         "a merge the budget allowed reads back under its limit: {:?}",

@@ -8,7 +8,7 @@ use crate::pprof::string_table::StringTable;
 
 use super::decoded_profile::{memory_estimate, read_back_estimate, DecodedProfile, ViewError};
 use super::display::shown;
-use super::read_budget::ReadBudget;
+use super::read_budget::{megabytes, ReadBudget};
 
 /// The merged profile's string table, keyed by SipHash: its strings come
 /// from files anybody may have crafted.
@@ -70,9 +70,9 @@ pub fn merge_within(
     let read_back = read_back_estimate(&merged);
     if read_back > budget.limit() {
         return Err(ViewError::Memory(format!(
-            "the merged profile would take about {} MB of memory to read back (limit {} MB); merge fewer profiles",
-            read_back >> 20,
-            budget.limit() >> 20
+            "the merged profile would take about {} of memory to read back (limit {}); merge fewer profiles",
+            megabytes(read_back),
+            megabytes(budget.limit())
         )));
     }
     let estimate = memory_estimate(&merged);

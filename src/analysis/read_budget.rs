@@ -21,26 +21,37 @@ pub struct ReadBudget {
 }
 
 /// A reservation refused: `needed` more bytes while `held` were reserved.
+/// `at_least`: the work was refused part way (a gunzip), so it needs more.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OverBudget {
     pub needed: u64,
     pub held: u64,
     pub limit: u64,
+    pub at_least: bool,
 }
 
 impl fmt::Display for OverBudget {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.held >= self.limit {
+            return write!(
+                f,
+                "cannot start: the profiles already read hold {}, the whole limit ({})",
+                megabytes(self.held),
+                megabytes(self.limit)
+            );
+        }
+        let about = if self.at_least { "more than" } else { "about" };
         if self.held == 0 {
             write!(
                 f,
-                "would take about {} of memory (limit {})",
+                "would take {about} {} of memory (limit {})",
                 megabytes(self.needed),
                 megabytes(self.limit)
             )
         } else {
             write!(
                 f,
-                "would take about {} of memory more, and the profiles already read hold {} (limit {} for all of them)",
+                "would take {about} {} of memory more, and the profiles already read hold {} (limit {} for all of them)",
                 megabytes(self.needed),
                 megabytes(self.held),
                 megabytes(self.limit)
@@ -49,10 +60,11 @@ impl fmt::Display for OverBudget {
     }
 }
 
-/// "12 MB", or "1.2 MB" below 10 MB so that small limits still read right.
-fn megabytes(bytes: u64) -> String {
+/// "1234 MB", or "12.3 MB" below 100 MB, so that an amount just over a
+/// small limit does not read as equal to it.
+pub fn megabytes(bytes: u64) -> String {
     let mb = bytes as f64 / (1u64 << 20) as f64;
-    if mb < 10.0 {
+    if mb < 100.0 {
         format!("{mb:.1} MB")
     } else {
         format!("{mb:.0} MB")
@@ -91,6 +103,9 @@ impl ReadBudget {
     }
 
     fn take(&self, bytes: u64) -> Result<(), OverBudget> {
+        if bytes == 0 {
+            return Ok(());
+        }
         let limit = self.limit();
         self.held
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
@@ -101,6 +116,7 @@ impl ReadBudget {
                 needed: bytes,
                 held,
                 limit,
+                at_least: false,
             })
     }
 
@@ -131,7 +147,7 @@ impl Reservation {
         self.budget.take(more).map_err(|refused| OverBudget {
             needed: refused.needed.saturating_add(self.bytes),
             held: refused.held.saturating_sub(self.bytes),
-            limit: refused.limit,
+            ..refused
         })?;
         self.bytes += more;
         Ok(())
@@ -172,13 +188,15 @@ mod tests {
     fn reservations_add_up_to_the_limit_and_return_when_dropped() {
         let budget = test_budget(100);
         let a = budget.reserve(60).unwrap();
+        assert!(budget.reserve(0).is_ok(), "nothing is always there to take");
         let refused = budget.reserve(50).unwrap_err();
         assert_eq!(
             refused,
             OverBudget {
                 needed: 50,
                 held: 60,
-                limit: 100
+                limit: 100,
+                at_least: false
             }
         );
         let b = budget.reserve(40).unwrap();
@@ -219,6 +237,7 @@ mod tests {
             needed: 3 << 30,
             held: 0,
             limit: 2 << 30,
+            at_least: false,
         };
         assert_eq!(
             alone.to_string(),
@@ -228,10 +247,21 @@ mod tests {
             needed: 5 << 19,
             held: 1 << 20,
             limit: 3 << 20,
+            at_least: true,
         };
         assert_eq!(
             together.to_string(),
-            "would take about 2.5 MB of memory more, and the profiles already read hold 1.0 MB (limit 3.0 MB for all of them)"
+            "would take more than 2.5 MB of memory more, and the profiles already read hold 1.0 MB (limit 3.0 MB for all of them)"
+        );
+        let full = OverBudget {
+            needed: 1,
+            held: 18 << 20,
+            limit: 1 << 20,
+            at_least: false,
+        };
+        assert_eq!(
+            full.to_string(),
+            "cannot start: the profiles already read hold 18.0 MB, the whole limit (1.0 MB)"
         );
     }
 }

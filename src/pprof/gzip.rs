@@ -20,6 +20,13 @@ pub fn encode_gzipped(profile: &Profile) -> Vec<u8> {
     gzip_bytes(&profile.encode_to_vec())
 }
 
+/// Gzips an encoded profile into `out` (a writer that may refuse to grow).
+pub fn gzip_to<W: Write>(raw: &[u8], out: W) -> std::io::Result<W> {
+    let mut encoder = GzEncoder::new(out, Compression::new(LEVEL));
+    encoder.write_all(raw)?;
+    encoder.finish()
+}
+
 /// Gzips an encoded profile.
 pub fn gzip_bytes(raw: &[u8]) -> Vec<u8> {
     let mut encoder = GzEncoder::new(

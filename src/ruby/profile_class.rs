@@ -10,8 +10,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use rb_sys::{
     rb_ary_new_capa, rb_ary_push, rb_data_type_struct, rb_data_type_struct__bindgen_ty_1,
     rb_data_type_t, rb_data_typed_object_wrap, rb_str_new, rb_ull2inum, rb_utf8_str_new,
-    ruby_value_type, Qnil, NIL_P, RB_TYPE_P, RSTRING_LEN, RSTRING_PTR, RTYPEDDATA_GET_DATA,
-    RTYPEDDATA_P, RTYPEDDATA_TYPE, TEST, VALUE,
+    ruby_value_type, Qfalse, Qnil, Qtrue, NIL_P, RB_TYPE_P, RSTRING_LEN, RSTRING_PTR,
+    RTYPEDDATA_GET_DATA, RTYPEDDATA_P, RTYPEDDATA_TYPE, TEST, VALUE,
 };
 
 use super::convert::{array_elements, count_arg, fixnum, is_string, rust_string};
@@ -185,6 +185,7 @@ unsafe extern "C" fn native_gunzip(_klass: VALUE, bytes: VALUE) -> VALUE {
         let mut transient = READ_BUDGET
             .reserve(0)
             .map_err(|refused| RbError::runtime(refused.to_string()))?;
+        let memory = |refused| gunzip_error(&ReadError::OverBudget(refused));
         // SAFETY: `bytes` is a String whose buffer stays valid and unmoved:
         // nothing below calls into Ruby while `plain` may borrow it.
         let plain = unsafe {
@@ -196,22 +197,31 @@ unsafe extern "C" fn native_gunzip(_klass: VALUE, bytes: VALUE) -> VALUE {
         };
         match plain {
             Ok(plain) => {
+                // Its copy into a Ruby String, for a moment beside it.
+                if let Err(refused) = transient.grow(plain.len() as u64) {
+                    return memory(refused);
+                }
                 let result = binary_result(&plain)?;
                 // SAFETY: tags the new String (a local) as binary; no raise.
                 unsafe { rb_sys::rb_enc_associate_index(result, rb_sys::rb_ascii8bit_encindex()) };
                 Ok(result)
             }
-            Err(error) => {
-                let message = utf8_result(&error.to_string())?;
-                // An Array [message] tells an error from data (both Strings).
-                // SAFETY: plain allocation under protect; `message` is a local.
-                protect(|| unsafe {
-                    let array = rb_ary_new_capa(1);
-                    rb_ary_push(array, message);
-                    array
-                })
-            }
+            Err(error) => gunzip_error(&error),
         }
+    })
+}
+
+/// `[message, memory]`: why gunzip failed (an Array tells it from data,
+/// both Strings), and whether the read budget refused it.
+fn gunzip_error(error: &ReadError) -> RbResult<VALUE> {
+    let message = utf8_result(&error.to_string())?;
+    let memory = matches!(error, ReadError::OverBudget(_));
+    // SAFETY: plain allocation under protect; `message` is a local.
+    protect(|| unsafe {
+        let array = rb_ary_new_capa(2);
+        rb_ary_push(array, message);
+        rb_ary_push(array, if memory { Qtrue } else { Qfalse } as VALUE);
+        array
     })
 }
 
@@ -532,7 +542,8 @@ unsafe extern "C" fn native_to_pprof(rb_self: VALUE, default_sample_type: VALUE)
         // Without the GVL, as parse: the profile is immutable, and `rb_self`
         // (on this method's stack) keeps it alive.
         match without_gvl(|| profile.to_pprof(default.as_deref()))? {
-            Ok(bytes) => binary_result(&bytes),
+            // (`written` holds the budget for the copy until it is made.)
+            Ok(written) => binary_result(&written.bytes),
             Err(ViewError::Argument(message)) => Err(RbError::argument(message)),
             Err(ViewError::Memory(message)) => memory_refusal(&message),
         }

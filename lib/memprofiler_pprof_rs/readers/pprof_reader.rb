@@ -12,6 +12,9 @@ module MemprofilerPprof
   module PprofReader
     class FormatError < StandardError; end
 
+    # Reading the profile would pass MemprofilerPprof::Profile.memory_limit.
+    class MemoryLimitError < FormatError; end
+
     ValueType = Struct.new(:type, :unit)
     Label = Struct.new(:key, :str, :num, :num_unit)
     Function = Struct.new(:id, :name, :system_name, :filename, :start_line)
@@ -49,7 +52,7 @@ module MemprofilerPprof
     # are alive together), rounded up.
     RUBY_BYTES = {
       "samples" => 1000, "sample_numbers" => 60, "labels" => 700, "locations" => 700, "lines" => 500,
-      "functions" => 700, "strings" => 120, "string_bytes" => 2, "frames" => 8
+      "functions" => 700, "strings" => 120, "string_bytes" => 2, "frames" => 8, "comments" => 64
     }.freeze
 
     def parse(bytes)
@@ -60,7 +63,7 @@ module MemprofilerPprof
       check_bounds(bytes)
       decode_profile(bytes)
     rescue ProfileMemoryLimitError => e
-      raise FormatError, e.message
+      raise MemoryLimitError, e.message
     rescue ProfileFormatError => e
       raise FormatError, "not a gzipped pprof profile: #{e.message}"
     end
@@ -68,18 +71,28 @@ module MemprofilerPprof
     # The native reader checks the profile first (stack depths, frames in
     # all, its own memory), and its counts bound what building it in Ruby
     # takes, under the same limit as every profile read back
-    # (MemprofilerPprof::Profile.memory_limit).
+    # (MemprofilerPprof::Profile.memory_limit). The objects built are the
+    # caller's: the limit bounds each call, not the results kept.
     def check_bounds(plain)
       shape = MemprofilerPprof::Profile.parse(plain).send(:_native_shape).to_h
       needed = plain.bytesize * 2 + RUBY_BYTES.sum { |kind, bytes| shape.fetch(kind) * bytes }
       limit = MemprofilerPprof::Profile.memory_limit
       held = MemprofilerPprof::Profile.memory_held - shape.fetch("reserved_bytes")
+      if needed + held > limit && held.positive?
+        GC.start # profiles no longer referenced still hold their share
+        held = MemprofilerPprof::Profile.memory_held - shape.fetch("reserved_bytes")
+      end
       return if needed + held <= limit
 
-      raise FormatError, "reading this profile in Ruby would take about #{needed >> 20} MB of memory" \
-                         "#{", and the profiles already read hold #{held >> 20} MB" if held >> 20 >= 1} " \
-                         "(limit #{limit >> 20} MB, MemprofilerPprof::Profile.memory_limit); " \
-                         "MemprofilerPprof::Profile reads it in far less"
+      raise MemoryLimitError, "reading this profile in Ruby would take about #{megabytes(needed)} of memory" \
+                              "#{", and the profiles already read hold #{megabytes(held)}" if held.positive?} " \
+                              "(limit #{megabytes(limit)}, MemprofilerPprof::Profile.memory_limit); " \
+                              "MemprofilerPprof::Profile reads it in far less"
+    end
+
+    def megabytes(bytes)
+      mb = bytes / (1 << 20).to_f
+      mb < 100 ? format("%.1f MB", mb) : "#{mb.round} MB"
     end
 
     def parse_file(path)

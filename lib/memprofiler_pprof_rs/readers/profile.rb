@@ -72,7 +72,11 @@ module MemprofilerPprof
         Validation.instance(data, String, :data)
 
         result = _native_gunzip(data)
-        raise ProfileFormatError, result.first if result.is_a?(Array)
+        if result.is_a?(Array) && result[1] && memory_held.positive?
+          GC.start # as in within_memory_limit
+          result = _native_gunzip(data)
+        end
+        raise (result[1] ? ProfileMemoryLimitError : ProfileFormatError), result.first if result.is_a?(Array)
 
         result
       end
