@@ -9,12 +9,7 @@ require "etc"
 RSpec.describe MemprofilerPprof::FileOutput do
   root = File.expand_path("..", __dir__)
 
-  around do |example|
-    Dir.mktmpdir("file-output-spec") do |dir|
-      @dir = dir
-      example.run
-    end
-  end
+  include_context "in a temporary directory"
 
   def path(name) = File.join(@dir, name)
 

@@ -31,12 +31,7 @@ RSpec.describe "fork with a running FileFlusher" do
     paths.sum { |path| total_through(parse_profile(File.binread(path)), method_name, "alloc_objects") }
   end
 
-  around do |example|
-    Dir.mktmpdir("fork-spec") do |dir|
-      @dir = dir
-      example.run
-    end
-  end
+  include_context "in a temporary directory"
 
   it "lets parent and child each write their own files, with their own allocations" do
     body = <<~RUBY

@@ -14,12 +14,7 @@ RSpec.describe "hostile input" do
   exe = File.expand_path("../exe/memprofiler_pprof_rs", __dir__)
   types = [%w[inuse_space bytes]]
 
-  around do |example|
-    Dir.mktmpdir("hostile-input") do |dir|
-      @dir = dir
-      example.run
-    end
-  end
+  include_context "in a temporary directory"
 
   def path(name) = File.join(@dir, name)
 

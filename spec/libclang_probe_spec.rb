@@ -8,22 +8,17 @@ require_relative "../ext/memprofiler_pprof_rs/libclang_probe"
 # bindgen on a fresh machine (Debian 12 images carry LLVM 14's libclang-cpp
 # without libclang).
 RSpec.describe LibclangProbe do
-  around do |example|
-    Dir.mktmpdir("libclang-root") do |root|
-      @root = root
-      example.run
-    end
-  end
+  include_context "in a temporary directory"
 
   def touch(path)
-    full = File.join(@root, path)
+    full = File.join(@dir, path)
     FileUtils.mkdir_p(File.dirname(full))
     File.write(full, "")
     full
   end
 
   def find(env = {})
-    described_class.find(root: @root, env: env)
+    described_class.find(root: @dir, env: env)
   end
 
   it "finds nothing on a root that has only LLVM's libclang-cpp" do
@@ -52,8 +47,8 @@ RSpec.describe LibclangProbe do
   end
 
   it "does not count a dangling symlink" do
-    FileUtils.mkdir_p(File.join(@root, "usr/lib"))
-    File.symlink("/nonexistent/libclang.so.1", File.join(@root, "usr/lib/libclang.so"))
+    FileUtils.mkdir_p(File.join(@dir, "usr/lib"))
+    File.symlink("/nonexistent/libclang.so.1", File.join(@dir, "usr/lib/libclang.so"))
     expect(find).to be_nil
   end
 
@@ -70,7 +65,7 @@ RSpec.describe LibclangProbe do
 
   it "says so and exits 1 from the command line when there is none" do
     script = File.expand_path("../ext/memprofiler_pprof_rs/libclang_probe.rb", __dir__)
-    out, status = Open3.capture2e({ "LIBCLANG_PATH" => @root }, RbConfig.ruby, script)
+    out, status = Open3.capture2e({ "LIBCLANG_PATH" => @dir }, RbConfig.ruby, script)
     expect(status.exitstatus).to eq(1)
     expect(out).to include("libclang not found")
   end

@@ -51,12 +51,7 @@ RSpec.describe "memprofiler_pprof_rs executable" do
     )
   end
 
-  around do |example|
-    Dir.mktmpdir("cli-spec") do |dir|
-      @dir = dir
-      example.run
-    end
-  end
+  include_context "in a temporary directory"
 
   def write(name, bytes)
     File.binwrite(File.join(@dir, name), bytes)

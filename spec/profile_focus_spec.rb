@@ -10,12 +10,7 @@ RSpec.describe "focus" do
   exe = File.expand_path("../exe/memprofiler_pprof_rs", __dir__)
   types = [%w[inuse_space bytes]]
 
-  around do |example|
-    Dir.mktmpdir("focus") do |dir|
-      @dir = dir
-      example.run
-    end
-  end
+  include_context "in a temporary directory"
 
   def cli(exe, *args)
     out, err, status = Open3.capture3(RbConfig.ruby, exe, *args, chdir: @dir)

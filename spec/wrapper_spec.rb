@@ -7,12 +7,7 @@ RSpec.describe "memprofiler_pprof_rs_profile" do
   let(:root) { File.expand_path("..", __dir__) }
   let(:wrapper) { File.join(root, "exe", "memprofiler_pprof_rs_profile") }
 
-  around do |example|
-    Dir.mktmpdir("wrapper-spec") do |dir|
-      @dir = dir
-      example.run
-    end
-  end
+  include_context "in a temporary directory"
 
   # A script whose allocations are easy to find: it keeps 3,000 Strings from
   # WrappedApp#fill, optionally sleeps, then exits with `status`. The app is
