@@ -86,7 +86,10 @@ RSpec.describe "gem build and gem install --local" do
     expect(@install_status).to be_success, @install_out
     installed_bytes = 0
     Find.find(@gem_home) { |path| installed_bytes += File.size(path) if File.file?(path) }
-    expect(installed_bytes).to be < 10 * 1024 * 1024
+    # The gem is ~13 MB (the extension twice, ~4 MB each with the regex
+    # crate's engines and Unicode tables, and the vendored crates' sources);
+    # a cargo target/ left behind would be hundreds.
+    expect(installed_bytes).to be < 20 * 1024 * 1024
     expect(Dir.glob(File.join(@gem_home, "**", "target", "release"))).to be_empty
     expect(Dir.children(@tmp).grep(/cargo/)).to be_empty
   end
