@@ -184,6 +184,17 @@ RSpec.describe "hostile input" do
   # Issue 36, item 4: PprofReader.parse_file on the 1 KB file of item 1 ran
   # 243 s, reached 3.7 GB and died ("failed to allocate memory").
   describe MemprofilerPprof::PprofReader do
+    # The torture test found the native counts' names collected under
+    # GC.stress (they were kept only in a Rust Vec, which no GC scans).
+    it "reads under GC.stress" do
+      data = PprofWriter.build(sample_types: types, samples: [{ stack: [["A#a", "/a.rb", 1, 1]], values: [1] }])
+      GC.stress = true
+      samples = 3.times.map { described_class.parse(data).samples.size }
+    ensure
+      GC.stress = false
+      expect(samples).to eq([1, 1, 1])
+    end
+
     it "refuses the expanding file at once, as the native reader does" do
       File.binwrite(path("bomb.pprof"), inlined_bomb(lines: 100_000, repeats: 10_000))
       expect { described_class.parse_file(path("bomb.pprof")) }

@@ -325,19 +325,19 @@ unsafe extern "C" fn native_comments(rb_self: VALUE) -> VALUE {
 unsafe extern "C" fn native_shape(rb_self: VALUE) -> VALUE {
     method_entry(|| {
         let shape = profile_of(rb_self)?.shape();
-        let names = SHAPE_KEYS
-            .iter()
-            .map(|name| utf8_result(name))
-            .collect::<RbResult<Vec<VALUE>>>()?;
-        // SAFETY: plain allocations under protect; the name Strings are
-        // reachable from `names` on this stack (the GC scans it) until
-        // pushed.
+        // One protect for every allocation: each new object is pushed into
+        // an Array held by a local (seen by the GC's stack scan) at once; a
+        // VALUE kept only in a Rust Vec would not be seen.
+        // SAFETY: plain allocations with valid pointers and lengths.
         protect(|| unsafe {
             let array = rb_ary_new_capa(shape.len() as c_long);
-            for (name, count) in names.iter().zip(shape) {
+            for (name, count) in SHAPE_KEYS.iter().zip(shape) {
                 let pair = rb_ary_new_capa(2);
                 rb_ary_push(array, pair);
-                rb_ary_push(pair, *name);
+                rb_ary_push(
+                    pair,
+                    rb_utf8_str_new(name.as_ptr().cast(), name.len() as c_long),
+                );
                 rb_ary_push(pair, rb_ull2inum(count));
             }
             array
