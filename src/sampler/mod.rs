@@ -7,6 +7,7 @@
 pub mod address_filter;
 pub mod block_frames;
 pub mod gaps;
+pub mod id_slab;
 pub mod lock;
 pub mod named_classes;
 pub mod reservoir;

@@ -23,6 +23,7 @@ use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use super::block_frames::MethodBlocks;
+use super::id_slab::{IdSlab, SlabSpan};
 use super::types::{
     is_resolved_frame, resolved_frame, resolved_frame_index, FrameRef, TRUNCATION_FRAME,
 };
@@ -64,10 +65,10 @@ impl StackId {
     }
 }
 
-/// A stored stack: ids into the frame table, leaf first.
+/// A stored stack: ids into the frame table, leaf first (in `ids`).
 #[derive(Debug)]
 struct StackEntry {
-    frames: Box<[u32]>,
+    frames: SlabSpan,
     hash: u64,
     refs: u32,
     /// The next stack whose frames hash the same (rare), or NO_STACK.
@@ -92,6 +93,10 @@ struct FrameSlot {
 #[derive(Debug, Default)]
 pub struct StackTable {
     entries: Vec<Option<StackEntry>>,
+    /// Each stored stack's frame slot ids.
+    ids: IdSlab,
+    /// Reused for the ids of a stack being interned.
+    interning: Vec<u32>,
     free_ids: Vec<u32>,
     /// Hash of a stack's frames -> the first stored stack with that hash.
     by_hash: FastHashMap<u64, u32>,
@@ -149,8 +154,9 @@ impl StackTable {
                 .as_ref()
                 .expect("hash chains hold stored stacks");
             if entry.frames.len() == frames.len()
-                && entry
-                    .frames
+                && self
+                    .ids
+                    .get(entry.frames)
                     .iter()
                     .zip(frames)
                     .all(|(&id, frame)| self.frame_slots[id as usize].frame == *frame)
@@ -161,15 +167,19 @@ impl StackTable {
             }
             candidate = entry.next_same_hash;
         }
-        let ids: Box<[u32]> = frames.iter().map(|&frame| self.frame_id(frame)).collect();
-        self.positions += ids.len();
+        let mut ids = std::mem::take(&mut self.interning);
+        ids.clear();
+        ids.extend(frames.iter().map(|&frame| self.frame_id(frame)));
+        let span = self.ids.insert(&ids);
+        self.interning = ids;
+        self.positions += span.len();
         self.stacks += 1;
         let holds_ruby_frames = frames
             .iter()
             .any(|f| f.frame != TRUNCATION_FRAME && !is_resolved_frame(f.frame));
         let next_same_hash = self.by_hash.get(&hash).copied().unwrap_or(NO_STACK);
         let entry = StackEntry {
-            frames: ids,
+            frames: span,
             hash,
             refs: 1,
             next_same_hash,
@@ -363,6 +373,8 @@ impl StackTable {
         // Old Ruby-frame slot -> its resolved slot (NO_SLOT: not named).
         let mut slot_map: Vec<u32> = Vec::new();
         let mut resolved_of: FastHashMap<FrameRef, FrameRef> = FastHashMap::default();
+        let mut old_ids: Vec<u32> = Vec::new();
+        let mut new_ids: Vec<u32> = Vec::new();
         let take = self.detach_queue.len().min(max_stacks);
         let batch: Vec<u32> = self
             .detach_queue
@@ -378,8 +390,9 @@ impl StackTable {
                 self.list_ruby(slot);
                 continue;
             }
-            let old_ids = entry.frames.clone();
-            let mut new_ids = Vec::with_capacity(old_ids.len());
+            old_ids.clear();
+            old_ids.extend_from_slice(self.ids.get(entry.frames));
+            new_ids.clear();
             let mut changed = false;
             let mut still_ruby = false;
             for &id in old_ids.iter() {
@@ -436,6 +449,7 @@ impl StackTable {
                     for &id in old_ids.iter() {
                         self.release_frame(id);
                     }
+                    self.ids.remove(old_entry.frames);
                     self.positions -= old_ids.len();
                     self.stacks -= 1;
                     self.merged_ids.push(slot);
@@ -448,9 +462,10 @@ impl StackTable {
                         self.frame_slots[new as usize].uses += 1;
                         self.release_frame(old);
                     }
+                    self.ids.get_mut(old_entry.frames).copy_from_slice(&new_ids);
                     let next_same_hash = self.by_hash.get(&hash).copied().unwrap_or(NO_STACK);
                     self.entries[slot as usize] = Some(StackEntry {
-                        frames: new_ids.into_boxed_slice(),
+                        frames: old_entry.frames,
                         hash,
                         refs: old_entry.refs,
                         next_same_hash,
@@ -481,7 +496,7 @@ impl StackTable {
             let entry = self.entries[candidate as usize]
                 .as_ref()
                 .expect("hash chains hold stored stacks");
-            if *entry.frames == *ids {
+            if self.ids.get(entry.frames) == ids {
                 return Some(candidate);
             }
             candidate = entry.next_same_hash;
@@ -565,9 +580,11 @@ impl StackTable {
         }
         let entry = self.entries[slot as usize].take().expect("checked above");
         self.unlink(slot, &entry);
-        for &frame in entry.frames.iter() {
+        for position in 0..entry.frames.len() {
+            let frame = self.ids.get(entry.frames)[position];
             self.release_frame(frame);
         }
+        self.ids.remove(entry.frames);
         self.positions -= entry.frames.len();
         self.stacks -= 1;
         self.free_ids.push(slot);
@@ -588,8 +605,8 @@ impl StackTable {
 
     /// The stack's frames, leaf first.
     pub fn frames(&self, id: StackId) -> Arc<[Frame]> {
-        self.entry(self.forwarded(id))
-            .frames
+        self.ids
+            .get(self.entry(self.forwarded(id)).frames)
             .iter()
             .map(|&frame| self.frame_slots[frame as usize].frame)
             .collect()
@@ -678,7 +695,8 @@ impl StackTable {
     pub fn memory_bytes(&self) -> usize {
         use std::mem::size_of;
         self.entries.capacity() * size_of::<Option<StackEntry>>()
-            + self.positions * size_of::<u32>()
+            + self.ids.memory_bytes()
+            + self.interning.capacity() * size_of::<u32>()
             + self.free_ids.capacity() * size_of::<u32>()
             + self.by_hash.capacity() * (size_of::<u64>() + size_of::<u32>() + 4)
             + self.frame_slots.capacity() * size_of::<FrameSlot>()

@@ -146,6 +146,9 @@ impl SamplerState {
         self.forget_watched();
         self.flush_classes.clear();
         self.stacks.hold_pruning();
+        // Room for every sample now: growing a vector of a million samples
+        // copies tens of megabytes in one hold of the GVL.
+        let samples = Vec::with_capacity(self.live.len() + self.allocations.len());
         self.phase = FlushPhase::Measuring(FlushInProgress {
             live: self
                 .live
@@ -156,7 +159,7 @@ impl SamplerState {
             allocations: std::mem::take(&mut self.allocations),
             next_allocation: 0,
             scales: self.reservoir.take(),
-            samples: Vec::new(),
+            samples,
             heap_samples: None,
             allocation_samples: 0,
             classes: FastHashSet::default(),
