@@ -107,7 +107,7 @@ RSpec.describe "hostile input" do
       expect(err).to include("invalid argument: --memory-limit 0x10")
     end
 
-    it "merges any number of files within it, folding them in as they are read" do
+    it "merges any number of files within it, each read, added and let go" do
       samples = (1..3_000).map { |k| { stack: [["Shop##{'m' * 100}#{k}", "/app/shop.rb", k, 1]], values: [k] } }
       files = (1..24).map do |k|
         File.binwrite(path("w#{k}.pprof"), PprofWriter.build(sample_types: types, samples: samples))
@@ -118,6 +118,24 @@ RSpec.describe "hostile input" do
       merged = MemprofilerPprof::Profile.read(path("all.pprof"))
       expect(merged.samples_count).to eq(3_000)
       expect(merged.totals["inuse_space"]).to eq(24 * samples.sum { |s| s[:values].first })
+    end
+
+    # Found trying it: a merge whose result could not be read back was
+    # refused only after the last file (500 files: 32 s), and merging past
+    # half the limit re-merged everything at each file (6 minutes).
+    it "refuses a merge it could not read back at the file that tips it, not after the last" do
+      10.times { |k| File.binwrite(path("w#{k}.pprof"), huge_string_profile("n#{k}", 1)) }
+      files = (0..9).map { |k| "w#{k}.pprof" }
+      _out, err, status = cli(exe, "merge", *files, "-o", "all.pprof", "--memory-limit", "8")
+      expect(status).to eq(1)
+      one_line_error(err)
+      expect(err).to start_with("memprofiler_pprof_rs: merging the profiles up to w2.pprof: the merged profile would " \
+                                "take more than ")
+      expect(err).to end_with("of memory to read back (limit 8.0 MB); merge fewer profiles (--memory-limit raises the limit)\n")
+      expect(File.exist?(path("all.pprof"))).to be(false)
+      _out, err, status = cli(exe, "merge", *files, "-o", "all.pprof", "--memory-limit", "40")
+      expect(status).to eq(0), err
+      expect(MemprofilerPprof::Profile.read(path("all.pprof")).samples_count).to eq(10)
     end
 
     describe MemprofilerPprof::Profile do

@@ -14,6 +14,7 @@
 
 pub mod analysis;
 pub mod fast_hash;
+pub mod heap_size;
 pub mod pprof;
 mod ruby;
 pub mod sampler;

@@ -267,31 +267,20 @@ module MemprofilerPprof
       refuse_same_file_twice(files)
     end
 
-    # Merges any number of files within Profile.memory_limit. A merge
-    # reserves as much again as its inputs hold, so profiles are read while
-    # they and the next (as big as the biggest so far) fit in half of it,
-    # then folded into the running result and let go: few merges, each of
-    # many files, unless the result itself nears the limit.
+    # Merges any number of files within Profile.memory_limit: each is read,
+    # added to the merger and let go, so the merge holds its result and one
+    # file at a time, and takes time in proportion to their total size.
     def merge_within_memory_limit(files)
       check_file_list(files, "merge", minimum: 1)
-      merged = nil
-      pending = []
-      biggest = 0
+      merger = Profile::Merger.new
       first = nil
       files.each do |file|
-        before = Profile.memory_held
         profile = read_profile(file)
         first ||= [file, profile.sample_types.sort]
         refuse_other_kind(file, profile, *first)
-        pending << profile
-        biggest = [biggest, Profile.memory_held - before].max
-        next if Profile.memory_held + biggest < Profile.memory_limit / 2
-
-        merged = merge_step(merged, pending, file)
-        pending.clear
-        GC.start # frees what was folded in, and its share of the limit
+        merge_step(file) { merger << profile }
       end
-      pending.empty? ? merged : merge_step(merged, pending, files.last)
+      merge_step(files.last) { merger.finish }
     end
 
     # Checked as each file is read: the merge's own message would count
@@ -304,12 +293,10 @@ module MemprofilerPprof
                         "#{describe[first_types]}: only profiles of one kind can be merged"
     end
 
-    def merge_step(merged, pending, last_file)
-      Profile.merge([merged, *pending].compact)
+    def merge_step(file)
+      yield
     rescue ProfileMemoryLimitError => e
-      advice = e.message.include?("merge fewer") ? "" : "; merging takes about twice what its profiles hold"
-      raise ProfileMemoryLimitError, "merging the profiles up to #{last_file}: #{e.message}#{advice} " \
-                                     "(--memory-limit raises the limit)"
+      raise ProfileMemoryLimitError, "merging the profiles up to #{file}: #{e.message} (--memory-limit raises the limit)"
     end
 
     # One file under two names (./a.pprof and a.pprof, a symlink, a hard

@@ -846,41 +846,55 @@ fn decode_memory_estimate(plain: &[u8]) -> Result<u64, ReadError> {
 /// `decode_memory_estimate` of a message already in memory (a merged
 /// profile's): what reading its encoding back would reserve.
 pub fn memory_estimate(raw: &pprof::Profile) -> u64 {
-    let count = |n: usize, cost: u64| (n as u64).saturating_mul(cost);
-    let mut estimate = 0u64;
-    for sample in &raw.sample {
-        estimate = estimate
-            .saturating_add(cost::SAMPLE)
-            .saturating_add(count(
-                sample.location_id.len() + sample.value.len(),
-                cost::SAMPLE_NUMBER,
-            ))
-            .saturating_add(count(sample.label.len(), cost::LABEL));
-    }
-    for location in &raw.location {
-        estimate =
-            estimate
-                .saturating_add(cost::LOCATION)
-                .saturating_add(if location.line.is_empty() {
-                    cost::UNSYMBOLIZED_NAME
-                } else {
-                    count(location.line.len(), cost::LINE)
-                });
-    }
-    let strings: u64 = raw
-        .string_table
+    let records = raw
+        .sample
         .iter()
-        .map(|string| cost::STRING + string.len() as u64)
+        .map(sample_estimate)
+        .chain(raw.location.iter().map(location_estimate))
+        .chain(raw.string_table.iter().map(|s| string_estimate(s)))
         .fold(0, u64::saturating_add);
+    records
+        .saturating_add(
+            (raw.sample_type.len() + usize::from(raw.period_type.is_some())) as u64
+                * cost::VALUE_TYPE,
+        )
+        .saturating_add(raw.mapping.len() as u64 * cost::MAPPING)
+        .saturating_add(raw.function.len() as u64 * cost::FUNCTION)
+        .saturating_add(raw.comment.len() as u64 * cost::NUMBER)
+}
+
+/// `memory_estimate`'s share of one sample.
+pub fn sample_estimate(sample: &pprof::Sample) -> u64 {
+    cost::SAMPLE
+        + (sample.location_id.len() + sample.value.len()) as u64 * cost::SAMPLE_NUMBER
+        + sample.label.len() as u64 * cost::LABEL
+}
+
+/// `memory_estimate`'s share of one location.
+pub fn location_estimate(location: &pprof::Location) -> u64 {
+    cost::LOCATION
+        + if location.line.is_empty() {
+            cost::UNSYMBOLIZED_NAME
+        } else {
+            location.line.len() as u64 * cost::LINE
+        }
+}
+
+/// `memory_estimate`'s share of one string.
+pub fn string_estimate(string: &str) -> u64 {
+    cost::STRING + string.len() as u64
+}
+
+/// `memory_estimate`'s share of one function and one mapping.
+pub const FUNCTION_ESTIMATE: u64 = cost::FUNCTION;
+pub const MAPPING_ESTIMATE: u64 = cost::MAPPING;
+
+/// What reading back a profile whose estimate is `estimate` and whose
+/// encoding takes `encoded` bytes reserves (see `read_back_estimate`).
+pub fn read_back_bytes(estimate: u64, encoded: u64) -> u64 {
     estimate
-        .saturating_add(strings)
-        .saturating_add(count(
-            raw.sample_type.len() + usize::from(raw.period_type.is_some()),
-            cost::VALUE_TYPE,
-        ))
-        .saturating_add(count(raw.mapping.len(), cost::MAPPING))
-        .saturating_add(count(raw.function.len(), cost::FUNCTION))
-        .saturating_add(count(raw.comment.len(), cost::NUMBER))
+        .saturating_add(encoded.saturating_mul(2) + encoded / 1000 + 1024)
+        .saturating_add(2 * DECOMPRESS_CHUNK as u64)
 }
 
 /// At most what reading `raw` back from the gzipped encoding `to_pprof`
@@ -889,10 +903,7 @@ pub fn memory_estimate(raw: &pprof::Profile) -> u64 {
 /// (gzip adds at most 0.1% and a few bytes to what it cannot compress) and
 /// the chunk gunzip reads into.
 pub fn read_back_estimate(raw: &pprof::Profile) -> u64 {
-    let encoded = raw.encoded_len() as u64;
-    memory_estimate(raw)
-        .saturating_add(encoded.saturating_mul(2) + encoded / 1000 + 1024)
-        .saturating_add(2 * DECOMPRESS_CHUNK as u64)
+    read_back_bytes(memory_estimate(raw), raw.encoded_len() as u64)
 }
 
 /// What gunzip reads at a time, and its output's first capacity.

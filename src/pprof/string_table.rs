@@ -5,6 +5,9 @@ use std::collections::HashMap;
 use std::hash::{BuildHasher, BuildHasherDefault};
 
 use crate::fast_hash::FastHasher;
+use crate::heap_size;
+
+const INDEX_ENTRY: usize = std::mem::size_of::<(String, i64)>();
 
 /// The table. Its index hashes with FxHash by default (the strings of our
 /// own profiles); a reader of files others made uses std's randomly keyed
@@ -14,6 +17,8 @@ use crate::fast_hash::FastHasher;
 pub struct StringTable<S = BuildHasherDefault<FastHasher>> {
     strings: Vec<String>,
     index: HashMap<String, i64, S>,
+    /// Bytes of the strings (each stored twice: in order, and as a key).
+    bytes: usize,
 }
 
 impl<S: BuildHasher + Default> Default for StringTable<S> {
@@ -27,6 +32,7 @@ impl<S: BuildHasher + Default> StringTable<S> {
         let mut table = StringTable {
             strings: Vec::new(),
             index: HashMap::default(),
+            bytes: 0,
         };
         table.intern("");
         table
@@ -40,7 +46,40 @@ impl<S: BuildHasher + Default> StringTable<S> {
         let index = self.strings.len() as i64;
         self.strings.push(s.to_owned());
         self.index.insert(s.to_owned(), index);
+        self.bytes += s.len();
         index
+    }
+
+    /// Heap bytes held.
+    pub fn memory_bytes(&self) -> usize {
+        heap_size::vec_bytes(&self.strings)
+            + heap_size::map_bytes(self.index.capacity(), INDEX_ENTRY)
+            + 2 * (self.bytes + self.strings.len() * heap_size::BLOCK_OVERHEAD)
+    }
+
+    /// Bytes of the strings held (each once).
+    pub fn string_bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Room for `incoming` more strings without growing while they are
+    /// interned.
+    pub fn reserve(&mut self, incoming: usize) {
+        self.strings.reserve(incoming);
+        self.index.reserve(incoming);
+    }
+
+    /// What `reserve(incoming)` and then interning `incoming` new strings
+    /// of `bytes` in all can allocate.
+    pub fn growth_bytes(&self, incoming: usize, bytes: usize) -> usize {
+        heap_size::vec_growth(&self.strings, incoming)
+            + heap_size::map_growth(
+                self.index.len(),
+                self.index.capacity(),
+                incoming,
+                INDEX_ENTRY,
+            )
+            + 2 * bytes
     }
 
     pub fn len(&self) -> usize {

@@ -13,6 +13,7 @@ mod frames;
 mod gvl;
 mod heap;
 mod hooks;
+mod merger_class;
 mod method_blocks;
 mod method_table;
 mod profile_class;
@@ -45,6 +46,7 @@ pub unsafe extern "C" fn Init_memprofiler_pprof_rs() {
             MethodKind::Singleton
         ));
         let profile_methods = profile_class::methods();
+        let merger_methods = merger_class::methods();
         #[cfg(feature = "bench-hooks")]
         let empty_hooks_methods = [
             method_def!(
@@ -73,6 +75,9 @@ pub unsafe extern "C" fn Init_memprofiler_pprof_rs() {
                 let profile = rb_define_class_under(module, c"Profile".as_ptr(), rb_cObject);
                 rb_undef_alloc_func(profile);
                 define_methods(profile, &profile_methods);
+                let merger = rb_define_class_under(profile, c"Merger".as_ptr(), rb_cObject);
+                rb_define_alloc_func(merger, Some(merger_class::merger_alloc));
+                define_methods(merger, &merger_methods);
                 #[cfg(feature = "bench-hooks")]
                 define_methods(
                     rb_sys::rb_define_module_under(module, c"EmptyHooks".as_ptr()),

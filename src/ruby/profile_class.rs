@@ -70,7 +70,7 @@ unsafe extern "C" fn profile_size(data: *const c_void) -> rb_sys::size_t {
 }
 
 /// Hands `profile` to Ruby as an instance of `klass`.
-fn wrap(klass: VALUE, profile: DecodedProfile) -> RbResult<VALUE> {
+pub(super) fn wrap(klass: VALUE, profile: DecodedProfile) -> RbResult<VALUE> {
     let pointer = Box::into_raw(Box::new(profile));
     let wrapped = protect(|| {
         // SAFETY: `pointer` is a valid heap pointer; Ruby frees it through
@@ -84,7 +84,7 @@ fn wrap(klass: VALUE, profile: DecodedProfile) -> RbResult<VALUE> {
     wrapped
 }
 
-fn profile_of(object: VALUE) -> RbResult<&'static DecodedProfile> {
+pub(super) fn profile_of(object: VALUE) -> RbResult<&'static DecodedProfile> {
     // SAFETY: RB_TYPE_P handles immediates (nil, Integers) and reads only the
     // flags of heap objects; the typed-data header is read only once the
     // object is known to be T_DATA, and its type pointer compared before the
@@ -160,7 +160,7 @@ unsafe extern "C" fn native_parse(klass: VALUE, bytes: VALUE) -> VALUE {
 }
 
 /// `[message]`: what the read budget refused, told apart from a result.
-fn memory_refusal(message: &str) -> RbResult<VALUE> {
+pub(super) fn memory_refusal(message: &str) -> RbResult<VALUE> {
     let message = utf8_result(message)?;
     // SAFETY: plain allocation under protect; `message` is a local.
     protect(|| unsafe {

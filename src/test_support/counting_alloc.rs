@@ -65,6 +65,11 @@ unsafe impl GlobalAlloc for CountingAllocator {
     }
 }
 
+/// Bytes this thread holds now (allocated minus freed).
+pub fn held_bytes() -> isize {
+    HELD.with(Cell::get)
+}
+
 /// `work`'s result, and the most bytes this thread held at once while it
 /// ran, beyond what it held before.
 pub fn peak_bytes_during<T>(work: impl FnOnce() -> T) -> (T, usize) {

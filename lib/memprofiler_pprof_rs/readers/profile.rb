@@ -71,11 +71,7 @@ module MemprofilerPprof
       def gunzip(data)
         Validation.instance(data, String, :data)
 
-        result = _native_gunzip(data)
-        if result.is_a?(Array) && result[1] && memory_held.positive?
-          GC.start # as in within_memory_limit
-          result = _native_gunzip(data)
-        end
+        result = retried_after_gc { _native_gunzip(data) }
         raise (result[1] ? ProfileMemoryLimitError : ProfileFormatError), result.first if result.is_a?(Array)
 
         result
@@ -166,19 +162,24 @@ module MemprofilerPprof
 
       private
 
-      # Runs a native call that returns `[reason]` when the memory limit
-      # refused it. Profiles no longer referenced still hold their share
-      # until the GC frees them: one full GC, then one more try.
-      def within_memory_limit
+      # Runs a native call that returns an Array when the memory limit
+      # refused it: `[reason]`, or `[reason, may_retry]`. Profiles no longer
+      # referenced still hold their share until the GC frees them: a refusal
+      # that may be retried gets one full GC and one more try.
+      def retried_after_gc
         result = yield
-        return result unless result.is_a?(Array)
+        return result unless result.is_a?(Array) && result.fetch(1, true) && memory_held.positive?
 
-        if memory_held.positive?
-          GC.start
-          result = yield
-          return result unless result.is_a?(Array)
-        end
-        raise ProfileMemoryLimitError, result.first
+        GC.start
+        yield
+      end
+
+      # `retried_after_gc`, raising ProfileMemoryLimitError if still refused.
+      def within_memory_limit(&call)
+        result = retried_after_gc(&call)
+        raise ProfileMemoryLimitError, result.first if result.is_a?(Array)
+
+        result
       end
 
       def profile_list(profiles, what, minimum:)
@@ -289,6 +290,41 @@ module MemprofilerPprof
       raise ArgumentError, "focus #{Validation.show(regexp)} #{frames}" if frames.is_a?(String)
 
       [frames, regexp.inspect]
+    end
+
+    # Merges profiles one at a time. Each profile added may be let go at
+    # once, so merging many files holds the result and one file at a time
+    # (Profile.merge needs them all together), within Profile.memory_limit.
+    #
+    #   merger = MemprofilerPprof::Profile::Merger.new
+    #   Dir["tmp/profiles/*.pprof"].each { |f| merger << MemprofilerPprof::Profile.read(f) }
+    #   merged = merger.finish
+    #
+    # Profiles of other sample types raise ArgumentError. Past the memory
+    # limit, ProfileMemoryLimitError: nothing of that profile was added,
+    # unless the merged result grew past what could be read back, which
+    # every later call then raises too. A merger finishes once. Threads may
+    # share one: their calls take turns.
+    class Merger
+      def add(profile)
+        raise TypeError, "Merger#add needs a Profile, got #{Validation.show(profile)}" unless profile.is_a?(Profile)
+
+        Profile.send(:within_memory_limit) { _native_add(profile) }
+        self
+      end
+      alias << add
+
+      # The merged profile. The merger is used up.
+      def finish
+        Profile.send(:within_memory_limit) { _native_finish(Profile) }
+      end
+
+      def inspect
+        "#<#{self.class.name} #{size} profiles>"
+      rescue RuntimeError
+        "#<#{self.class.name} finished>"
+      end
+      alias to_s inspect
     end
   end
 end

@@ -1,0 +1,193 @@
+//! `MemprofilerPprof::Profile::Merger`'s native half: an
+//! analysis::merge::Merger wrapped as TypedData, fed one Profile at a time
+//! (lib/memprofiler_pprof_rs/readers/profile.rb). It holds no Ruby
+//! objects. Adding runs without the GVL, so the merger sits behind a
+//! mutex: two threads adding to one merger take turns.
+
+use std::ffi::c_void;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Mutex;
+
+use rb_sys::{
+    rb_ary_push, rb_data_type_struct, rb_data_type_struct__bindgen_ty_1, rb_data_type_t,
+    rb_data_typed_object_wrap, rb_ull2inum, Qfalse, Qnil, Qtrue, RTYPEDDATA_GET_DATA, RTYPEDDATA_P,
+    RTYPEDDATA_TYPE, VALUE,
+};
+
+use super::errors::{method_entry, protect, RbError, RbResult};
+use super::gvl::without_gvl;
+use super::method_table::{method_def, MethodDef, MethodKind};
+use super::profile_class::{memory_refusal, profile_of, wrap};
+use crate::analysis::decoded_profile::ViewError;
+use crate::analysis::merge::Merger;
+use crate::analysis::read_budget::READ_BUDGET;
+
+/// The merger, until `finish` takes it.
+type Wrapped = Mutex<Option<Merger>>;
+
+struct DataType(rb_data_type_t);
+
+// SAFETY: immutable after initialisation; its pointers point at static data.
+unsafe impl Sync for DataType {}
+
+const fn data_type() -> rb_data_type_t {
+    // SAFETY: all-zero is a valid rb_data_type_t; the fields used are set below.
+    let mut functions: rb_data_type_struct__bindgen_ty_1 = unsafe { std::mem::zeroed() };
+    functions.dfree = Some(merger_free);
+    functions.dsize = Some(merger_size);
+    // SAFETY: as above.
+    let mut data_type: rb_data_type_struct = unsafe { std::mem::zeroed() };
+    data_type.wrap_struct_name = c"MemprofilerPprof::Profile::Merger".as_ptr();
+    data_type.function = functions;
+    // RUBY_TYPED_FREE_IMMEDIATELY: freeing is plain Rust memory.
+    data_type.flags = 1;
+    data_type
+}
+
+static MERGER_TYPE: DataType = DataType(data_type());
+
+unsafe extern "C" fn merger_free(data: *mut c_void) {
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        if !data.is_null() {
+            // SAFETY: the Box leaked in `merger_alloc`, freed exactly once here.
+            drop(unsafe { Box::from_raw(data as *mut Wrapped) });
+        }
+    }));
+}
+
+unsafe extern "C" fn merger_size(data: *const c_void) -> rb_sys::size_t {
+    catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: Ruby passes the pointer given to rb_data_typed_object_wrap.
+        let wrapped = unsafe { &*(data as *const Wrapped) };
+        // (Busy in another thread: its last size is not known; say 0.)
+        wrapped.try_lock().ok().map_or(0, |merger| {
+            merger.as_ref().map_or(0, |m| m.memory_bytes()) as rb_sys::size_t
+        })
+    }))
+    .unwrap_or(0)
+}
+
+/// Ruby's allocator for the class: an empty merger held to the read budget.
+pub unsafe extern "C" fn merger_alloc(klass: VALUE) -> VALUE {
+    method_entry(|| {
+        let pointer = Box::into_raw(Box::new(Mutex::new(Some(Merger::within(&READ_BUDGET)))));
+        let wrapped = protect(|| {
+            // SAFETY: `pointer` is a valid heap pointer handed to Ruby, which
+            // frees it through merger_free.
+            unsafe { rb_data_typed_object_wrap(klass, pointer.cast(), &MERGER_TYPE.0) }
+        });
+        if wrapped.is_err() {
+            // SAFETY: Ruby did not take ownership; we still own the Box.
+            drop(unsafe { Box::from_raw(pointer) });
+        }
+        wrapped
+    })
+}
+
+fn merger_of(object: VALUE) -> RbResult<&'static Wrapped> {
+    // SAFETY: the typed-data header is read only once RTYPEDDATA_P says the
+    // object is typed data (self is always a heap object), and its type
+    // compared before the data is used. The data was set by merger_alloc
+    // and lives as long as the object, which the caller keeps alive (self).
+    unsafe {
+        if !RTYPEDDATA_P(object) || !std::ptr::eq(RTYPEDDATA_TYPE(object), &MERGER_TYPE.0) {
+            return Err(RbError::type_error(
+                "expected a MemprofilerPprof::Profile::Merger",
+            ));
+        }
+        let data = RTYPEDDATA_GET_DATA(object) as *const Wrapped;
+        if data.is_null() {
+            return Err(RbError::runtime("merger is not initialized"));
+        }
+        Ok(&*data)
+    }
+}
+
+/// Runs `work` on the merger without the GVL; None when it has finished.
+fn with_merger<T: Send>(
+    rb_self: VALUE,
+    work: impl FnOnce(&mut Option<Merger>) -> T + Send,
+) -> RbResult<T> {
+    let wrapped = merger_of(rb_self)?;
+    without_gvl(|| {
+        // (Poisoned: an earlier call panicked midway; its state is unknown.)
+        wrapped.lock().map(|mut merger| work(&mut merger)).ok()
+    })?
+    .ok_or_else(|| RbError::runtime("this merger failed earlier; start a new one"))
+}
+
+fn finished() -> RbError {
+    RbError::runtime("this merger has finished; start a new one")
+}
+
+/// `#_native_add(profile)` → nil, or `[reason]` when the read budget
+/// refused it (nothing was added then).
+unsafe extern "C" fn native_add(rb_self: VALUE, profile: VALUE) -> VALUE {
+    method_entry(|| {
+        // (`profile`, on this method's stack, keeps it alive.)
+        let profile = profile_of(profile)?;
+        let added = with_merger(rb_self, |merger| {
+            merger.as_mut().map(|merger| merger.add_within(profile))
+        })?
+        .ok_or_else(finished)?;
+        match added {
+            Ok(()) => Ok(Qnil as VALUE),
+            Err(ViewError::Argument(message)) => Err(RbError::argument(message)),
+            Err(ViewError::Memory(message)) => memory_refusal(&message),
+        }
+    })
+}
+
+/// `#_native_finish(profile_class)` → the merged Profile, or
+/// `[reason, kept]` when the read budget refused it (`kept`: refused before
+/// the merger was used up, so a retry may succeed).
+unsafe extern "C" fn native_finish(rb_self: VALUE, profile_class: VALUE) -> VALUE {
+    method_entry(|| {
+        let merged = with_merger(rb_self, |merger| {
+            let m = merger.as_mut()?;
+            if m.is_empty() {
+                return Some(Err((
+                    ViewError::Argument("merge needs at least one profile".to_string()),
+                    true,
+                )));
+            }
+            if let Err(refused) = m.reserve_finish() {
+                return Some(Err((refused, true)));
+            }
+            merger
+                .take()
+                .map(|m| m.finish_within().map_err(|e| (e, false)))
+        })?
+        .ok_or_else(finished)?;
+        match merged {
+            Ok(profile) => wrap(profile_class, profile),
+            Err((ViewError::Argument(message), _)) => Err(RbError::argument(message)),
+            Err((ViewError::Memory(message), kept)) => memory_refusal_kept(&message, kept),
+        }
+    })
+}
+
+fn memory_refusal_kept(message: &str, kept: bool) -> RbResult<VALUE> {
+    let refusal = memory_refusal(message)?;
+    let kept = if kept { Qtrue } else { Qfalse } as VALUE;
+    // SAFETY: `refusal` is the Array just made (on this stack); under protect.
+    protect(|| unsafe { rb_ary_push(refusal, kept) })
+}
+
+/// `#size` → profiles added so far.
+unsafe extern "C" fn native_size(rb_self: VALUE) -> VALUE {
+    method_entry(|| {
+        let added = with_merger(rb_self, |merger| merger.as_ref().map(Merger::len))?
+            .ok_or_else(finished)?;
+        // SAFETY: plain Integer allocation under protect.
+        protect(|| unsafe { rb_ull2inum(added as u64) })
+    })
+}
+
+pub fn methods() -> Vec<MethodDef> {
+    vec![
+        method_def!(c"_native_add", native_add, 1, MethodKind::Private),
+        method_def!(c"_native_finish", native_finish, 1, MethodKind::Private),
+        method_def!(c"size", native_size, 0, MethodKind::Public),
+    ]
+}
