@@ -13,7 +13,8 @@
 # (ProfileData#longest_gvl_hold_nsecs), the longest flush, and the
 # process's RSS after the first flush, after the first minute (or half the
 # run, if shorter) and at the end. "retains" configurations keep the last
-# 100,000 Strings alive, so that live samples fill max_heap_samples.
+# 100,000 Strings alive ("retains 1M": a million, made at the start), so
+# that live samples pile up.
 
 require "optparse"
 require "rbconfig"
@@ -27,8 +28,19 @@ CONFIGS = {
   "no windows 0.2, retains, caps 1M" =>
     "sample_rate: 0.2, window_budget: nil, max_heap_samples: 1_000_000, max_allocation_samples: 1_000_000",
   "no windows 1.0, retains, caps 1M" =>
-    "sample_rate: 1.0, window_budget: nil, max_heap_samples: 1_000_000, max_allocation_samples: 1_000_000"
+    "sample_rate: 1.0, window_budget: nil, max_heap_samples: 1_000_000, max_allocation_samples: 1_000_000",
+  "no windows 1.0, retains 1M, caps 1M" =>
+    "sample_rate: 1.0, window_budget: nil, max_heap_samples: 1_000_000, max_allocation_samples: 1_000_000",
+  "exact 1.0, retains 1M, caps 1M" =>
+    "sample_rate: 1.0, mode: :exact, max_heap_samples: 1_000_000, max_allocation_samples: 1_000_000"
 }.freeze
+
+# How many of the last Strings a configuration keeps alive.
+def retained(name)
+  return 1_000_000 if name.include?("retains 1M")
+
+  name.include?("retains") ? 100_000 : 0
+end
 
 def worker(options, seconds, flush_every, retains)
   require "memprofiler_pprof_rs"
@@ -46,9 +58,12 @@ def worker(options, seconds, flush_every, retains)
   rss = -> { File.read("/proc/self/status")[/VmRSS:\s+(\d+)/, 1].to_i / 1024.0 }
   now = -> { Process.clock_gettime(Process::CLOCK_MONOTONIC) }
   collector = MemprofilerPprof::Collector.new(**eval("{#{options}}")) # rubocop:disable Security/Eval
-  ring = retains ? Array.new(100_000) : nil
+  ring = retains.positive? ? Array.new(retains) : nil
   slot = 0
   collector.start!
+  # A million live samples from the start (the loop alone takes minutes
+  # to keep that many).
+  ring.fill { "y" * 64 } if retains >= 1_000_000
   began = now.call
   next_flush = began + flush_every
   flushes = []
@@ -82,7 +97,7 @@ end
 
 if ARGV.first == "--worker"
   _, options, seconds, flush_every, retains = ARGV
-  Marshal.dump(worker(options, Float(seconds), Float(flush_every), retains == "1"), $stdout)
+  Marshal.dump(worker(options, Float(seconds), Float(flush_every), Integer(retains)), $stdout)
   exit
 end
 
@@ -101,7 +116,7 @@ puts format("%-36s %8s %9s %7s %9s %9s %9s %8s", "configuration", "hold ms", "fl
 CONFIGS.each do |name, collector_options|
   next unless only.empty? || only.include?(name)
 
-  retains = name.include?("retains") ? "1" : "0"
+  retains = retained(name).to_s
   out = IO.popen([RbConfig.ruby, "-I", File.expand_path("../lib", __dir__), __FILE__, "--worker", collector_options,
                   seconds.to_s, flush_every.to_s, retains], &:read)
   raise "#{name}: the worker failed" unless $?.success? # rubocop:disable Style/SpecialGlobalVars

@@ -97,9 +97,12 @@ pub struct FlushedSample {
 /// end of the flush) can release what it holds.
 #[derive(Debug)]
 pub(super) struct FlushInProgress {
-    /// Live objects when the flush began, measured `next_live..` onwards.
-    pub(super) live: Vec<(ObjectAddress, SampleId)>,
+    /// Live samples are found by walking the records, `next_live..live_end`
+    /// (the records when the flush began), a chunk at a time: copying the
+    /// live map took one hold of the GVL as long as the map (~12 ms at a
+    /// million). A sample is measured if it is live when its turn comes.
     pub(super) next_live: usize,
+    pub(super) live_end: usize,
     /// The detached allocation list (its entries still hold their records
     /// until read), read `next_allocation..` onwards.
     allocations: Vec<SampleId>,
@@ -150,12 +153,8 @@ impl SamplerState {
         // copies tens of megabytes in one hold of the GVL.
         let samples = Vec::with_capacity(self.live.len() + self.allocations.len());
         self.phase = FlushPhase::Measuring(FlushInProgress {
-            live: self
-                .live
-                .iter()
-                .map(|(&object, &id)| (object, id))
-                .collect(),
             next_live: 0,
+            live_end: self.records.len(),
             allocations: std::mem::take(&mut self.allocations),
             next_allocation: 0,
             scales: self.reservoir.take(),
@@ -166,6 +165,15 @@ impl SamplerState {
             drops: std::mem::take(&mut self.drops),
         });
         Measuring(())
+    }
+
+    /// The object of record `index` if it is a live sample now (its
+    /// address known: 0 is one lazy liveness lost to a compaction).
+    pub(super) fn live_object(&self, index: usize) -> Option<ObjectAddress> {
+        let record = self.records.get(index)?;
+        let live = record.refs > 0 && record.liveness == Liveness::Live && record.object != 0;
+        (live && self.live.get(&record.object) == Some(&SampleId(index as u32)))
+            .then_some(record.object)
     }
 
     /// Measures up to `max` of the flush's live objects (those freed since
@@ -186,21 +194,12 @@ impl SamplerState {
                 return true;
             }
         };
-        let end = flush.live.len().min(flush.next_live.saturating_add(max));
+        let end = flush.live_end.min(flush.next_live.saturating_add(max));
         for index in flush.next_live..end {
-            let (object, id) = flush.live[index];
-            let Some(record) = self.records.get(id.0 as usize) else {
+            let Some(object) = self.live_object(index) else {
                 continue;
             };
-            // Freed (and the slot perhaps reused) since begin_flush, or (0)
-            // its address unknown since a compaction (lazy liveness).
-            if record.refs == 0
-                || record.object != object
-                || object == 0
-                || record.liveness != Liveness::Live
-            {
-                continue;
-            }
+            let id = SampleId(index as u32);
             let Some(size) = measure(object) else {
                 self.record_free(object);
                 continue;
@@ -229,7 +228,7 @@ impl SamplerState {
             self.hold_class_for_flush(class);
         }
         flush.next_live = end;
-        let done = end == flush.live.len();
+        let done = end == flush.live_end;
         self.phase = FlushPhase::Measuring(flush);
         done
     }
@@ -283,7 +282,7 @@ impl SamplerState {
                 return true;
             }
         };
-        debug_assert_eq!(flush.next_live, flush.live.len(), "live samples first");
+        debug_assert_eq!(flush.next_live, flush.live_end, "live samples first");
         flush.heap_samples.get_or_insert(flush.samples.len());
         let end = flush
             .allocations

@@ -199,18 +199,13 @@ impl SamplerState {
             return;
         };
         let start = flush.next_live;
-        let end = flush.live.len().min(start.saturating_add(max));
+        let end = flush.live_end.min(start.saturating_add(max));
         let mut dead = Vec::new();
-        for &(object, id) in &flush.live[start..end] {
-            let record = &self.records[id.0 as usize];
-            if record.refs == 0
-                || record.object != object
-                || object == 0
-                || record.liveness != Liveness::Live
-            {
+        for index in start..end {
+            let Some(object) = self.live_object(index) else {
                 continue;
-            }
-            let object_id = self.object_id_of(id);
+            };
+            let object_id = self.object_id_of(SampleId(index as u32));
             if object_id != 0 && !is_alive(object, object_id) {
                 dead.push(object);
             }
@@ -296,17 +291,6 @@ impl SamplerState {
                 Some(&None) => {
                     self.records[id.0 as usize].liveness = Liveness::Freed;
                     self.release(id);
-                }
-            }
-        }
-        // A flush measuring live objects goes on with the new addresses.
-        if let FlushPhase::Measuring(flush) = &mut self.phase {
-            for (object, id) in &mut flush.live {
-                if found.contains_key(id) {
-                    let record = &self.records[id.0 as usize];
-                    if record.refs > 0 && record.liveness == Liveness::Live {
-                        *object = record.object;
-                    }
                 }
             }
         }

@@ -4,7 +4,6 @@
 
 use rand::RngExt;
 
-use super::flush::FlushPhase;
 use super::{Liveness, SampleId, SamplerState, TOMBSTONE};
 use crate::fast_hash::FastHashMap;
 use crate::sampler::types::ObjectAddress;
@@ -147,18 +146,6 @@ impl SamplerState {
                 let watched = matches!(record.liveness, Liveness::Live | Liveness::Watched);
                 if record.refs > 0 && watched {
                     *object = record.object;
-                }
-            }
-        }
-        if let FlushPhase::Measuring(flush) = &mut self.phase {
-            for (object, id) in &mut flush.live {
-                if let Some(record) = self.records.get(id.0 as usize) {
-                    // (0: lazy liveness lost its address to a compaction;
-                    // the entry keeps its old one, which the record no
-                    // longer matches, so the flush skips it.)
-                    if record.refs > 0 && record.liveness == Liveness::Live && record.object != 0 {
-                        *object = record.object;
-                    }
                 }
             }
         }

@@ -694,6 +694,43 @@ fn a_flush_measured_in_chunks_sees_what_was_live_when_it_began() {
     assert_eq!(next.heap_samples, 10);
 }
 
+/// Live samples are found by walking the records a chunk at a time (no
+/// copy of the live map in one hold): a sample freed before its turn is
+/// not measured, and one taken meanwhile in a freed record's slot is, as
+/// the live object it is when its turn comes.
+#[test]
+fn a_flush_measured_in_chunks_sees_each_record_as_it_is_when_its_turn_comes() {
+    let mut st = state(100, 100);
+    for i in 0..10 {
+        record(&mut st, 0x1000 + i * 0x100, &[i as u64]);
+    }
+    st.measure_pending(|_| Some(40));
+    drop(st.take_snapshot(0, |_| Some(40)));
+    st.end_flush();
+    let measuring = st.begin_flush();
+    let mut measure = |_| Some(40);
+    assert!(!st.measure_live(&measuring, 0, 4, &mut measure));
+    st.record_free(0x1000 + 2 * 0x100); // measured already
+    st.record_free(0x1000 + 7 * 0x100); // not yet: its slot is free
+    let new = record(&mut st, 0x9000, &[99]).unwrap();
+    assert_eq!(new, SampleId(7), "the freed record's slot, not yet walked");
+    while !st.measure_live(&measuring, 0, 4, &mut measure) {}
+    let (snapshot, _naming) = st.end_snapshot(measuring, &mut measure);
+    st.end_flush();
+    assert_eq!(snapshot.heap_samples, 10);
+    assert_eq!(
+        snapshot.allocation_samples, 0,
+        "taken after the flush began"
+    );
+    let stacks: Vec<u64> = snapshot.samples[..snapshot.heap_samples]
+        .iter()
+        .map(|s| snapshot.stacks[&s.stack][0].frame)
+        .collect();
+    assert!(stacks.contains(&99) && stacks.contains(&2) && !stacks.contains(&7));
+    let next = st.take_snapshot(0, |_| Some(40));
+    assert_eq!((next.heap_samples, next.allocation_samples), (9, 1));
+}
+
 #[test]
 fn an_abandoned_flush_releases_its_allocation_samples() {
     let mut st = state(100, 100);
