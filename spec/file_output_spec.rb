@@ -17,6 +17,16 @@ RSpec.describe MemprofilerPprof::FileOutput do
     Dir.exist?(directory) ? Dir.children(directory).grep(/\.tmp\z/) : []
   end
 
+  # Found in review (issue 36): its callers checked the mode, write did not.
+  it "refuses a mode that lets group or others write, or is no mode, whoever calls it" do
+    [0o666, 0o620, 0o1777, -1, "600", nil].each do |mode|
+      expect { described_class.write(path("m.pprof"), "data", mode: mode) }
+        .to raise_error(mode.is_a?(Integer) ? ArgumentError : TypeError, /mode/)
+    end
+    expect(File.exist?(path("m.pprof"))).to be(false)
+    expect(File.stat(described_class.write(path("m.pprof"), "data", mode: 0o640)).mode & 0o777).to eq(0o640)
+  end
+
   describe "a file size limit (RLIMIT_FSIZE, ulimit -f)" do
     limit = 1024
     let(:hard_limit) { Process.getrlimit(:FSIZE)[1] }

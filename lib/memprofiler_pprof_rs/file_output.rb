@@ -33,8 +33,9 @@ module MemprofilerPprof
     # which its GC flushes into the shared file description, appending a
     # second copy to the file. Data over the process's file size limit is
     # refused before anything is written (see `check_file_size`). Returns
-    # `path`.
+    # `path`. `mode` is checked as `validate_mode` does, whoever calls.
     def write(path, data, mode: FILE_MODE, overwrite: true)
+      validate_mode(mode)
       check_file_size(path, data.bytesize)
       directory = File.dirname(path)
       check_symlinks(directory, path)
