@@ -31,6 +31,7 @@ CONFIGS = {
     "sample_rate: 1.0, window_budget: nil, max_heap_samples: 1_000_000, max_allocation_samples: 1_000_000",
   "no windows 1.0, retains 1M, caps 1M" =>
     "sample_rate: 1.0, window_budget: nil, max_heap_samples: 1_000_000, max_allocation_samples: 1_000_000",
+  "defaults 0.01, retains 1M" => "sample_rate: 0.01",
   "exact 1.0, retains 1M, caps 1M" =>
     "sample_rate: 1.0, mode: :exact, max_heap_samples: 1_000_000, max_allocation_samples: 1_000_000"
 }.freeze
