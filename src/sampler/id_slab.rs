@@ -158,6 +158,12 @@ impl IdSlab {
         size_class.free = (span.page, span.offset);
     }
 
+    /// Words of the pages held (test-only: to find pages left behind).
+    #[cfg(test)]
+    pub fn page_words(&self) -> usize {
+        self.words
+    }
+
     /// Heap bytes held.
     pub fn memory_bytes(&self) -> usize {
         use std::mem::size_of;

@@ -811,6 +811,134 @@ mod tests {
         assert_eq!(frames, vec![8, 16, 40]);
     }
 
+
+    /// Random interns, releases, held pruning, drains, prunes and detaches
+    /// against a plain model (stack id -> original frames, refs): every
+    /// held stack keeps its frames (through the shared id pages), and
+    /// once none is held the table and its pages are empty again.
+    #[test]
+    fn random_use_matches_a_plain_model() {
+        use std::collections::HashMap;
+        let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+        let mut next = |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        let mut table = StackTable::new();
+        // id -> (original Ruby frames, refs held)
+        let mut model: HashMap<StackId, (Vec<Frame>, u32)> = HashMap::new();
+        let canonical = |table: &StackTable, frames: &[Frame]| -> Vec<(u64, i32)> {
+            frames
+                .iter()
+                .map(|f| match table.resolved_info(f.frame) {
+                    Some(info) => (info.name[1..].parse::<u64>().unwrap(), f.line),
+                    None => (f.frame, f.line),
+                })
+                .collect()
+        };
+        for round in 0..12_000u32 {
+            match next(20) {
+                0..=9 => {
+                    let len = match next(4) {
+                        0 => next(4) as usize,
+                        1 => next(70) as usize,
+                        2 => 250 + next(20) as usize,
+                        _ => next(700) as usize,
+                    };
+                    let frames: Vec<Frame> = (0..len)
+                        .map(|_| Frame {
+                            frame: 0x1000 + 8 * next(12),
+                            line: next(3) as i32,
+                        })
+                        .collect();
+                    let id = table.intern(&frames);
+                    let entry = model.entry(id).or_insert_with(|| (frames.clone(), 0));
+                    assert_eq!(
+                        canonical(&table, &entry.0),
+                        canonical(&table, &frames),
+                        "round {round}: interned into another stack"
+                    );
+                    entry.1 += 1;
+                }
+                10..=15 if !model.is_empty() => {
+                    let keys: Vec<StackId> = model.keys().copied().collect();
+                    let id = keys[next(keys.len() as u64) as usize];
+                    table.release(id);
+                    let entry = model.get_mut(&id).unwrap();
+                    entry.1 -= 1;
+                    if entry.1 == 0 {
+                        model.remove(&id);
+                    }
+                }
+                16 => table.hold_pruning(),
+                17 => table.release_pruning(next(50) as usize),
+                18 => {
+                    let _ = table.drain_unused(next(50) as usize);
+                }
+                _ => {
+                    if table.prune_held {
+                        continue;
+                    }
+                    // Name every frame "n<address>": equal names, equal frames.
+                    let names: FastHashMap<FrameRef, FrameInfo> = (0..12u64)
+                        .filter(|_| next(3) > 0)
+                        .map(|k| {
+                            let frame = 0x1000 + 8 * k;
+                            let info = FrameInfo {
+                                name: format!("n{frame}"),
+                                filename: None,
+                                start_line: 0,
+                                blocks: None,
+                            };
+                            (frame, info)
+                        })
+                        .collect();
+                    let moved = table.detach_frames(&names);
+                    if !moved.is_empty() {
+                        let old: Vec<(StackId, (Vec<Frame>, u32))> = model.drain().collect();
+                        for (id, (frames, refs)) in old {
+                            let to = StackId::from_stored(moved[id.index()]).unwrap_or(id);
+                            let entry = model.entry(to).or_insert_with(|| (frames, 0));
+                            entry.1 += refs;
+                        }
+                    }
+                }
+            }
+            if round % 97 == 0 || model.len() < 3 {
+                let mut held = 0;
+                for (&id, (frames, refs)) in &model {
+                    assert_eq!(table.refs(id), *refs, "round {round}: refs of {id:?}");
+                    assert_eq!(
+                        canonical(&table, &table.frames(id)),
+                        canonical(&table, frames),
+                        "round {round}: frames of {id:?}"
+                    );
+                    held += 1;
+                }
+                if !table.prune_held {
+                    table.drain_unused(usize::MAX);
+                    assert_eq!(table.len(), held, "round {round}: stacks stored");
+                }
+            }
+        }
+        let ids: Vec<(StackId, u32)> = model.iter().map(|(&id, e)| (id, e.1)).collect();
+        table.release_pruning(0);
+        for (id, refs) in ids {
+            for _ in 0..refs {
+                table.release(id);
+            }
+        }
+        table.prune();
+        assert!(table.is_empty());
+        assert_eq!(table.live_frames().count(), 0);
+        assert_eq!(table.resolved_frame_count(), 0);
+        assert_eq!(table.positions, 0);
+        assert_eq!(table.ids.page_words(), 0, "pages left behind");
+        assert!(table.ids.memory_bytes() < 8 * 1024);
+    }
+
     #[test]
     fn churning_stacks_are_listed_for_detach_once_per_id() {
         let mut table = StackTable::new();
