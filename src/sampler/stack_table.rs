@@ -811,7 +811,6 @@ mod tests {
         assert_eq!(frames, vec![8, 16, 40]);
     }
 
-
     /// Random interns, releases, held pruning, drains, prunes and detaches
     /// against a plain model (stack id -> original frames, refs): every
     /// held stack keeps its frames (through the shared id pages), and
