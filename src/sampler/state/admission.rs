@@ -232,6 +232,7 @@ impl SamplerState {
             },
             // The allocation list, and the live or the watched map.
             refs: u8::from(in_allocations) + 1,
+            taken_in_walk: self.measuring_live(),
         };
         let id = match self.free_records.pop() {
             Some(slot) => {
@@ -253,6 +254,9 @@ impl SamplerState {
         };
         // A reused record slot starts without an object id.
         self.set_object_id(id, 0);
+        if self.records[id.index()].taken_in_walk {
+            self.taken_in_walk.push(id);
+        }
         match admission.allocation {
             AllocationSlot::Append => self.allocations.push(id),
             AllocationSlot::Replace(index) => {

@@ -168,10 +168,15 @@ impl SamplerState {
     }
 
     /// The object of record `index` if it is a live sample now (its
-    /// address known: 0 is one lazy liveness lost to a compaction).
+    /// address known: 0 is one lazy liveness lost to a compaction) that
+    /// was taken before the flush began (one taken since, in a freed
+    /// record's slot, is the next flush's, and may not be measured yet).
     pub(super) fn live_object(&self, index: usize) -> Option<ObjectAddress> {
         let record = self.records.get(index)?;
-        let live = record.refs > 0 && record.liveness == Liveness::Live && record.object != 0;
+        let live = record.refs > 0
+            && record.liveness == Liveness::Live
+            && record.object != 0
+            && !record.taken_in_walk;
         (live && self.live.get(&record.object) == Some(&SampleId(index as u32)))
             .then_some(record.object)
     }
@@ -332,6 +337,7 @@ impl SamplerState {
         measure: &mut impl FnMut(ObjectAddress) -> Option<u64>,
     ) -> (FlushSnapshot, Naming) {
         self.read_allocations(&measuring, usize::MAX, measure);
+        self.end_walk();
         let flush = match std::mem::replace(&mut self.phase, FlushPhase::Naming) {
             FlushPhase::Measuring(flush) => flush,
             other => {
@@ -410,6 +416,7 @@ impl SamplerState {
         }
         self.stacks.end_detach();
         self.abandon_detach();
+        self.end_walk();
         if let FlushPhase::Measuring(flush) = std::mem::take(&mut self.phase) {
             for id in flush.allocations {
                 if id != TOMBSTONE {
@@ -422,6 +429,21 @@ impl SamplerState {
             self.named_classes.release(class);
         }
         self.stacks.release_pruning(END_FLUSH_PRUNE);
+    }
+
+    /// The walk for live samples is over: samples taken meanwhile are
+    /// like any other from now on.
+    fn end_walk(&mut self) {
+        for id in std::mem::take(&mut self.taken_in_walk) {
+            if let Some(record) = self.records.get_mut(id.index()) {
+                record.taken_in_walk = false;
+            }
+        }
+    }
+
+    /// Whether a flush is walking the records for live samples.
+    pub(super) fn measuring_live(&self) -> bool {
+        matches!(self.phase, FlushPhase::Measuring(_))
     }
 
     pub fn flush_in_progress(&self) -> bool {

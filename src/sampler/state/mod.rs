@@ -128,6 +128,9 @@ struct SampleRecord {
     /// stops a watched address from pointing at a reused record); 0 = the
     /// slot is free.
     refs: u8,
+    /// Taken while a flush walks the records for live samples: not one of
+    /// that flush's (listed in `taken_in_walk`, cleared when it ends).
+    taken_in_walk: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -166,6 +169,8 @@ pub struct SamplerState {
     records: Vec<SampleRecord>,
     free_records: Vec<u32>,
     live: FastHashMap<ObjectAddress, SampleId>,
+    /// Records taken while a flush measures (see `SampleRecord`).
+    taken_in_walk: Vec<SampleId>,
     /// The allocation list: at most max_allocation_samples of this
     /// interval's samples, chosen by `reservoir`.
     allocations: Vec<SampleId>,
@@ -236,6 +241,7 @@ impl SamplerState {
             records: Vec::new(),
             free_records: Vec::new(),
             live: FastHashMap::default(),
+            taken_in_walk: Vec::new(),
             allocations: Vec::new(),
             reservoir: Reservoir::default(),
             live_threshold: 0.0,
@@ -381,6 +387,7 @@ impl SamplerState {
         self.stacks.memory_bytes()
             + self.records.capacity() * size_of::<SampleRecord>()
             + self.free_records.capacity() * size_of::<u32>()
+            + self.taken_in_walk.capacity() * size_of::<SampleId>()
             + self.live.capacity() * (size_of::<ObjectAddress>() + size_of::<SampleId>() + 8)
             + self.allocations.capacity() * size_of::<SampleId>()
             + self.reservoir.memory_bytes()

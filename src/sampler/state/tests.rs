@@ -696,10 +696,11 @@ fn a_flush_measured_in_chunks_sees_what_was_live_when_it_began() {
 
 /// Live samples are found by walking the records a chunk at a time (no
 /// copy of the live map in one hold): a sample freed before its turn is
-/// not measured, and one taken meanwhile in a freed record's slot is, as
-/// the live object it is when its turn comes.
+/// not measured, and one taken meanwhile in a freed record's slot is not
+/// either (it is the next flush's, and may not be measured or given its
+/// id yet: found in review).
 #[test]
-fn a_flush_measured_in_chunks_sees_each_record_as_it_is_when_its_turn_comes() {
+fn a_flush_measured_in_chunks_measures_the_samples_taken_before_it_began() {
     let mut st = state(100, 100);
     for i in 0..10 {
         record(&mut st, 0x1000 + i * 0x100, &[i as u64]);
@@ -717,7 +718,7 @@ fn a_flush_measured_in_chunks_sees_each_record_as_it_is_when_its_turn_comes() {
     while !st.measure_live(&measuring, 0, 4, &mut measure) {}
     let (snapshot, _naming) = st.end_snapshot(measuring, &mut measure);
     st.end_flush();
-    assert_eq!(snapshot.heap_samples, 10);
+    assert_eq!(snapshot.heap_samples, 9);
     assert_eq!(
         snapshot.allocation_samples, 0,
         "taken after the flush began"
@@ -726,9 +727,15 @@ fn a_flush_measured_in_chunks_sees_each_record_as_it_is_when_its_turn_comes() {
         .iter()
         .map(|s| snapshot.stacks[&s.stack][0].frame)
         .collect();
-    assert!(stacks.contains(&99) && stacks.contains(&2) && !stacks.contains(&7));
+    assert!(stacks.contains(&2) && !stacks.contains(&7) && !stacks.contains(&99));
+    st.measure_pending(|_| Some(40));
     let next = st.take_snapshot(0, |_| Some(40));
     assert_eq!((next.heap_samples, next.allocation_samples), (9, 1));
+    let stacks: Vec<u64> = next.samples[..next.heap_samples]
+        .iter()
+        .map(|s| next.stacks[&s.stack][0].frame)
+        .collect();
+    assert!(stacks.contains(&99), "the next flush's");
 }
 
 #[test]
