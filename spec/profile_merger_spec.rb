@@ -114,6 +114,43 @@ RSpec.describe MemprofilerPprof::Profile::Merger do
     expect(result.totals).to eq("alloc_space" => 321, "inuse_space" => 33)
   end
 
+  # Found in review: a fork while another thread was adding left the child
+  # a lock nobody would release, and its first call hung for good.
+  it "never hangs a child forked while another thread adds" do
+    big = profile((0...50_000).map { |i| { stack: [["F#f#{i}", "/app/f.rb", i, 1]], values: [1, 1] } })
+    merger = described_class.new
+    adding = Thread.new { loop { merger << big } }
+    sleep 0.05
+    reader, writer = IO.pipe
+    pid = fork do
+      reader.close
+      call = Thread.new do
+        merger.size
+      rescue RuntimeError => e
+        e.message
+      end
+      writer.write(Marshal.dump(call.join(10) ? call.value : :hung))
+      writer.close
+      exit!(0)
+    end
+    writer.close
+    result = Marshal.load(reader.read) # rubocop:disable Security/MarshalLoad
+    Process.wait(pid)
+    adding.kill.join
+    expect(result).not_to eq(:hung)
+    expect(result).to be_a(Integer).or eq("this merger was in use by another thread when the process forked; " \
+                                          "start a new one")
+    expect(merger.size).to be_positive
+  end
+
+  it "refuses a profile naming a sample type twice (its values could not be matched)" do
+    twice = profile([{ stack: [["f", "f.rb", 1, 1]], values: [1, 2] }],
+                    sample_types: [%w[alloc_space bytes], %w[alloc_space bytes]])
+    merger = described_class.new
+    expect { merger << twice }.to raise_error(ArgumentError, %r{has sample type alloc_space/bytes twice})
+    expect { MemprofilerPprof::Profile.merge([twice]) }.to raise_error(ArgumentError, /twice/)
+  end
+
   it "counts in ObjectSpace.memsize_of and Profile.memory_held, and gives it back" do
     GC.start
     before = MemprofilerPprof::Profile.memory_held

@@ -295,6 +295,8 @@ module MemprofilerPprof
 
     def merge_step(file)
       yield
+    rescue ArgumentError => e
+      raise ArgumentError, "#{file}: #{e.message}"
     rescue ProfileMemoryLimitError => e
       raise ProfileMemoryLimitError, "merging the profiles up to #{file}: #{e.message} (--memory-limit raises the limit)"
     end

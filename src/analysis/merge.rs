@@ -288,6 +288,21 @@ impl Merger {
     /// order). Without a budget.
     pub fn add(&mut self, profile: &DecodedProfile) -> Result<(), String> {
         let own = profile.sample_types();
+        // Values are matched by name: a name twice cannot be (found in
+        // review: both took the other profile's one value, and its second
+        // type was dropped).
+        if let Some((t, u)) = own
+            .iter()
+            .enumerate()
+            .find_map(|(i, t)| own[..i].contains(t).then_some(t))
+        {
+            return Err(format!(
+                "profile {} has sample type {}/{} twice: its values cannot be matched by name",
+                self.added + 1,
+                shown(t),
+                shown(u)
+            ));
+        }
         let header = self.header.get_or_insert_with(|| header_of(profile));
         // Values are matched by sample type name: another order is fine,
         // another set of types is not.
@@ -895,6 +910,24 @@ mod tests {
             error.starts_with("profile 2 has sample types cpu/nanoseconds but profile 1 has"),
             "{error}"
         );
+    }
+
+    #[test]
+    fn a_sample_type_named_twice_is_refused() {
+        let twice = DecodedProfile::from_raw(profile_from(
+            &[("x", "count"), ("x", "count")],
+            &[(&[("f", "", 0)], &[1, 2], None)],
+        ))
+        .unwrap();
+        let other = DecodedProfile::from_raw(profile_from(
+            &[("x", "count"), ("y", "count")],
+            &[(&[("f", "", 0)], &[10, 20], None)],
+        ))
+        .unwrap();
+        for list in [[&twice, &other], [&other, &twice]] {
+            let error = merge(&list).unwrap_err();
+            assert!(error.contains("has sample type x/count twice"), "{error}");
+        }
     }
 
     #[test]

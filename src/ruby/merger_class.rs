@@ -174,7 +174,7 @@ fn memory_refusal_kept(message: &str, kept: bool) -> RbResult<VALUE> {
     protect(|| unsafe { rb_ary_push(refusal, kept) })
 }
 
-/// `#size` → profiles added so far.
+/// `#_native_size` → profiles added so far.
 unsafe extern "C" fn native_size(rb_self: VALUE) -> VALUE {
     method_entry(|| {
         let added = with_merger(rb_self, |merger| merger.as_ref().map(Merger::len))?
@@ -188,6 +188,6 @@ pub fn methods() -> Vec<MethodDef> {
     vec![
         method_def!(c"_native_add", native_add, 1, MethodKind::Private),
         method_def!(c"_native_finish", native_finish, 1, MethodKind::Private),
-        method_def!(c"size", native_size, 0, MethodKind::Public),
+        method_def!(c"_native_size", native_size, 0, MethodKind::Private),
     ]
 }

@@ -306,17 +306,28 @@ module MemprofilerPprof
     # every later call then raises too. A merger finishes once. Threads may
     # share one: their calls take turns.
     class Merger
+      def initialize
+        super
+        @users = 0
+        @users_pid = Process.pid
+      end
+
       def add(profile)
         raise TypeError, "Merger#add needs a Profile, got #{Validation.show(profile)}" unless profile.is_a?(Profile)
 
-        Profile.send(:within_memory_limit) { _native_add(profile) }
+        exclusive { Profile.send(:within_memory_limit) { _native_add(profile) } }
         self
       end
       alias << add
 
       # The merged profile. The merger is used up.
       def finish
-        Profile.send(:within_memory_limit) { _native_finish(Profile) }
+        exclusive { Profile.send(:within_memory_limit) { _native_finish(Profile) } }
+      end
+
+      # Profiles added so far.
+      def size
+        exclusive { _native_size }
       end
 
       def inspect
@@ -325,6 +336,27 @@ module MemprofilerPprof
         "#<#{self.class.name} finished>"
       end
       alias to_s inspect
+
+      private
+
+      # The native calls run without the GVL, under the merger's lock. A
+      # fork while another thread is in one would leave the child a lock
+      # that nobody releases (found in review: the child hung, and
+      # Thread#kill could not stop it), so the child refuses instead. The
+      # count changes with the GVL held, as fork runs.
+      def exclusive
+        if @users.positive? && @users_pid != Process.pid
+          raise "this merger was in use by another thread when the process forked; start a new one"
+        end
+
+        @users_pid = Process.pid
+        @users += 1
+        begin
+          yield
+        ensure
+          @users -= 1
+        end
+      end
     end
   end
 end
