@@ -32,6 +32,7 @@ CONFIGS = {
   "no windows 1.0, retains 1M, caps 1M" =>
     "sample_rate: 1.0, window_budget: nil, max_heap_samples: 1_000_000, max_allocation_samples: 1_000_000",
   "defaults 0.01, retains 1M" => "sample_rate: 0.01",
+  "defaults 0.01, retains 1M, flush thread" => "sample_rate: 0.01",
   "exact 1.0, retains 1M, caps 1M" =>
     "sample_rate: 1.0, mode: :exact, max_heap_samples: 1_000_000, max_allocation_samples: 1_000_000"
 }.freeze
@@ -43,7 +44,7 @@ def retained(name)
   name.include?("retains") ? 100_000 : 0
 end
 
-def worker(options, seconds, flush_every, retains)
+def worker(options, seconds, flush_every, retains, flush_thread)
   require "memprofiler_pprof_rs"
   srand(1)
   methods = 300
@@ -68,6 +69,19 @@ def worker(options, seconds, flush_every, retains)
   began = now.call
   next_flush = began + flush_every
   flushes = []
+  flush = lambda do
+    data = collector.flush
+    flushes << { at: now.call - began, rss: rss.call, hold: data.longest_gvl_hold_nsecs / 1e6,
+                 flush: data.flush_duration_nsecs / 1e6, live: data.heap_samples_count }
+  end
+  # "flush thread": flushed from a thread of its own (as FileFlusher does)
+  # while the main thread allocates.
+  flusher = flush_thread && Thread.new do
+    loop do
+      sleep(flush_every)
+      flush.call
+    end
+  end
   while now.call - began < seconds
     200.times do
       string = send(:"m#{rand(methods)}", rand(20..60))
@@ -76,13 +90,12 @@ def worker(options, seconds, flush_every, retains)
         slot = (slot + 1) % ring.size
       end
     end
-    next if now.call < next_flush
+    next if flusher || now.call < next_flush
 
-    data = collector.flush
-    flushes << { at: now.call - began, rss: rss.call, hold: data.longest_gvl_hold_nsecs / 1e6,
-                 flush: data.flush_duration_nsecs / 1e6, live: data.heap_samples_count }
+    flush.call
     next_flush = now.call + flush_every
   end
+  flusher&.kill&.join
   collector.stop!
   flushes
 end
@@ -97,8 +110,8 @@ def summary(name, flushes, seconds)
 end
 
 if ARGV.first == "--worker"
-  _, options, seconds, flush_every, retains = ARGV
-  Marshal.dump(worker(options, Float(seconds), Float(flush_every), Integer(retains)), $stdout)
+  _, options, seconds, flush_every, retains, flush_thread = ARGV
+  Marshal.dump(worker(options, Float(seconds), Float(flush_every), Integer(retains), flush_thread == "1"), $stdout)
   exit
 end
 
@@ -119,7 +132,7 @@ CONFIGS.each do |name, collector_options|
 
   retains = retained(name).to_s
   out = IO.popen([RbConfig.ruby, "-I", File.expand_path("../lib", __dir__), __FILE__, "--worker", collector_options,
-                  seconds.to_s, flush_every.to_s, retains], &:read)
+                  seconds.to_s, flush_every.to_s, retains, name.include?("flush thread") ? "1" : "0"], &:read)
   raise "#{name}: the worker failed" unless $?.success? # rubocop:disable Style/SpecialGlobalVars
 
   puts summary(name, Marshal.load(out), seconds) # rubocop:disable Security/MarshalLoad
