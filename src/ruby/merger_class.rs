@@ -6,7 +6,7 @@
 
 use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::Mutex;
+use std::sync::{Mutex, TryLockError};
 
 use rb_sys::{
     rb_ary_push, rb_data_type_struct, rb_data_type_struct__bindgen_ty_1, rb_data_type_t,
@@ -48,9 +48,17 @@ static MERGER_TYPE: DataType = DataType(data_type());
 
 unsafe extern "C" fn merger_free(data: *mut c_void) {
     let _ = catch_unwind(AssertUnwindSafe(|| {
-        if !data.is_null() {
-            // SAFETY: the Box leaked in `merger_alloc`, freed exactly once here.
-            drop(unsafe { Box::from_raw(data as *mut Wrapped) });
+        if data.is_null() {
+            return;
+        }
+        // SAFETY: the Box leaked in `merger_alloc`, freed exactly once here.
+        let wrapped = unsafe { Box::from_raw(data as *mut Wrapped) };
+        // Locked while nothing can be using it: a forked child's copy of a
+        // merger a thread of the parent was changing. Its tables may be
+        // half-changed, so it is leaked rather than dropped.
+        let busy = matches!(wrapped.try_lock(), Err(TryLockError::WouldBlock));
+        if busy {
+            std::mem::forget(wrapped);
         }
     }));
 }
