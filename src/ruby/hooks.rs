@@ -27,19 +27,35 @@ pub struct Hook {
 pub type RawHook = unsafe extern "C" fn(VALUE, *mut rb_trace_arg_t);
 
 /// RUBY_EVENT_HOOK_FLAG_SAFE | RUBY_EVENT_HOOK_FLAG_RAW_ARG, as Ruby's own
-/// TracePoints use. A combination no variant of rb-sys's enum holds, hence
-/// the declaration below with a plain integer (the C type is an int enum).
+/// TracePoints use.
 pub const HOOK_FLAGS: u32 = rb_event_hook_flag_t::RUBY_EVENT_HOOK_FLAG_SAFE as u32
     | rb_event_hook_flag_t::RUBY_EVENT_HOOK_FLAG_RAW_ARG as u32;
 
-extern "C" {
-    #[link_name = "rb_add_event_hook2"]
-    pub fn add_event_hook2(
-        func: rb_event_hook_func_t,
-        events: rb_event_flag_t,
-        data: VALUE,
-        hook_flag: u32,
-    );
+/// `rb_add_event_hook2` (ruby/debug.h), as rb-sys declares it, with the
+/// flags as a plain integer: rb-sys gives them as a `#[repr(u32)]` Rust
+/// enum, which has no variant for a combination of flags (and a value
+/// outside an enum's variants is undefined behaviour in Rust). The C
+/// parameter is an enum, passed as an unsigned int either way, so the
+/// function is the same and only its Rust type changes.
+///
+/// # Safety
+/// As for `rb_add_event_hook2`: GVL held; `func` fits the flags.
+pub unsafe fn add_event_hook2(
+    func: rb_event_hook_func_t,
+    events: rb_event_flag_t,
+    data: VALUE,
+    hook_flags: u32,
+) {
+    type Declared =
+        unsafe extern "C" fn(rb_event_hook_func_t, rb_event_flag_t, VALUE, rb_event_hook_flag_t);
+    type WithIntegerFlags = unsafe extern "C" fn(rb_event_hook_func_t, rb_event_flag_t, VALUE, u32);
+    // SAFETY: the two types differ only in the last parameter, a
+    // #[repr(u32)] enum against a u32: the same C ABI.
+    let add = unsafe {
+        std::mem::transmute::<Declared, WithIntegerFlags>(rb_sys::rb_add_event_hook2 as Declared)
+    };
+    // SAFETY: the caller's contract.
+    unsafe { add(func, events, data, hook_flags) }
 }
 
 impl Hook {
