@@ -76,12 +76,14 @@ def worker(options, seconds, flush_every, retains, flush_thread)
   end
   # "flush thread": flushed from a thread of its own (as FileFlusher does)
   # while the main thread allocates.
-  flusher = flush_thread && Thread.new do
-    loop do
-      sleep(flush_every)
-      flush.call
-    end
-  end
+  flusher = if flush_thread
+              Thread.new do
+                loop do
+                  sleep(flush_every)
+                  flush.call
+                end
+              end
+            end
   while now.call - began < seconds
     200.times do
       string = send(:"m#{rand(methods)}", rand(20..60))

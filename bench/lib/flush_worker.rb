@@ -5,8 +5,10 @@
 # chains, then flushes once while another thread ticks every millisecond
 # and records its longest gap (how long the flush kept the GVL).
 #
-#   ruby -Ilib bench/lib/flush_worker.rb VARIANT
+#   ruby -Ilib bench/lib/flush_worker.rb VARIANT [MODE]
 #
+# MODE: light (the default) or exact. build_seconds: the build's time (every
+# allocation a sample), to compare with "none" for the cost per sample.
 # VARIANT: none (no profiler: the RSS baseline), default (flush's default
 # keywords), plain (no GVL release at all), yield_gvl, proactive,
 # limit_met (a max_profile_bytes the profile meets: built once, kept and
@@ -36,12 +38,14 @@ options = {
 collector = nil
 unless variant == "none"
   collector = MemprofilerPprof::Collector.new(sample_rate: 1.0, max_allocation_samples: 100_000_000,
-                                              max_heap_samples: 100_000_000)
+                                              max_heap_samples: 100_000_000, mode: ARGV.fetch(1, "light").to_sym)
   collector.start!
 end
 
 ctx = BenchWorkloads::Scenario::Context.new(7, retain_all: true)
 chains = 0
+build_began = now
+allocated_before = GC.stat(:total_allocated_objects)
 loop do
   1_000.times do |n|
     ctx.start_chain(true)
@@ -51,8 +55,10 @@ loop do
   # The same number of chains for every variant, so RSS compares like with like.
   break if chains >= 28_000
 end
+build_seconds = now - build_began
 GC.start
-result = { rss_kb: rss_kb, retained: ctx.retained.size }
+result = { rss_kb: rss_kb, retained: ctx.retained.size, build_seconds: build_seconds,
+           allocations: GC.stat(:total_allocated_objects) - allocated_before }
 if collector
   # The allocation samples of the build, and every frame and method named
   # for the first time (later flushes find methods' blocks in a cache).
