@@ -29,7 +29,7 @@ use crate::pprof::spread_comment::{format_spread_comment, total_spreads, TotalSp
 use crate::sampler::address_filter::AddressFilter;
 use crate::sampler::gaps::{entropy_seed, mix_seed, GapSampler, SkipCountdown};
 use crate::sampler::lock::{LockError, SamplerLock};
-use crate::sampler::spread::{spreads, widen_inuse_for_missed};
+use crate::sampler::spread::{spreads, widen_inuse_for_missed, UnseenWeights};
 use crate::sampler::state::{DropCounters, SamplerState};
 use crate::sampler::windows::{WindowPolicy, Windows};
 
@@ -965,10 +965,14 @@ impl Collector {
         });
         // (Nothing hooked: alloc_* read 0 without having looked.)
         // Pure Rust over every sample: without the GVL if asked.
+        let unseen = UnseenWeights {
+            allocations: window_flush.window_sample_weight,
+            inuse: window_flush.latest_window_sample_weight,
+        };
         let mut value_spreads = if options.yield_gvl {
-            holds.without_gvl(|| spreads(&snapshot.samples))?
+            holds.without_gvl(|| spreads(&snapshot.samples, unseen))?
         } else {
-            spreads(&snapshot.samples)
+            spreads(&snapshot.samples, unseen)
         };
         widen_inuse_for_missed(&mut value_spreads, window_flush.inuse_missed_share);
         let spreads = total_spreads(&value_spreads, windows && coverage == 0.0);

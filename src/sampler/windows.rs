@@ -128,6 +128,17 @@ struct Block {
 }
 
 impl Block {
+    /// What an in-window sample of a windowed block weighs (0.0 for a
+    /// block sampled in full).
+    fn sample_weight(&self) -> f64 {
+        let weight = 1.0 / (self.sample_rate * self.probability);
+        if self.probability < 1.0 && weight.is_finite() {
+            weight
+        } else {
+            0.0
+        }
+    }
+
     /// Its window as at most two stretches [start, end), in order.
     fn stretches(&self) -> ([(u64, u64); 2], usize) {
         let end = self.offset + self.window;
@@ -198,6 +209,11 @@ pub struct WindowFlush {
     /// interval's allocations missed and the share since start, estimated.
     /// Which of the missed objects are still alive is unknown.
     pub inuse_missed_share: f64,
+    /// What one in-window sample weighed (1 / (rate x q), before any cap
+    /// thinned it): the heaviest of this interval's windowed blocks, and
+    /// that or the latest windowed block's since start (0.0: none).
+    pub window_sample_weight: f64,
+    pub latest_window_sample_weight: f64,
 }
 
 #[derive(Debug)]
@@ -265,6 +281,9 @@ pub struct Windows {
     late_factor: f64,
     interval_windows: u64,
     interval_began: u64,
+    /// See `WindowFlush::window_sample_weight`.
+    interval_window_weight: f64,
+    latest_window_weight: f64,
     /// Since the last update of `hook_ratio`.
     ratio_hooked: u64,
     ratio_on: u64,
@@ -324,6 +343,8 @@ impl Windows {
             late_factor: 1.0,
             interval_windows: 0,
             interval_began: 0,
+            interval_window_weight: 0.0,
+            latest_window_weight: 0.0,
             ratio_hooked: 0,
             ratio_on: 0,
             run_began: 0,
@@ -455,7 +476,7 @@ impl Windows {
         // which the probability follows exactly).
         let len = ((window as f64 / q.max(f64::MIN_POSITIVE)).round() as u64).max(window);
         let probability = window as f64 / len as f64;
-        Block {
+        let block = Block {
             id,
             begin,
             len,
@@ -463,7 +484,11 @@ impl Windows {
             window,
             probability,
             sample_rate: self.in_window_rate(probability),
-        }
+        };
+        let weight = block.sample_weight();
+        self.interval_window_weight = self.interval_window_weight.max(weight);
+        self.latest_window_weight = weight;
+        block
     }
 
     /// The cursor's stretch.
@@ -609,6 +634,7 @@ impl Windows {
     pub fn start(&mut self, counter: u64, now_ns: u64) -> Poll {
         self.run_began = counter;
         self.run_missed_estimate = 0.0;
+        self.latest_window_weight = 0.0;
         self.begin_interval(counter);
         self.frozen_at = None;
         self.armed = false;
@@ -622,6 +648,8 @@ impl Windows {
         self.credit = self.credit_limit();
         self.credit_at = None;
         self.block = self.new_block(counter);
+        // (Not the last run's block, which begin_interval above counted.)
+        self.interval_window_weight = self.block.sample_weight();
         self.stretch = 0;
         self.late_factor = 1.0;
         self.observed_from = None;
@@ -867,6 +895,8 @@ impl Windows {
         self.interval_missed_estimate = 0.0;
         self.interval_windows = 0;
         self.interval_began = counter;
+        // The block under way is this interval's too.
+        self.interval_window_weight = self.block.sample_weight();
     }
 
     /// What the hook has seen of the cursor's stretch up to `counter` and
@@ -920,6 +950,8 @@ impl Windows {
             missed_estimate: self.interval_missed_estimate,
             windows: self.interval_windows,
             inuse_missed_share: self.inuse_missed_share(counter),
+            window_sample_weight: self.interval_window_weight,
+            latest_window_sample_weight: self.interval_window_weight.max(self.latest_window_weight),
         };
         // What the hook saw of the open stretch belongs to this interval.
         if let Some(from) = self.observed_from {

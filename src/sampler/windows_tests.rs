@@ -410,6 +410,39 @@ fn the_warm_up_hooks_every_allocation_then_windows_begin() {
     assert!(sim.hooked < 100_000, "{}", sim.hooked);
 }
 
+/// What one window sample weighs, for the error of a total that windows
+/// gave few samples of: none during the warm-up; after it, 1 / (in-window
+/// rate x q), kept for in-use once an interval has no window of its own.
+#[test]
+#[cfg_attr(
+    miri,
+    ignore = "a million simulated allocations: slow under Miri; no unsafe code"
+)]
+fn a_flush_tells_what_one_window_sample_weighs() {
+    let mut sim = Sim::new(WindowPolicy::Fixed(0.01), 0.001, 7, 30_000, 1_000);
+    sim.allocate(0, 20_000, 50);
+    let flush = sim.windows.flush(sim.counter);
+    assert_eq!(flush.window_sample_weight, 0.0, "{flush:?}");
+    assert_eq!(flush.latest_window_sample_weight, 0.0, "{flush:?}");
+    sim.allocate(0, 1_000_000, 50);
+    let flush = sim.windows.flush(sim.counter);
+    // Inside windows: sample_rate / q, at most 10%.
+    let weight = 1.0 / (0.1 * 0.01);
+    assert!(
+        (flush.window_sample_weight - weight).abs() < 1e-6,
+        "{flush:?}"
+    );
+    assert_eq!(
+        flush.latest_window_sample_weight,
+        flush.window_sample_weight
+    );
+    // Restarted: nothing of the last run's windows.
+    sim.windows.freeze(sim.counter);
+    sim.windows.start(sim.counter, sim.now);
+    let flush = sim.windows.flush(sim.counter);
+    assert_eq!(flush.latest_window_sample_weight, 0.0, "{flush:?}");
+}
+
 #[test]
 fn coverage_so_far_is_what_the_next_flush_reports() {
     let mut sim = Sim::new(WindowPolicy::Fixed(0.2), 1.0, 9, 0, 1_000);
