@@ -45,6 +45,12 @@ impl Admission {
 /// map (each keeps half the cap in expectation).
 const MAX_THINNING_PASSES: usize = 8;
 
+/// Records each new sample thins while a thinning is under way.
+pub(super) const THINNING_STEP: usize = 1_024;
+
+/// Live weights a large map's threshold is found from.
+const THRESHOLD_SAMPLE: usize = 2_048;
+
 impl SamplerState {
     /// Decides, before any backtrace is captured, where a sample of
     /// `weight` (the allocations it stands for) goes, and counts what the
@@ -82,16 +88,23 @@ impl SamplerState {
     /// The weight a new sample of `weight` is tracked live with, or None
     /// when it is not tracked. When the live map is full, it is thinned by
     /// threshold sampling (sampler/threshold.rs) to half its cap, and new
-    /// samples are tracked under the same threshold: a hard memory bound
-    /// that still represents the whole live heap, new objects included,
-    /// and keeps heavy samples before light ones.
+    /// samples are tracked under the same threshold: a memory bound that
+    /// still represents the whole live heap, new objects included, and
+    /// keeps heavy samples before light ones.
+    ///
+    /// This runs in the NEWOBJ hook, so the work is bounded per sample: the
+    /// threshold is found from at most `THRESHOLD_SAMPLE` live weights, and
+    /// each new sample thins the next `THINNING_STEP` records. While a
+    /// thinning is under way the map may run over its cap, by at most one
+    /// sample per step the thinning still has to go.
     fn admit_live(&mut self, weight: f64) -> Option<f64> {
         let cap = self.max_heap_samples;
         if cap == 0 {
             return None;
         }
         // (Samples unresolved after a compaction count: they come back.)
-        if self.live_threshold > 0.0 && self.live_count() * 4 < cap {
+        if self.thinning_from.is_none() && self.live_threshold > 0.0 && self.live_count() * 4 < cap
+        {
             // Room again: track new objects under a lower threshold.
             // (Samples keep the weight they were kept with, so mixing
             // thresholds is fine; weights are at least 1.)
@@ -100,14 +113,22 @@ impl SamplerState {
                 self.live_threshold = 0.0;
             }
         }
-        // Each pass keeps half the cap in expectation: one is almost always
-        // enough, and the bound holds even if none is.
+        // Each thinning keeps half the cap in expectation: one is almost
+        // always enough. A small map is thinned within one step, so a few
+        // are tried; a large one gets this sample's step of its thinning.
         for _ in 0..MAX_THINNING_PASSES {
-            if self.live_count() < cap || !self.thin_live_samples(cap as f64 / 2.0) {
+            if self.thinning_from.is_none()
+                && (self.live_count() < cap || !self.begin_thinning(cap as f64 / 2.0))
+            {
+                break;
+            }
+            self.thin_step();
+            if self.thinning_from.is_some() {
                 break;
             }
         }
-        if self.live_count() >= cap {
+        let over = self.live_count() >= cap;
+        if (over && self.thinning_from.is_none()) || self.live_count() >= cap.saturating_mul(2) {
             return None;
         }
         let probability = keep_probability(weight, self.live_threshold);
@@ -115,46 +136,95 @@ impl SamplerState {
             .then(|| kept_weight(weight, self.live_threshold))
     }
 
-    /// Thins the live map to `target` samples in expectation, and sets the
-    /// threshold new samples are tracked under. False if no sample could
-    /// go (every one at least the threshold, or none to thin).
-    fn thin_live_samples(&mut self, target: f64) -> bool {
-        let mut weights = std::mem::take(&mut self.threshold_scratch);
-        weights.clear();
-        weights.extend(
-            self.live
-                .values()
-                .map(|id| self.records[id.0 as usize].weight),
-        );
-        // (Unresolved samples are not in the map to thin: the map keeps
-        // its share of the target.)
-        let target = (target - self.unresolved.len() as f64).max(0.0);
-        let threshold = threshold_for(&mut weights, target);
-        self.threshold_scratch = weights;
-        if !threshold.is_finite() || self.live.is_empty() {
+    /// Sets the threshold that thins the live map to `target` samples in
+    /// expectation, new samples included, and starts thinning from the
+    /// first record. False if no threshold could thin it (none to thin,
+    /// or weights beyond what a threshold can hold).
+    fn begin_thinning(&mut self, target: f64) -> bool {
+        let threshold = self.live_map_threshold(target);
+        if !threshold.is_finite() || threshold <= 0.0 || self.live.is_empty() {
             return false;
         }
         self.live_threshold = threshold;
-        let mut dropped = Vec::new();
-        let mut could_drop = false;
+        self.thinning_from = Some(0);
+        true
+    }
+
+    /// The threshold that keeps `target` samples of the live map in
+    /// expectation: from every live weight in a small map, else from
+    /// `THRESHOLD_SAMPLE` of them drawn at random (the threshold needs only
+    /// the shape of the weights; any threshold chosen before the draws
+    /// keeps the estimates unbiased).
+    fn live_map_threshold(&mut self, target: f64) -> f64 {
+        // (Unresolved samples are not in the map to thin: the map keeps
+        // its share of the target.)
+        let target = (target - self.unresolved.len() as f64).max(0.0);
+        let mut weights = std::mem::take(&mut self.threshold_scratch);
+        weights.clear();
+        let mut scaled_target = target;
+        if self.live.len() > 2 * THRESHOLD_SAMPLE && !self.records.is_empty() {
+            for _ in 0..4 * THRESHOLD_SAMPLE {
+                let index = self.retain_rng.random_range(0..self.records.len());
+                let record = &self.records[index];
+                if record.refs > 0 && record.liveness == Liveness::Live {
+                    weights.push(record.weight);
+                    if weights.len() == THRESHOLD_SAMPLE {
+                        break;
+                    }
+                }
+            }
+            scaled_target = target * weights.len() as f64 / self.live.len() as f64;
+        }
+        if weights.len() < THRESHOLD_SAMPLE / 8 {
+            // A small map, or one whose records are mostly not live.
+            weights.clear();
+            weights.extend(
+                self.live
+                    .values()
+                    .map(|id| self.records[id.0 as usize].weight),
+            );
+            scaled_target = target;
+        }
+        let threshold = threshold_for(&mut weights, scaled_target);
+        self.threshold_scratch = weights;
+        threshold
+    }
+
+    /// Thins the next `THINNING_STEP` records under the threshold: a live
+    /// sample of weight w below it stays with probability w / threshold
+    /// and then counts the threshold. (A record thinned twice, or taken
+    /// under the threshold, has a weight at least the threshold, and stays
+    /// as it is.)
+    fn thin_step(&mut self) {
+        let Some(from) = self.thinning_from else {
+            return;
+        };
+        let threshold = self.live_threshold;
+        let to = from.saturating_add(THINNING_STEP).min(self.records.len());
         let mut rng = self.retain_rng.clone();
-        for (&object, &id) in &self.live {
-            let record = &mut self.records[id.0 as usize];
+        for index in from..to {
+            let record = &self.records[index];
+            if record.refs == 0 || record.liveness != Liveness::Live {
+                continue;
+            }
             let weight = f64::from(record.weight);
             let probability = keep_probability(weight, threshold);
-            could_drop |= probability < 1.0;
-            if probability >= 1.0 || rng.random::<f64>() < probability {
-                record.weight = kept_weight(weight, threshold) as f32;
+            if probability >= 1.0 {
+                continue;
+            }
+            let object = record.object;
+            if self.live.get(&object) != Some(&SampleId(index as u32)) {
+                continue;
+            }
+            if rng.random::<f64>() < probability {
+                self.records[index].weight = kept_weight(weight, threshold) as f32;
             } else {
-                dropped.push(object);
+                self.drops.heap_bufsize += 1;
+                self.stop_tracking(object);
             }
         }
         self.retain_rng = rng;
-        self.drops.heap_bufsize += dropped.len() as u64;
-        for object in dropped {
-            self.stop_tracking(object);
-        }
-        could_drop
+        self.thinning_from = (to < self.records.len()).then_some(to);
     }
 
     /// Takes an object that is still alive out of the live map; if it has not

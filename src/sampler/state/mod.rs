@@ -182,6 +182,9 @@ pub struct SamplerState {
     live_threshold: f64,
     /// The live weights, while thinning (kept to reuse its memory).
     threshold_scratch: Vec<f32>,
+    /// A thinning of the live map under way (admission.rs): the record it
+    /// goes on from at the next sample.
+    thinning_from: Option<usize>,
     /// Samples taken but not yet measured (sizes are known only once the
     /// allocating method has filled the object in).
     pending_sizes: Vec<(SampleId, ObjectAddress)>,
@@ -246,6 +249,7 @@ impl SamplerState {
             reservoir: Reservoir::default(),
             live_threshold: 0.0,
             threshold_scratch: Vec::new(),
+            thinning_from: None,
             pending_sizes: Vec::new(),
             watched: FastHashMap::default(),
             gaps,
@@ -312,6 +316,7 @@ impl SamplerState {
         }
         self.reservoir.clear();
         self.live_threshold = 0.0;
+        self.thinning_from = None;
         self.pending_sizes.clear();
         self.forget_watched();
         self.drops = DropCounters::default();

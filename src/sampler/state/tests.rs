@@ -1,5 +1,6 @@
 //! The state's unit tests (no Ruby VM).
 
+use super::admission::THINNING_STEP;
 use super::*;
 use crate::sampler::stack_table::{Frame, FrameInfo};
 use crate::sampler::types::{is_named_class, is_ruby_class, FrameRef};
@@ -1287,4 +1288,60 @@ fn stacks_unused_after_a_flush_are_pruned_in_chunks() {
     assert_eq!(chunks, 3);
     assert!(st.stacks().is_empty());
     assert_eq!(st.stacks().unused_len(), 0);
+}
+
+#[test]
+#[cfg_attr(miri, ignore = "200,000 samples: slow under Miri")]
+fn a_large_live_map_is_thinned_a_step_per_sample_and_stays_unbiased() {
+    // A map of 40,000 over 100,000 live samples (every 101st weighing 5,000
+    // among ones of 100): the thinning's threshold comes from a sample of
+    // the weights, each new sample thins the next records, and the map
+    // runs over its cap by at most one sample per step still to go.
+    const HEAVY: ObjectAddress = 0x4000_0000;
+    const CAP: usize = 40_000;
+    for seed in 0..3 {
+        let mut st = SamplerState::new(GapSampler::new(1.0, seed), 10, CAP);
+        st.reseed(seed);
+        let (mut heavy_truth, mut light_truth) = (0.0, 0.0);
+        let mut steps_seen = 0;
+        for i in 0..100_000usize {
+            let (object, weight) = if i % 101 == 100 {
+                heavy_truth += 5_000.0;
+                (HEAVY + i * 40, 5_000.0)
+            } else {
+                light_truth += 100.0;
+                (0x1000 + i * 40, 100.0)
+            };
+            let admission = st.admission(weight);
+            st.record_allocation(object, ObjectInfo::default(), &frames(&[8]), admission);
+            if st.thinning_from.is_some() {
+                steps_seen += 1;
+            }
+            let bound = CAP + st.records.len() / THINNING_STEP + 1;
+            assert!(
+                st.live_count() <= bound,
+                "seed {seed}: {} > {bound}",
+                st.live_count()
+            );
+        }
+        assert!(
+            steps_seen > 10,
+            "seed {seed}: thinned in {steps_seen} steps"
+        );
+        let snap = st.take_snapshot(0, |object| Some(if object >= HEAVY { 1_000 } else { 40 }));
+        let (mut heavy, mut light) = (0.0, 0.0);
+        for sample in &snap.samples {
+            let [_, _, objects, space] = sample.values;
+            if objects > 0.0 && space / objects > 500.0 {
+                heavy += objects;
+            } else {
+                light += objects;
+            }
+        }
+        assert_eq!(heavy, heavy_truth, "seed {seed}");
+        assert!(
+            (light / light_truth - 1.0).abs() < 0.05,
+            "seed {seed}: {light} of {light_truth}"
+        );
+    }
 }
