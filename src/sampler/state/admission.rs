@@ -4,6 +4,7 @@
 
 use rand::RngExt;
 
+use super::live_map::MOVE_STEP;
 use super::{Liveness, ObjectInfo, SampleId, SampleRecord, SamplerState, TOMBSTONE};
 use crate::sampler::reservoir::usable_weight;
 use crate::sampler::stack_table::Frame;
@@ -227,6 +228,21 @@ impl SamplerState {
         self.thinning_from = (to < self.records.len()).then_some(to);
     }
 
+    /// While the live map grows (live_map.rs): moves the entries of the
+    /// next `MOVE_STEP` records to its bigger table.
+    fn move_live_step(&mut self) {
+        let Some(from) = self.live.moving_from() else {
+            return;
+        };
+        let to = from.saturating_add(MOVE_STEP).min(self.records.len());
+        for record in &self.records[from.min(to)..to] {
+            if record.refs > 0 && record.liveness == Liveness::Live {
+                self.live.move_entry(record.object);
+            }
+        }
+        self.live.moved_up_to(to, to >= self.records.len());
+    }
+
     /// Takes an object that is still alive out of the live map; if it has not
     /// been measured yet, its free stays watched until it is.
     fn stop_tracking(&mut self, object: ObjectAddress) {
@@ -338,6 +354,7 @@ impl SamplerState {
             AllocationSlot::Skip => {}
         }
         if in_live {
+            self.move_live_step();
             self.live.insert(object, id);
         } else {
             self.watched.insert(object, id);

@@ -5,26 +5,20 @@
 use rand::RngExt;
 
 use super::{Liveness, SampleId, SamplerState, TOMBSTONE};
-use crate::fast_hash::FastHashMap;
 use crate::sampler::types::ObjectAddress;
 
-/// Removes every entry of `map` whose object moved, returning it with its
-/// new address. All are removed before any is re-inserted by the caller,
-/// because a new address may be another entry's old one.
-fn take_moved(
-    map: &mut FastHashMap<ObjectAddress, SampleId>,
+/// The addresses whose object moved, each with its new address. The
+/// caller removes all their entries before it re-inserts any, because a
+/// new address may be another entry's old one.
+fn moved_addresses<'a>(
+    addresses: impl Iterator<Item = &'a ObjectAddress>,
     new_address: &mut impl FnMut(ObjectAddress) -> ObjectAddress,
-) -> Vec<(SampleId, ObjectAddress)> {
-    let moved: Vec<(ObjectAddress, ObjectAddress)> = map
-        .keys()
+) -> Vec<(ObjectAddress, ObjectAddress)> {
+    addresses
         .filter_map(|&old| {
             let new = new_address(old);
             (new != old).then_some((old, new))
         })
-        .collect();
-    moved
-        .into_iter()
-        .filter_map(|(old, new)| Some((map.remove(&old)?, new)))
         .collect()
 }
 
@@ -125,7 +119,12 @@ impl SamplerState {
         &mut self,
         mut new_address: impl FnMut(ObjectAddress) -> ObjectAddress,
     ) {
-        for (id, new) in take_moved(&mut self.live, &mut new_address) {
+        let moved: Vec<(SampleId, ObjectAddress)> =
+            moved_addresses(self.live.keys(), &mut new_address)
+                .into_iter()
+                .filter_map(|(old, new)| Some((self.live.remove(&old)?, new)))
+                .collect();
+        for (id, new) in moved {
             self.records[id.0 as usize].object = new;
             if let Some(stale) = self.live.insert(new, id) {
                 // A key left over at the new address (its free was missed):
@@ -134,7 +133,12 @@ impl SamplerState {
                 self.release(stale);
             }
         }
-        for (id, new) in take_moved(&mut self.watched, &mut new_address) {
+        let moved: Vec<(SampleId, ObjectAddress)> =
+            moved_addresses(self.watched.keys(), &mut new_address)
+                .into_iter()
+                .filter_map(|(old, new)| Some((self.watched.remove(&old)?, new)))
+                .collect();
+        for (id, new) in moved {
             self.records[id.0 as usize].object = new;
             if let Some(stale) = self.watched.insert(new, id) {
                 self.records[stale.0 as usize].liveness = Liveness::Freed;

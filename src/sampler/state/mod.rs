@@ -17,6 +17,7 @@
 //! - `detach`: after a flush, holding the frames and classes it named by
 //!   name instead of as Ruby objects.
 
+use live_map::LiveMap;
 use std::sync::Arc;
 
 use rand::rngs::SmallRng;
@@ -35,6 +36,7 @@ mod admission;
 mod chunked_flush_tests;
 mod detach;
 mod flush;
+mod live_map;
 mod liveness;
 #[cfg(test)]
 mod liveness_tests;
@@ -168,7 +170,7 @@ pub struct SamplerState {
     stacks: StackTable,
     records: Vec<SampleRecord>,
     free_records: Vec<u32>,
-    live: FastHashMap<ObjectAddress, SampleId>,
+    live: LiveMap,
     /// Records taken while a flush measures (see `SampleRecord`).
     taken_in_walk: Vec<SampleId>,
     /// The allocation list: at most max_allocation_samples of this
@@ -243,7 +245,7 @@ impl SamplerState {
             flush_named_holds: Vec::new(),
             records: Vec::new(),
             free_records: Vec::new(),
-            live: FastHashMap::default(),
+            live: LiveMap::default(),
             taken_in_walk: Vec::new(),
             allocations: Vec::new(),
             reservoir: Reservoir::default(),
