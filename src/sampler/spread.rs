@@ -59,7 +59,8 @@ impl Spread {
     }
 }
 
-/// What a window sample the flush does not hold would have weighed: for
+/// What a window sample the flush does not hold would have weighed (the
+/// heaviest window sample it holds counts too, as the caps left it): for
 /// the allocations, the heaviest of this interval's windowed blocks; for
 /// in-use, that or the latest windowed block's since start (live objects
 /// come from any time). 0.0 where no window was involved.

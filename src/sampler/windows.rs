@@ -352,6 +352,9 @@ impl Windows {
             frozen_at: None,
         };
         windows.block = windows.new_block(0);
+        // (A placeholder until start, at a sample rate not yet set.)
+        windows.interval_window_weight = 0.0;
+        windows.latest_window_weight = 0.0;
         windows
     }
 
@@ -486,8 +489,10 @@ impl Windows {
             sample_rate: self.in_window_rate(probability),
         };
         let weight = block.sample_weight();
-        self.interval_window_weight = self.interval_window_weight.max(weight);
-        self.latest_window_weight = weight;
+        if weight > 0.0 {
+            self.interval_window_weight = self.interval_window_weight.max(weight);
+            self.latest_window_weight = weight;
+        }
         block
     }
 

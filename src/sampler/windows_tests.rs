@@ -491,3 +491,12 @@ fn a_forked_child_draws_its_own_windows() {
     assert_ne!(parent.estimate[0], child.estimate[0]);
     assert!((child.estimate[0] / 200_000.0 - 1.0).abs() < 0.2);
 }
+
+/// (Found in review: the placeholder block of `new` set a weight.)
+#[test]
+fn renewed_windows_report_no_window_weight_before_start() {
+    let old = Windows::new(WindowPolicy::Fixed(1.0), 1);
+    let mut renewed = old.renewed(WindowPolicy::Fixed(0.5), 2);
+    let flush = renewed.flush(1_000);
+    assert_eq!(flush.latest_window_sample_weight, 0.0, "{flush:?}");
+}

@@ -95,9 +95,10 @@ impl SamplerState {
     ///
     /// This runs in the NEWOBJ hook, so the work is bounded per sample: the
     /// threshold is found from at most `THRESHOLD_SAMPLE` live weights, and
-    /// each new sample thins the next `THINNING_STEP` records. While a
-    /// thinning is under way the map may run over its cap, by at most one
-    /// sample per step the thinning still has to go.
+    /// each new sample thins the next `THINNING_STEP` records (more where
+    /// the records far outnumber the cap, so that a thinning ends within
+    /// half the cap's samples). While a thinning is under way the map may
+    /// run over its cap, by at most one sample per step still to go.
     fn admit_live(&mut self, weight: f64) -> Option<f64> {
         let cap = self.max_heap_samples;
         if cap == 0 {
@@ -174,34 +175,45 @@ impl SamplerState {
                     }
                 }
             }
+            if weights.len() < THRESHOLD_SAMPLE / 8 {
+                // Records mostly not live (a long allocation list): the
+                // map's first entries, in an order that follows address
+                // hashes, not weights.
+                weights.clear();
+                weights.extend(
+                    self.live
+                        .values()
+                        .take(THRESHOLD_SAMPLE)
+                        .map(|id| self.records[id.0 as usize].weight),
+                );
+            }
             scaled_target = target * weights.len() as f64 / self.live.len() as f64;
-        }
-        if weights.len() < THRESHOLD_SAMPLE / 8 {
-            // A small map, or one whose records are mostly not live.
-            weights.clear();
+        } else {
             weights.extend(
                 self.live
                     .values()
                     .map(|id| self.records[id.0 as usize].weight),
             );
-            scaled_target = target;
         }
         let threshold = threshold_for(&mut weights, scaled_target);
         self.threshold_scratch = weights;
         threshold
     }
 
-    /// Thins the next `THINNING_STEP` records under the threshold: a live
-    /// sample of weight w below it stays with probability w / threshold
-    /// and then counts the threshold. (A record thinned twice, or taken
-    /// under the threshold, has a weight at least the threshold, and stays
-    /// as it is.)
+    /// Thins the next `THINNING_STEP` records (or more, see below) under
+    /// the threshold: a live sample of weight w below it stays with
+    /// probability w / threshold and then counts the threshold. (A record
+    /// already thinned, or taken under the threshold, weighs the threshold
+    /// or more, up to f32 rounding, and stays as it is.)
     fn thin_step(&mut self) {
         let Some(from) = self.thinning_from else {
             return;
         };
         let threshold = self.live_threshold;
-        let to = from.saturating_add(THINNING_STEP).min(self.records.len());
+        // Steps long enough that a thinning ends within half the cap's
+        // samples, however many records the allocation list holds.
+        let step = THINNING_STEP.max(2 * self.records.len() / self.max_heap_samples.max(1));
+        let to = from.saturating_add(step).min(self.records.len());
         let mut rng = self.retain_rng.clone();
         for index in from..to {
             let record = &self.records[index];
@@ -265,6 +277,7 @@ impl SamplerState {
     /// Stops tracking every live object (when frees can no longer be seen,
     /// e.g. hooks paused for Ractors): their addresses would go stale.
     pub fn stop_tracking_live(&mut self) {
+        self.thinning_from = None;
         let objects: Vec<ObjectAddress> = self.live.keys().copied().collect();
         for object in objects {
             self.stop_tracking(object);

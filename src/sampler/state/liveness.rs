@@ -130,8 +130,8 @@ impl SamplerState {
     }
 
     /// Whether to look for dead samples now (`gc_count`: Ruby's GC count).
-    /// Deaths show only after a GC, and a full live map is thinned at the
-    /// next sample, so: when the map has doubled since the
+    /// Deaths show only after a GC, and a full live map is thinned over
+    /// the samples that follow, so: when the map has doubled since the
     /// last prune, or grown by an eighth of its cap; and, once it is within
     /// an eighth of the cap, after every GC. Amortised, a prune costs a few
     /// checks per sample.
