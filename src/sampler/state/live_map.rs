@@ -54,17 +54,21 @@ impl LiveMap {
     pub fn remove(&mut self, object: &ObjectAddress) -> Option<SampleId> {
         match self.current.remove(object) {
             Some(id) => Some(id),
-            None if !self.previous.is_empty() => self.previous.remove(object),
+            None if !self.previous.is_empty() => self.take_previous(object),
             None => None,
         }
     }
 
     /// Maps `object` to `id`; returns what it mapped to before.
     pub fn insert(&mut self, object: ObjectAddress, id: SampleId) -> Option<SampleId> {
+        // (Mapped already: a new id takes no room, so nothing grows.)
+        if let Some(slot) = self.current.get_mut(&object) {
+            return Some(std::mem::replace(slot, id));
+        }
         let stale = if self.previous.is_empty() {
             None
         } else {
-            self.previous.remove(&object)
+            self.take_previous(&object)
         };
         if self.current.len() >= MOVE_FROM && self.current.len() == self.current.capacity() {
             // (Still moving from the last growth: finish it first. Only a
@@ -102,9 +106,20 @@ impl LiveMap {
 
     /// Moves `object`'s entry, if it is still in the previous table.
     pub fn move_entry(&mut self, object: ObjectAddress) {
-        if let Some(id) = self.previous.remove(&object) {
+        if let Some(id) = self.take_previous(&object) {
             self.current.insert(object, id);
         }
+    }
+
+    /// Takes `object`'s entry out of the previous table, and lets the table
+    /// go once it is empty (the newest records' entries are in `current`
+    /// already, so the last one often moves well before the last record).
+    fn take_previous(&mut self, object: &ObjectAddress) -> Option<SampleId> {
+        let id = self.previous.remove(object);
+        if id.is_some() && self.previous.is_empty() {
+            self.previous = FastHashMap::default();
+        }
+        id
     }
 
     /// The records before `record` have been moved; `last` if there are
@@ -116,9 +131,17 @@ impl LiveMap {
         }
     }
 
+    /// Whether `current` is still full once `object` is removed.
+    #[cfg(test)]
+    pub fn full_after_removing(&self, object: &ObjectAddress) -> bool {
+        let mut current = self.current.clone();
+        current.remove(object);
+        current.len() >= MOVE_FROM && current.len() == current.capacity()
+    }
+
     fn finish_moving(&mut self) {
-        if !self.previous.is_empty() {
-            let previous = std::mem::take(&mut self.previous);
+        let previous = std::mem::take(&mut self.previous);
+        if !previous.is_empty() {
             self.current.extend(previous);
         }
     }
@@ -157,6 +180,55 @@ mod tests {
             assert_eq!(map.get(&(8 * (i + 1))).copied(), expected, "{i}");
         }
         assert_eq!(map.keys().count(), map.len());
+    }
+
+    /// Fills `current` until the next insert of a new key would grow it.
+    fn full_map() -> (LiveMap, u32) {
+        let mut map = LiveMap::default();
+        let mut i = 0u32;
+        while !(map.current.len() >= MOVE_FROM && map.current.len() == map.current.capacity()) {
+            map.insert(8 * (i as usize + 1), SampleId(i));
+            i += 1;
+        }
+        assert!(map.previous.is_empty());
+        (map, i)
+    }
+
+    /// Found in review: the full table grew, and the old entry stayed
+    /// behind in the previous one.
+    #[test]
+    fn an_address_mapped_again_in_a_full_table_keeps_one_entry() {
+        let (mut map, n) = full_map();
+        assert_eq!(map.insert(8, SampleId(999_999)), Some(SampleId(0)));
+        assert_eq!(map.len(), n as usize);
+        assert!(map.moving_from().is_none());
+    }
+
+    /// Found in review: the emptied table stayed allocated until the next
+    /// growth.
+    #[test]
+    fn the_moved_out_table_is_let_go_once_empty() {
+        let (mut map, n) = full_map();
+        let mut records: Vec<ObjectAddress> = (0..n as usize).map(|i| 8 * (i + 1)).collect();
+        let mut i = n as usize;
+        while map.moving_from().is_some() || i == n as usize {
+            if let Some(from) = map.moving_from() {
+                let to = (from + MOVE_STEP).min(records.len());
+                for &object in &records[from..to] {
+                    map.move_entry(object);
+                }
+                map.moved_up_to(to, to == records.len());
+            }
+            records.push(8 * (i + 1));
+            map.insert(8 * (i + 1), SampleId(i as u32));
+            i += 1;
+        }
+        assert_eq!(
+            map.previous.capacity(),
+            0,
+            "the empty previous table is still allocated"
+        );
+        assert_eq!(map.len(), i);
     }
 
     #[test]
