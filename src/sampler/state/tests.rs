@@ -17,6 +17,21 @@ fn offer(st: &mut SamplerState, object: ObjectAddress, weight: f64, frame: u64) 
     admission
 }
 
+/// In-use objects of samples sized over 500 bytes an object (the heavy
+/// ones of the thinning tests), and of the rest.
+fn heavy_and_light(snapshot: &FlushSnapshot) -> (f64, f64) {
+    let (mut heavy, mut light) = (0.0, 0.0);
+    for sample in &snapshot.samples {
+        let [_, _, objects, space] = sample.values;
+        if objects > 0.0 && space / objects > 500.0 {
+            heavy += objects;
+        } else {
+            light += objects;
+        }
+    }
+    (heavy, light)
+}
+
 fn state(max_alloc: usize, max_heap: usize) -> SamplerState {
     SamplerState::new(GapSampler::new(1.0, 1), max_alloc, max_heap)
 }
@@ -246,15 +261,7 @@ fn a_full_live_map_keeps_heavy_samples_whole_and_thins_light_ones() {
             assert!(st.live_count() <= 500);
         }
         let snap = st.take_snapshot(0, |object| Some(if object >= HEAVY { 1_000 } else { 40 }));
-        let (mut heavy, mut light) = (0.0, 0.0);
-        for sample in &snap.samples {
-            let [_, _, objects, space] = sample.values;
-            if objects > 0.0 && space / objects > 500.0 {
-                heavy += objects;
-            } else {
-                light += objects;
-            }
-        }
+        let (heavy, light) = heavy_and_light(&snap);
         assert_eq!(heavy, 50.0 * 5_000.0, "seed {seed}");
         light_errors.push(light / 500_000.0 - 1.0);
     }
@@ -1336,15 +1343,7 @@ fn a_large_live_map_is_thinned_a_step_per_sample_and_stays_unbiased() {
             "seed {seed}: thinned in {steps_seen} steps"
         );
         let snap = st.take_snapshot(0, |object| Some(if object >= HEAVY { 1_000 } else { 40 }));
-        let (mut heavy, mut light) = (0.0, 0.0);
-        for sample in &snap.samples {
-            let [_, _, objects, space] = sample.values;
-            if objects > 0.0 && space / objects > 500.0 {
-                heavy += objects;
-            } else {
-                light += objects;
-            }
-        }
+        let (heavy, light) = heavy_and_light(&snap);
         assert_eq!(heavy, heavy_truth, "seed {seed}");
         assert!(
             (light / light_truth - 1.0).abs() < 0.05,
