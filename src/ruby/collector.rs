@@ -29,7 +29,7 @@ use crate::pprof::spread_comment::{format_spread_comment, total_spreads, TotalSp
 use crate::sampler::address_filter::AddressFilter;
 use crate::sampler::gaps::{entropy_seed, mix_seed, GapSampler, SkipCountdown};
 use crate::sampler::lock::{LockError, SamplerLock};
-use crate::sampler::spread::{spreads, widen_inuse_for_missed, UnseenWeights};
+use crate::sampler::spread::{spreads, widen_for_unobserved, UnseenWeights};
 use crate::sampler::state::{DropCounters, SamplerState};
 use crate::sampler::windows::{WindowPolicy, Windows};
 
@@ -974,7 +974,12 @@ impl Collector {
         } else {
             spreads(&snapshot.samples, unseen)
         };
-        widen_inuse_for_missed(&mut value_spreads, window_flush.inuse_missed_share);
+        let (allocated, inuse) = value_spreads.split_at_mut(2);
+        widen_for_unobserved(allocated, window_flush.unwindowed_share);
+        widen_for_unobserved(
+            inuse,
+            window_flush.inuse_missed_share + window_flush.inuse_unwindowed_share,
+        );
         let spreads = total_spreads(&value_spreads, windows && coverage == 0.0);
         if options.proactively_yield_gvl {
             holds.yield_now()?;
@@ -1040,6 +1045,13 @@ impl Collector {
                              start, whichever is more): in-use leaves out those still alive, about \
                              that share if they live as long as the rest (counted in its error)",
                             window_flush.inuse_missed_share * 100.0
+                        ));
+                    }
+                    if window_flush.inuse_unwindowed_share > 0.0 {
+                        missed.push_str(&format!(
+                            "; the block under way has not reached its window: {:.1}% of this                              interval's allocations ({:.1}% since start) are not counted yet, and                              its window's samples will stand for them (counted in the errors)",
+                            window_flush.unwindowed_share * 100.0,
+                            window_flush.inuse_unwindowed_share * 100.0
                         ));
                     }
                     comments.push(format!(

@@ -128,15 +128,17 @@ pub fn spreads(samples: &[FlushedSample], unseen: UnseenWeights) -> [Spread; 4] 
     spreads
 }
 
-/// Widens the in-use totals' spreads for objects never tracked: windows
-/// missed `share` of the allocations (`WindowFlush::inuse_missed_share`),
-/// so in-use may read up to that share low. Which of them are still alive
-/// is unknown, so the bias is counted as an error of that size: the
-/// relative standard error grows to at least `share`, and a diff's error
-/// bars with it.
-pub fn widen_inuse_for_missed(spreads: &mut [Spread; 4], share: f64) {
+/// Widens the spreads of `totals` (the allocation pair or the in-use
+/// pair) for a `share` of allocations no window looked at: windows missed
+/// them (`WindowFlush::inuse_missed_share`: their objects were never
+/// tracked) or the block under way has not reached its window yet
+/// (`unwindowed_share`). The totals may read up to that share low, and
+/// what those allocations hold is unknown, so it is counted as an error of
+/// that size: the relative standard error grows to at least `share`, and
+/// a diff's error bars with it.
+pub fn widen_for_unobserved(totals: &mut [Spread], share: f64) {
     if share > 0.0 && share.is_finite() {
-        for spread in &mut spreads[2..] {
+        for spread in totals {
             spread.variance += (share * spread.total).powi(2);
         }
     }
@@ -175,7 +177,7 @@ mod tests {
             .collect();
         let mut widened = spreads(&samples, UnseenWeights::default());
         let exact = widened;
-        widen_inuse_for_missed(&mut widened, 0.2);
+        widen_for_unobserved(&mut widened[2..], 0.2);
         assert_eq!(widened[..2], exact[..2]);
         for index in 2..4 {
             assert_eq!(exact[index].relative_standard_error(), Some(0.0));
@@ -185,7 +187,7 @@ mod tests {
         }
         for share in [0.0, f64::NAN, -1.0] {
             let mut same = exact;
-            widen_inuse_for_missed(&mut same, share);
+            widen_for_unobserved(&mut same[2..], share);
             assert_eq!(same, exact);
         }
     }

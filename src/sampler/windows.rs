@@ -214,6 +214,12 @@ pub struct WindowFlush {
     /// that or the latest windowed block's since start (0.0: none).
     pub window_sample_weight: f64,
     pub latest_window_sample_weight: f64,
+    /// Shares of this interval's allocations, and of those since start, in
+    /// the block under way before its window: no window has looked at
+    /// them yet (when it comes, its samples stand for them), so the
+    /// allocations and in-use read them as nothing for now.
+    pub unwindowed_share: f64,
+    pub inuse_unwindowed_share: f64,
 }
 
 #[derive(Debug)]
@@ -932,23 +938,35 @@ impl Windows {
         }
     }
 
+    /// Allocations of the block under way up to `counter` that its window
+    /// has not reached yet (0 once it has, and for blocks sampled in full).
+    fn unwindowed(&self, counter: u64) -> u64 {
+        let block = &self.block;
+        if block.probability >= 1.0 || counter <= block.begin {
+            return 0;
+        }
+        // (A window that wraps begins at the block's start.)
+        let window_start = block.stretches().0[0].0;
+        if counter < window_start {
+            counter - block.begin
+        } else {
+            0
+        }
+    }
+
     /// See `WindowFlush::inuse_missed_share`.
     fn inuse_missed_share(&self, counter: u64) -> f64 {
-        let share = |missed: f64, since: u64| {
-            let all = counter.saturating_sub(since);
-            if all == 0 {
-                0.0
-            } else {
-                (missed / all as f64).min(1.0)
-            }
-        };
-        share(self.interval_missed_estimate, self.interval_began)
-            .max(share(self.run_missed_estimate, self.run_began))
+        share_of(self.interval_missed_estimate, counter, self.interval_began).max(share_of(
+            self.run_missed_estimate,
+            counter,
+            self.run_began,
+        ))
     }
 
     /// At a flush: the interval's windows; starts the next interval.
     pub fn flush(&mut self, counter: u64) -> WindowFlush {
         let counter = self.frozen_at.map_or(counter, |frozen| frozen.min(counter));
+        let unwindowed = self.unwindowed(counter) as f64;
         let flush = WindowFlush {
             coverage: self.coverage_so_far(counter),
             missed: self.interval_missed,
@@ -957,6 +975,8 @@ impl Windows {
             inuse_missed_share: self.inuse_missed_share(counter),
             window_sample_weight: self.interval_window_weight,
             latest_window_sample_weight: self.interval_window_weight.max(self.latest_window_weight),
+            unwindowed_share: share_of(unwindowed, counter, self.interval_began),
+            inuse_unwindowed_share: share_of(unwindowed, counter, self.run_began),
         };
         // What the hook saw of the open stretch belongs to this interval.
         if let Some(from) = self.observed_from {
@@ -966,6 +986,17 @@ impl Windows {
         }
         self.begin_interval(counter);
         flush
+    }
+}
+
+/// `count` over the allocations from `since` to `counter`, at most 1 (0.0
+/// without any).
+fn share_of(count: f64, counter: u64, since: u64) -> f64 {
+    let all = counter.saturating_sub(since);
+    if all == 0 {
+        0.0
+    } else {
+        (count / all as f64).min(1.0)
     }
 }
 

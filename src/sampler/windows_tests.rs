@@ -500,3 +500,34 @@ fn renewed_windows_report_no_window_weight_before_start() {
     let flush = renewed.flush(1_000);
     assert_eq!(flush.latest_window_sample_weight, 0.0, "{flush:?}");
 }
+
+/// The block under way before its window: no window has looked at its
+/// allocations yet, and the flush says how many (for the errors).
+#[test]
+fn a_flush_tells_which_allocations_no_window_has_looked_at_yet() {
+    let (mut before, mut after) = (0, 0);
+    for seed in 0..40 {
+        let mut sim = Sim::new(WindowPolicy::Fixed(0.01), 0.001, seed, 0, 1_000);
+        sim.allocate(0, 30_000, 50);
+        let window_start = sim.windows.block.stretches().0[0].0;
+        let in_first_block = sim.windows.block.begin == 0;
+        let flush = sim.windows.flush(sim.counter);
+        if in_first_block && window_start > 30_000 {
+            before += 1;
+            assert_eq!(flush.unwindowed_share, 1.0, "seed {seed}: {flush:?}");
+            assert_eq!(flush.inuse_unwindowed_share, 1.0, "seed {seed}");
+        } else {
+            after += 1;
+            assert_eq!(flush.unwindowed_share, 0.0, "seed {seed}: {flush:?}");
+        }
+        // The next interval: still before the window, or not.
+        sim.allocate(0, 30_000, 50);
+        let flush = sim.windows.flush(sim.counter);
+        let window_start = sim.windows.block.stretches().0[0].0;
+        if sim.windows.block.begin == 0 && window_start > 60_000 {
+            assert_eq!(flush.unwindowed_share, 1.0, "seed {seed}: {flush:?}");
+            assert!((flush.inuse_unwindowed_share - 1.0).abs() < 1e-12);
+        }
+    }
+    assert!(before > 0 && after > 0, "{before} {after}");
+}
