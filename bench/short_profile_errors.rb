@@ -6,6 +6,7 @@
 #
 #   ruby bench/short_profile_errors.rb                      # lengths 1 and 5, 40 seeds each
 #   ruby bench/short_profile_errors.rb --lengths 1 --seeds 100
+#   ruby bench/short_profile_errors.rb --warm-up-edge --seeds 40
 #
 # Each run is a fresh process: a loop of LENGTH x 400,000 iterations, each
 # allocating a short-lived String, and every 100th keeping one more
@@ -17,35 +18,54 @@
 # standard errors (z = (estimate / truth - 1) / RSE), the largest |z|, the
 # real spread (root mean square of estimate / truth - 1) and the mean
 # reported RSE.
+#
+# --warm-up-edge instead keeps LENGTH x 200,000 Strings, each made beside a
+# short-lived one (three allocations), so that they straddle the warm-up's
+# end (250,000 allocations), then flushes: in some runs no window has come
+# yet after the warm-up, and what was kept after it is what the errors
+# must own up to.
 
 require "English"
 require "json"
 require "optparse"
 require "rbconfig"
 
-options = { lengths: [1, 5], seeds: 40, worker: nil }
+options = { lengths: [1, 5], seeds: 40, worker: nil, edge: false }
 OptionParser.new do |o|
   o.banner = "usage: ruby bench/short_profile_errors.rb [options]"
   o.on("--lengths A,B", Array, "loop lengths, in units of 400,000 iterations (default 1,5)") do |v|
     options[:lengths] = v.map { |length| Float(length) }
   end
   o.on("--seeds N", Integer, "fresh processes per length (default 40)") { |v| options[:seeds] = v }
-  o.on("--worker LENGTH,SEED", Array) { |v| options[:worker] = [Float(v[0]), Integer(v[1])] }
+  o.on("--warm-up-edge", "keep Strings on both sides of the warm-up's end instead") { options[:edge] = true }
+  o.on("--worker LENGTH,SEED,EDGE", Array) do |v|
+    options[:worker] = [Float(v[0]), Integer(v[1]), v[2] == "edge"]
+  end
 end.parse!
 
 def kept_string(index) = "kept #{index}"
 
+def junk = +"junk"
+
+# The loop: every 100th String kept, or (edge) every other allocation kept.
+def keep_strings(length, edge)
+  if edge
+    Array.new((length * 200_000).to_i) { |i| junk && kept_string(i) }
+  else
+    (length * 400_000).to_i.times.filter_map do |i|
+      i.to_s
+      kept_string(i) if (i % 100).zero?
+    end
+  end
+end
+
 # One run: prints the in-use total, the truth and the reported RSE.
-def run_worker(length, seed)
+def run_worker(length, seed, edge)
   $LOAD_PATH.unshift(File.expand_path("../lib", __dir__))
   require "memprofiler_pprof_rs"
   collector = MemprofilerPprof::Collector.new(sample_rate: 0.1, max_allocation_samples: 10, seed: seed)
   collector.start!
-  kept = []
-  (length * 400_000).to_i.times do |i|
-    i.to_s
-    kept << kept_string(i) if (i % 100).zero?
-  end
+  kept = keep_strings(length, edge)
   GC.start
   data = collector.flush
   collector.stop!
@@ -64,7 +84,8 @@ puts "| length | runs | within 2 RSE | within 2.5 RSE | largest \\|z\\| | real s
 puts "|---|---|---|---|---|---|---|"
 options[:lengths].each do |length|
   rows = Array.new(options[:seeds]) do |seed|
-    out = IO.popen([RbConfig.ruby, __FILE__, "--worker", "#{length},#{seed + 1}"], &:read)
+    worker = "#{length},#{seed + 1},#{options[:edge] ? 'edge' : 'kept'}"
+    out = IO.popen([RbConfig.ruby, __FILE__, "--worker", worker], &:read)
     abort "worker failed: length #{length} seed #{seed + 1}" unless $CHILD_STATUS.success?
     JSON.parse(out)
   end
