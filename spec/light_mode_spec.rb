@@ -206,3 +206,23 @@ RSpec.describe MemprofilerPprof::Collector, "mode: :light" do
     expect(described_class.new(**auto.collector_options).window_budget).to eq(50_000)
   end
 end
+
+RSpec.describe MemprofilerPprof::Collector, "on Ruby 4.0 and later, which light mode does not support" do
+  it "is told by the build, whose default mode then is :exact" do
+    older_than_four = Gem::Version.new(RUBY_VERSION) < Gem::Version.new("4.0")
+    expect(MemprofilerPprof::LIGHT_MODE_SUPPORTED).to be(older_than_four)
+    expect(MemprofilerPprof::DEFAULTS[:mode]).to eq(older_than_four ? :light : :exact)
+  end
+
+  it "refuses :light by name, from Ruby and from the environment, and keeps :exact" do
+    stub_const("MemprofilerPprof::LIGHT_MODE_SUPPORTED", false)
+    expect { described_class.new(mode: :light) }
+      .to raise_error(MemprofilerPprof::UnsupportedRuntimeError, /mode: :light .* Ruby #{RUBY_VERSION}.*mode: :exact/)
+    collector = described_class.new(mode: :exact)
+    expect { collector.mode = :light }.to raise_error(MemprofilerPprof::UnsupportedRuntimeError)
+    expect(collector.mode).to eq(:exact)
+    config = MemprofilerPprof::EnvConfig.new("MEMPROFILER_PPROF_RS_MODE" => "light")
+    expect(config.warnings.join("\n")).to include("ignoring MEMPROFILER_PPROF_RS_MODE=\"light\"")
+    expect(MemprofilerPprof::EnvConfig.new("MEMPROFILER_PPROF_RS_MODE" => "exact").mode).to eq(:exact)
+  end
+end

@@ -26,7 +26,8 @@ module MemprofilerPprof
 
     # How deaths of sampled objects are found. :exact: Ruby's FREEOBJ hook
     # runs on every free in the process, so a live sample's death is seen
-    # as it happens. :light (default): no FREEOBJ hook; each tracked
+    # as it happens. :light (default before Ruby 4.0, refused from 4.0 on:
+    # see LIGHT_MODE_SUPPORTED): no FREEOBJ hook; each tracked
     # sample gets its object's id (as Object#object_id would), and samples
     # whose object is gone are found at each flush and whenever the tracked
     # set has grown enough. Cheaper on code that allocates and frees a lot
@@ -102,9 +103,16 @@ module MemprofilerPprof
       @size_measurement = mode
     end
 
-    # Only while stopped; forgets what was sampled (see MODES).
+    # Only while stopped; forgets what was sampled (see MODES). :light is
+    # refused on Ruby 4.0 and later (LIGHT_MODE_SUPPORTED), where :exact is
+    # the default.
     def mode=(mode)
       Validation.one_of(mode, MODES.keys, :mode)
+      if mode == :light && !LIGHT_MODE_SUPPORTED
+        raise UnsupportedRuntimeError,
+              "mode: :light is not supported on Ruby #{RUBY_VERSION} (it reads object ids, which Ruby 4.0 " \
+              "moved into the object); use mode: :exact, the default on this Ruby"
+      end
       _native_set_mode(MODES.fetch(mode))
       @mode = mode
       apply_window_budget(auto_window_budget) if @window_budget_auto
@@ -333,7 +341,8 @@ module MemprofilerPprof
     end
   end
 
-  # Raised by Collector#start! where the gem cannot profile safely.
+  # Raised where the gem cannot profile safely: by Collector#start! under
+  # another GC, and by Collector#mode= for :light on Ruby 4.0 and later.
   class UnsupportedRuntimeError < StandardError; end
 
   # Since Ruby 3.4 a process can run another GC than the default one

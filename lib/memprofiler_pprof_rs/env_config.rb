@@ -26,7 +26,7 @@ module MemprofilerPprof
                   "an octal file permission that neither group nor others may write, such as 600, 640 or 644"],
       flush_at_exit: [true, :flag, "1/0, true/false, yes/no or on/off"],
       seed: [nil, :count, "a whole number >= 0"],
-      mode: [DEFAULTS[:mode], :mode, "exact or light"],
+      mode: [DEFAULTS[:mode], :mode, LIGHT_MODE_SUPPORTED ? "exact or light" : "exact (light needs a Ruby before 4.0)"],
       window_probability: [1.0, :window_probability, "a number above 0, up to 1"],
       window_budget: [:auto, :window_budget, "a whole number >= 1, auto or none"],
       window_warm_up: [DEFAULTS[:window_warm_up], :count, "a whole number >= 0"],
@@ -158,7 +158,8 @@ module MemprofilerPprof
     end
 
     def parse_mode(raw)
-      Validation.one_of(raw.to_sym, Collector::MODES.keys, :value)
+      modes = LIGHT_MODE_SUPPORTED ? Collector::MODES.keys : [:exact]
+      Validation.one_of(raw.to_sym, modes, :value)
     end
 
     def parse_sample_labels(raw)

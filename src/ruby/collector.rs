@@ -98,6 +98,20 @@ pub enum Mode {
     Light,
 }
 
+/// Whether `Mode::Light` can run on the Ruby this was built for. It asks
+/// for sampled objects' ids and reads `FL_SEEN_OBJ_ID`; Ruby 4.0 keeps the
+/// id in the object itself (the first call changes the object's shape and
+/// may allocate, and on an internal object it is an `rb_bug`), so from 4.0
+/// the mode is refused and the default is `Mode::Exact` (docs/ruby-api.md).
+pub const LIGHT_MODE_SUPPORTED: bool = !cfg!(ruby_gte_4_0);
+
+/// `MemprofilerPprof::DEFAULTS[:mode]`.
+pub const DEFAULT_MODE: Mode = if LIGHT_MODE_SUPPORTED {
+    Mode::Light
+} else {
+    Mode::Exact
+};
+
 /// What lives behind the sampler lock.
 pub struct Sampler {
     pub state: SamplerState,
@@ -265,6 +279,12 @@ impl Collector {
         if self.is_running() {
             return Err(RbError::runtime(
                 "mode can only be changed while the collector is stopped",
+            ));
+        }
+        if mode == Mode::Light && !LIGHT_MODE_SUPPORTED {
+            return Err(RbError::runtime(
+                "mode :light is not supported on Ruby 4.0 and later (it reads object ids, which 4.0 \
+                 moved into the object); use mode :exact",
             ));
         }
         self.with_sampler(|s| s.state.set_lazy_liveness(mode == Mode::Light))?;

@@ -119,12 +119,31 @@ pub fn object_size(object: VALUE) -> Option<u64> {
     if !is_live_object(object) {
         return None;
     }
+    if !memsize_of_is_safe(object) {
+        return Some(0);
+    }
     match api().memsize_of {
         // SAFETY: `object` is a live object (checked above) and the caller
         // holds the GVL outside GC, as rb_obj_memsize_of requires.
         Some(memsize_of) => Some(unsafe { memsize_of(object) } as u64),
         None => Some(0),
     }
+}
+
+/// Whether `rb_obj_memsize_of` may be asked about this live object. From
+/// Ruby 4.0 on, not about classes, modules and their include wrappers: it
+/// crashed processes there (dd-trace-rb's issue 5936), so those are sized 0
+/// (docs/ruby-api.md).
+fn memsize_of_is_safe(object: VALUE) -> bool {
+    if !cfg!(ruby_gte_4_0) {
+        return true;
+    }
+    // SAFETY: a live heap object (the caller checked): the flags word.
+    let kind = builtin_type(unsafe { *(object as *const VALUE) });
+    use ruby_value_type::*;
+    ![RUBY_T_CLASS, RUBY_T_MODULE, RUBY_T_ICLASS]
+        .iter()
+        .any(|&t| t as VALUE == kind)
 }
 
 /// Types whose size `rb_obj_memsize_of` computes from the object's own

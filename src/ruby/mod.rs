@@ -23,7 +23,7 @@ mod window_timer;
 use rb_sys::{
     rb_cObject, rb_define_alloc_func, rb_define_class_under, rb_define_const, rb_define_module,
     rb_float_new, rb_hash_aset, rb_hash_new, rb_id2sym, rb_intern, rb_obj_freeze, rb_set_end_proc,
-    rb_undef_alloc_func, Qnil, VALUE,
+    rb_undef_alloc_func, Qfalse, Qnil, Qtrue, VALUE,
 };
 
 use errors::{method_entry, protect};
@@ -100,8 +100,12 @@ pub unsafe extern "C" fn Init_memprofiler_pprof_rs() {
 /// GVL held, under protect (allocates and may raise NoMemoryError).
 unsafe fn define_defaults(module: VALUE) {
     use collector::{
-        DEFAULT_MAX_ALLOCATION_SAMPLES, DEFAULT_MAX_HEAP_SAMPLES, DEFAULT_SAMPLE_RATE,
-        DEFAULT_WINDOW_BUDGET, DEFAULT_WINDOW_WARM_UP,
+        Mode, DEFAULT_MAX_ALLOCATION_SAMPLES, DEFAULT_MAX_HEAP_SAMPLES, DEFAULT_MODE,
+        DEFAULT_SAMPLE_RATE, DEFAULT_WINDOW_BUDGET, DEFAULT_WINDOW_WARM_UP, LIGHT_MODE_SUPPORTED,
+    };
+    let default_mode = match DEFAULT_MODE {
+        Mode::Light => c"light",
+        Mode::Exact => c"exact",
     };
     // SAFETY: the caller holds the GVL under protect; the keys are static C
     // strings; rb_int2inum takes any isize.
@@ -117,7 +121,7 @@ unsafe fn define_defaults(module: VALUE) {
                 c"max_heap_samples",
                 rb_sys::rb_int2inum(DEFAULT_MAX_HEAP_SAMPLES as _),
             ),
-            (c"mode", rb_id2sym(rb_intern(c"light".as_ptr()))),
+            (c"mode", rb_id2sym(rb_intern(default_mode.as_ptr()))),
             (
                 c"window_budget",
                 rb_sys::rb_int2inum(DEFAULT_WINDOW_BUDGET as _),
@@ -132,5 +136,7 @@ unsafe fn define_defaults(module: VALUE) {
         }
         rb_obj_freeze(defaults);
         rb_define_const(module, c"DEFAULTS".as_ptr(), defaults);
+        let light = if LIGHT_MODE_SUPPORTED { Qtrue } else { Qfalse };
+        rb_define_const(module, c"LIGHT_MODE_SUPPORTED".as_ptr(), light as VALUE);
     }
 }
