@@ -71,17 +71,6 @@ impl SamplerState {
         true
     }
 
-    /// A detach that will not be finished: samples still on merged stacks
-    /// move now, all at once (rare: a flush that failed or was forked).
-    pub(super) fn abandon_detach(&mut self) {
-        if self.stacks.is_forwarding() {
-            let from = self.remap_from.unwrap_or(0);
-            self.remap_stacks_in(from..self.records.len());
-            self.stacks.end_forwarding();
-        }
-        self.detach_class_names.clear();
-    }
-
     fn remap_stacks_in(&mut self, range: std::ops::Range<usize>) {
         if !self.stacks.is_forwarding() {
             return;

@@ -216,7 +216,7 @@ impl SamplerState {
             let class = record.info.class;
             flush.classes.insert(class);
             flush.samples.push(FlushedSample {
-                stack: record.stack,
+                stack: self.stacks.forwarded(record.stack),
                 class,
                 gc_age: Some(gc_count.wrapping_sub(record.info.gc_count)),
                 values: [
@@ -313,7 +313,7 @@ impl SamplerState {
             flush.classes.insert(class);
             let record = &self.records[id.0 as usize];
             flush.samples.push(FlushedSample {
-                stack: record.stack,
+                stack: self.stacks.forwarded(record.stack),
                 class,
                 gc_age: None,
                 values: [weight, weight * record.size as f64, 0.0, 0.0],
@@ -415,7 +415,12 @@ impl SamplerState {
             return;
         }
         self.stacks.end_detach();
-        self.abandon_detach();
+        // A detach cut short leaves merged stacks forwarded: the samples
+        // still on a merged id move at the next detach, which goes over
+        // every record, in chunks (moving them here took one hold over all
+        // the records). Until then every use of a sample's stack goes
+        // through `forwarded`.
+        self.detach_class_names.clear();
         self.end_walk();
         if let FlushPhase::Measuring(flush) = std::mem::take(&mut self.phase) {
             for id in flush.allocations {

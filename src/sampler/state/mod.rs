@@ -325,6 +325,12 @@ impl SamplerState {
         self.rebuild_free_filter();
         // A flush still resolving frames prunes when it finishes.
         if !self.flush_in_progress() {
+            // No sample is left to hold a merged stack's id (end_flush).
+            debug_assert!(
+                !self.stacks.is_forwarding() || self.records.iter().all(|r| r.refs == 0),
+                "a sample outlived clear"
+            );
+            self.stacks.end_forwarding();
             self.stacks.prune();
         }
     }

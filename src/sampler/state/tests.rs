@@ -1281,6 +1281,88 @@ fn samples_of_merged_stacks_follow_them_between_batches() {
     assert!(st.stacks().is_empty());
 }
 
+/// A flush cut short while its detach forwards merged stacks (a killed
+/// flushing thread) does not move every sample then, in one hold: the
+/// stacks stay forwarded, the next flush reports each path once, and its
+/// detach moves the samples and lets the merged ids go.
+#[test]
+fn a_detach_cut_short_leaves_merged_stacks_to_the_next_flush() {
+    let mut st = state(1_000, 1_000);
+    let path = |i: u64| [8 * (i + 1000), 8 * (i + 1100), 16];
+    let mut named = Vec::new();
+    for i in 0..20u64 {
+        record(&mut st, 0x10000 + i as usize * 0x40, &path(i));
+        named.push((8 * (i + 1000), "Leaf#a"));
+        named.push((8 * (i + 1100), "Mid#b"));
+    }
+    // More samples on the named path than a batch's chunk of records, so
+    // that the merged stacks' samples (taken last) wait for a later chunk.
+    for j in 0..200u64 {
+        record(&mut st, 0x40000 + j as usize * 0x40, &path(j % 20));
+    }
+    named.push((16, "<main>"));
+    st.measure_pending(|_| Some(40));
+    st.take_snapshot(0, |_| Some(40));
+    st.detach_resolved_frames(&names(&named));
+    st.end_flush();
+    let mut again = Vec::new();
+    for i in 0..20u64 {
+        let frames = [8 * (i + 200), 8 * (i + 300), 16];
+        record(&mut st, 0x20000 + i as usize * 0x40, &frames);
+        again.push((8 * (i + 200), "Leaf#a"));
+        again.push((8 * (i + 300), "Mid#b"));
+    }
+    again.push((16, "<main>"));
+    st.measure_pending(|_| Some(40));
+    let measuring = st.begin_flush();
+    while !st.measure_live(&measuring, 0, usize::MAX, &mut |_| Some(40)) {}
+    let (_snapshot, naming) = st.end_snapshot(measuring, &mut |_| Some(40));
+    let detaching = st.begin_detach(naming, &FastHashMap::default());
+    let names_again = names(&again);
+    // Every stack detached (all merged into the named path), no sample
+    // moved yet: cut short here.
+    while st.remap_from.is_none() {
+        assert!(!st.detach_frames_batch(&detaching, &names_again, 1));
+    }
+    assert!(st.stacks().is_forwarding());
+    let on_merged = |st: &SamplerState| {
+        st.live
+            .iter()
+            .filter(|(_, id)| {
+                let stack = st.records[id.0 as usize].stack;
+                st.stacks().forwarded(stack) != stack
+            })
+            .count()
+    };
+    assert_eq!(on_merged(&st), 20);
+    st.end_flush();
+    assert!(st.stacks().is_forwarding(), "left to the next flush");
+    assert_eq!(on_merged(&st), 20);
+    assert_eq!(st.stacks().len(), 1);
+    // The next flush: one path, with all 40 samples.
+    let measuring = st.begin_flush();
+    while !st.measure_live(&measuring, 0, usize::MAX, &mut |_| Some(40)) {}
+    let (snapshot, naming) = st.end_snapshot(measuring, &mut |_| Some(40));
+    assert_eq!(snapshot.heap_samples, 240);
+    assert_eq!(snapshot.stacks.len(), 1, "each path once");
+    let detaching = st.begin_detach(naming, &FastHashMap::default());
+    while !st.detach_frames_batch(&detaching, &FastHashMap::default(), 1) {}
+    st.finish_flush(detaching);
+    assert!(!st.stacks().is_forwarding());
+    assert_eq!(on_merged(&st), 0);
+    // Every sample is on the stored stack, and frees release them all.
+    for i in 0..20usize {
+        assert!(st.record_free(0x10000 + i * 0x40));
+        assert!(st.record_free(0x20000 + i * 0x40));
+    }
+    for j in 0..200usize {
+        assert!(st.record_free(0x40000 + j * 0x40));
+    }
+    let _ = st.take_snapshot(0, |_| Some(40));
+    st.end_flush();
+    assert!(st.stacks().is_empty());
+}
+
 /// More stacks fall unused during a flush than its end removes at once:
 /// `prune_unused` removes the rest in chunks (nothing else would before
 /// the next flush: a release removes only its own stack).
