@@ -1,6 +1,6 @@
 //! One raw event hook (NEWOBJ, FREEOBJ, C_RETURN): switched on and off
 //! with the hook data a collector gives it. The hooks' bodies live with
-//! the collector (`collector.rs`); the empty hooks of `empty_hooks.rs`
+//! the collector (`collector/sampling.rs`); the empty hooks of `empty_hooks.rs`
 //! use the same registration for the benchmarks' floor.
 
 use std::sync::atomic::{AtomicBool, Ordering};
