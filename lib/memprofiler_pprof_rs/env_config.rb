@@ -33,6 +33,65 @@ module MemprofilerPprof
       pyroscope_sample_labels: [:class_frame, :sample_labels, "keep, class_frame or drop"]
     }.freeze
 
+    # What the wrapper's --help says of each setting; `usage` adds the
+    # default from SETTINGS, so the two cannot disagree.
+    HELP = {
+      sample_rate: "fraction of allocations sampled",
+      alloc_retain_rate: "fraction of samples kept in alloc_*",
+      max_alloc_samples: "allocation samples kept per flush",
+      max_heap_samples: "live objects tracked",
+      flush_interval: "seconds between profiles",
+      file_pattern: "where profiles go (keys: %{pid} %{isotime} %{unixtime} %{index})",
+      keep_files: "keep only the newest N files per process",
+      file_mode: "the files' permissions, octal (600: owner only; 640 or 644 to share; never writable " \
+                 "by group or others)",
+      flush_at_exit: "write a last profile at exit (1 or 0)",
+      seed: "fixed seed for reproducible sampling",
+      mode: "light (no FREEOBJ hook) or exact (both hooks always on)",
+      window_probability: "share of allocations the hook sees, when no budget is set",
+      window_budget: "allocations a second the hook sees once warmed up (a number, auto or none: " \
+                     "every allocation)",
+      window_warm_up: "allocations hooked in full first",
+      pyroscope_sample_labels: "what Pyroscope profiles carry of each sample's class (keep, class_frame or drop)"
+    }.freeze
+
+    USAGE_NAME_WIDTH = 40
+    USAGE_WIDTH = 100
+
+    # The settings part of the wrapper's --help: each variable, what it
+    # does and its default.
+    def self.usage
+      SETTINGS.map do |name, (default, parser, _valid)|
+        shown = usage_default(default, parser)
+        text = shown.nil? ? HELP.fetch(name) : "#{HELP.fetch(name)} (default: #{shown})"
+        usage_entry("#{PREFIXES.first}#{name.upcase}", text)
+      end.join
+    end
+
+    def self.usage_default(default, parser)
+      case [parser, default]
+      in [_, nil] then nil
+      in [:file_mode, Integer] then format("%o", default)
+      in [:flag, _] then default ? "1" : "0"
+      in [:window_budget, :auto] then "auto, #{DEFAULTS[:window_budget]}"
+      in [:seconds, Float] if default == default.round then default.round.to_s
+      else default.to_s
+      end
+    end
+
+    def self.usage_entry(variable, text)
+      indent = " " * (USAGE_NAME_WIDTH + 2)
+      lines = text.split.each_with_object([+""]) do |word, out|
+        out << +"" if !out.last.empty? && indent.size + out.last.size + 1 + word.size > USAGE_WIDTH
+        out.last << " " unless out.last.empty?
+        out.last << word
+      end
+      first = "  #{variable.ljust(USAGE_NAME_WIDTH)}"
+      first = "  #{variable}\n#{indent}" if variable.size >= USAGE_NAME_WIDTH
+      "#{first}#{lines.join("\n#{indent}")}\n"
+    end
+    private_class_method :usage_default, :usage_entry
+
     attr_reader :warnings
 
     def initialize(env = ENV)
