@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require_relative "memprofiler_pprof_rs/version"
+require_relative "memprofiler_pprof_rs/error"
 
 # The native extension: the platform gem's build for this Ruby, a
 # checkout's (`rake compile`), or the one `gem install` built from source.

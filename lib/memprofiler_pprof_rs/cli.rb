@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require "optparse"
+require_relative "error"
 
 module MemprofilerPprof
   # The `memprofiler_pprof_rs` executable: answers "what uses memory?" and
@@ -12,7 +13,9 @@ module MemprofilerPprof
     SAMPLE_INDEXES = %w[inuse_space inuse_objects alloc_space alloc_objects].freeze
 
     # A mistake in how the command was called: usage error, exit 2.
-    class UsageError < StandardError; end
+    class UsageError < StandardError
+      include Error
+    end
 
     # Profile::DEFAULT_MEMORY_LIMIT in MB (`--help` runs without the
     # extension, which defines Profile).

@@ -343,7 +343,9 @@ module MemprofilerPprof
 
   # Raised where the gem cannot profile safely: by Collector#start! under
   # another GC, and by Collector#mode= for :light on Ruby 4.0 and later.
-  class UnsupportedRuntimeError < StandardError; end
+  class UnsupportedRuntimeError < StandardError
+    include Error
+  end
 
   # Since Ruby 3.4 a process can run another GC than the default one
   # (RUBY_GC_LIBRARY, e.g. MMTk, an opt-in build of Ruby 4.0). The gem is

@@ -112,7 +112,7 @@ fn collector_of(object: VALUE) -> RbResult<&'static Collector> {
         }
         let data = RTYPEDDATA_GET_DATA(object) as *const Collector;
         if data.is_null() {
-            return Err(RbError::runtime("collector is not initialized"));
+            return Err(RbError::state("collector is not initialized"));
         }
         Ok(&*data)
     }

@@ -11,9 +11,12 @@ use std::any::Any;
 use std::ffi::c_int;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use rb_sys::{
-    rb_eArgError, rb_eRuntimeError, rb_eTypeError, rb_errinfo, rb_exc_new, rb_exc_new_cstr,
-    rb_exc_raise, rb_jump_tag, rb_protect, rb_set_errinfo, Qnil, VALUE,
+    rb_define_class_under, rb_define_module_under, rb_eArgError, rb_eRuntimeError, rb_eTypeError,
+    rb_errinfo, rb_exc_new, rb_exc_new_cstr, rb_exc_raise, rb_include_module, rb_jump_tag,
+    rb_protect, rb_set_errinfo, Qnil, VALUE,
 };
 
 /// Ruby's tag for a raised exception (TAG_RAISE in eval_intern.h).
@@ -34,7 +37,47 @@ pub enum RbError {
 pub enum ErrorClass {
     Argument,
     Type,
-    Runtime,
+    /// `MemprofilerPprof::StateError`: a call the object's state refuses.
+    State,
+    /// `MemprofilerPprof::InternalError`: a bug of the gem's.
+    Internal,
+}
+
+/// `MemprofilerPprof::StateError` and `InternalError` (both RuntimeErrors
+/// that include `MemprofilerPprof::Error`), set once by `define_errors`.
+/// Classes defined by `rb_define_class_under` are registered with the GC
+/// for good and pinned, so keeping their VALUEs here is safe.
+static STATE_ERROR: AtomicUsize = AtomicUsize::new(0);
+static INTERNAL_ERROR: AtomicUsize = AtomicUsize::new(0);
+
+/// Defines `MemprofilerPprof::Error` (a module every exception the gem
+/// raises on its own account includes, so one `rescue` catches them all
+/// while each keeps its Ruby superclass) and the two RuntimeErrors the
+/// native code raises.
+///
+/// # Safety
+/// GVL held, at extension load, under protect (defining may raise).
+pub unsafe fn define_errors(module: VALUE) {
+    // SAFETY: the caller holds the GVL; the names are static C strings.
+    unsafe {
+        let error = rb_define_module_under(module, c"Error".as_ptr());
+        for (name, slot) in [
+            (c"StateError", &STATE_ERROR),
+            (c"InternalError", &INTERNAL_ERROR),
+        ] {
+            let class = rb_define_class_under(module, name.as_ptr(), rb_eRuntimeError);
+            rb_include_module(class, error);
+            slot.store(class as usize, Ordering::Relaxed);
+        }
+    }
+}
+
+fn defined_or_runtime(slot: &AtomicUsize) -> VALUE {
+    match slot.load(Ordering::Relaxed) {
+        // SAFETY: reads a class global Ruby sets up before any extension.
+        0 => unsafe { rb_eRuntimeError },
+        class => class as VALUE,
+    }
 }
 
 impl RbError {
@@ -46,8 +89,14 @@ impl RbError {
         RbError::New(ErrorClass::Type, message.into())
     }
 
-    pub fn runtime(message: impl Into<String>) -> Self {
-        RbError::New(ErrorClass::Runtime, message.into())
+    /// A call the object's current state refuses (StateError).
+    pub fn state(message: impl Into<String>) -> Self {
+        RbError::New(ErrorClass::State, message.into())
+    }
+
+    /// A bug of the gem's (InternalError).
+    pub fn internal(message: impl Into<String>) -> Self {
+        RbError::New(ErrorClass::Internal, message.into())
     }
 
     fn from_panic(payload: Box<dyn Any + Send>) -> Self {
@@ -58,7 +107,7 @@ impl RbError {
             .unwrap_or_else(|| "unknown panic".to_string());
         let place = PANIC_PLACE.with(|place| place.borrow_mut().take());
         let at = place.map(|p| format!(" (at {p})")).unwrap_or_default();
-        RbError::runtime(format!(
+        RbError::internal(format!(
             "memprofiler_pprof_rs internal error (please report): {detail}{at}"
         ))
     }
@@ -175,7 +224,8 @@ fn raise(error: RbError) -> ! {
                     let class = match class {
                         ErrorClass::Argument => rb_eArgError,
                         ErrorClass::Type => rb_eTypeError,
-                        ErrorClass::Runtime => rb_eRuntimeError,
+                        ErrorClass::State => defined_or_runtime(&STATE_ERROR),
+                        ErrorClass::Internal => defined_or_runtime(&INTERNAL_ERROR),
                     };
                     rb_exc_new(class, message.as_ptr().cast(), message.len() as _)
                 }
@@ -191,7 +241,7 @@ fn raise(error: RbError) -> ! {
                 // SAFETY: static C string; nothing with a destructor is alive.
                 Err(RbError::New(..)) => unsafe {
                     rb_exc_new_cstr(
-                        rb_eRuntimeError,
+                        defined_or_runtime(&INTERNAL_ERROR),
                         c"memprofiler_pprof_rs internal error".as_ptr(),
                     )
                 },

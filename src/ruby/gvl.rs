@@ -58,10 +58,10 @@ pub fn without_gvl<T, F: FnOnce() -> T>(work: F) -> RbResult<T> {
     })?;
     match job.result {
         Some(Ok(value)) => Ok(value),
-        Some(Err(_)) => Err(RbError::runtime(
+        Some(Err(_)) => Err(RbError::internal(
             "memprofiler_pprof_rs internal error while building the profile",
         )),
-        None => Err(RbError::runtime("profile was not built")),
+        None => Err(RbError::internal("profile was not built")),
     }
 }
 

@@ -105,7 +105,7 @@ fn merger_of(object: VALUE) -> RbResult<&'static Wrapped> {
         }
         let data = RTYPEDDATA_GET_DATA(object) as *const Wrapped;
         if data.is_null() {
-            return Err(RbError::runtime("merger is not initialized"));
+            return Err(RbError::state("merger is not initialized"));
         }
         Ok(&*data)
     }
@@ -121,11 +121,11 @@ fn with_merger<T: Send>(
         // (Poisoned: an earlier call panicked midway; its state is unknown.)
         wrapped.lock().map(|mut merger| work(&mut merger)).ok()
     })?
-    .ok_or_else(|| RbError::runtime("this merger failed earlier; start a new one"))
+    .ok_or_else(|| RbError::state("this merger failed earlier; start a new one"))
 }
 
 fn finished() -> RbError {
-    RbError::runtime("this merger has finished; start a new one")
+    RbError::state("this merger has finished; start a new one")
 }
 
 /// `#_native_add(profile)` → nil, or `[reason]` when the read budget

@@ -84,6 +84,7 @@ pub unsafe extern "C" fn Init_memprofiler_pprof_rs() {
                     &empty_hooks_methods,
                 );
                 define_defaults(module);
+                errors::define_errors(module);
                 rb_set_end_proc(Some(registry::disable_all_at_exit), Qnil as VALUE);
                 Qnil as VALUE
             }

@@ -99,7 +99,7 @@ pub(super) fn profile_of(object: VALUE) -> RbResult<&'static DecodedProfile> {
         }
         let data = RTYPEDDATA_GET_DATA(object) as *const DecodedProfile;
         if data.is_null() {
-            return Err(RbError::runtime("profile is not initialized"));
+            return Err(RbError::state("profile is not initialized"));
         }
         Ok(&*data)
     }
@@ -184,7 +184,7 @@ unsafe extern "C" fn native_gunzip(_klass: VALUE, bytes: VALUE) -> VALUE {
         // is the caller's (PprofReader counts it in its own estimate).
         let mut transient = READ_BUDGET
             .reserve(0)
-            .map_err(|refused| RbError::runtime(refused.to_string()))?;
+            .map_err(|refused| RbError::state(refused.to_string()))?;
         let memory = |refused| gunzip_error(&ReadError::OverBudget(refused));
         // SAFETY: `bytes` is a String whose buffer stays valid and unmoved:
         // nothing below calls into Ruby while `plain` may borrow it.

@@ -10,7 +10,9 @@ module MemprofilerPprof
   #   profile.sample_type_names      # => ["alloc_objects", "alloc_space", ...]
   #   profile.samples.first.frames   # => [#<Frame name="Foo#bar" filename="app.rb" line=12>, ...]
   module PprofReader
-    class FormatError < StandardError; end
+    class FormatError < StandardError
+      include Error
+    end
 
     # Reading the profile would pass MemprofilerPprof::Profile.memory_limit.
     class MemoryLimitError < FormatError; end

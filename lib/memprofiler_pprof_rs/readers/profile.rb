@@ -3,7 +3,9 @@
 module MemprofilerPprof
   # Raised when bytes are not a readable pprof profile (not pprof at all, a
   # truncated gzip, dangling references). The message says which.
-  class ProfileFormatError < StandardError; end
+  class ProfileFormatError < StandardError
+    include Error
+  end
 
   # Raised when reading, merging or writing a profile would take the
   # profiles read back past Profile.memory_limit, together. A
@@ -332,7 +334,7 @@ module MemprofilerPprof
 
       def inspect
         "#<#{self.class.name} #{size} profiles>"
-      rescue RuntimeError
+      rescue StateError
         "#<#{self.class.name} finished>"
       end
       alias to_s inspect

@@ -90,7 +90,7 @@ impl Collector {
         let pid = std::process::id();
         if self.flushing.swap(true, Ordering::Acquire) {
             if self.flushing_pid.load(Ordering::Relaxed) == pid {
-                return Err(RbError::runtime(
+                return Err(RbError::state(
                     "flush is already in progress on this collector (flush called from within a flush?)",
                 ));
             }

@@ -215,12 +215,12 @@ impl Collector {
     /// one way cannot be checked the other, so they are forgotten.
     pub fn set_mode(&self, mode: Mode) -> RbResult<()> {
         if self.is_running() {
-            return Err(RbError::runtime(
+            return Err(RbError::state(
                 "mode can only be changed while the collector is stopped",
             ));
         }
         if mode == Mode::Light && !LIGHT_MODE_SUPPORTED {
-            return Err(RbError::runtime(
+            return Err(RbError::state(
                 "mode :light is not supported on Ruby 4.0 and later (it reads object ids, which 4.0 \
                  moved into the object); use mode :exact",
             ));
@@ -239,7 +239,7 @@ impl Collector {
     /// of hooked allocations per second. Only while stopped.
     pub fn set_window_policy(&self, policy: WindowPolicy) -> RbResult<()> {
         if self.is_running() {
-            return Err(RbError::runtime(
+            return Err(RbError::state(
                 "sampling windows (window_probability, window_budget) can only be changed while the collector is stopped",
             ));
         }
@@ -259,7 +259,7 @@ impl Collector {
     /// Only while stopped.
     pub fn set_window_warm_up(&self, allocations: u64) -> RbResult<()> {
         if self.is_running() {
-            return Err(RbError::runtime(
+            return Err(RbError::state(
                 "window_warm_up can only be changed while the collector is stopped",
             ));
         }
@@ -478,7 +478,7 @@ fn window_seed(seed: u64) -> u64 {
 }
 
 fn lock_failure(error: LockError) -> RbError {
-    RbError::runtime(format!(
+    RbError::internal(format!(
         "memprofiler_pprof_rs internal error: sampler lock unavailable ({error:?})"
     ))
 }
