@@ -18,6 +18,8 @@ mod method_blocks;
 mod method_table;
 mod profile_class;
 mod registry;
+#[cfg(test)]
+mod vm_tests;
 mod window_timer;
 
 use rb_sys::{
