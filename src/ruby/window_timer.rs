@@ -1,5 +1,5 @@
 //! The thread that wakes the postponed job for sampling windows' polls
-//! (sampler/windows.rs): one per process, started with the first collector
+//! (sampler/windows/mod.rs): one per process, started with the first collector
 //! that uses windows.
 //!
 //! It only ever calls the trigger it is given (the registry's

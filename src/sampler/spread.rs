@@ -3,7 +3,7 @@
 //!
 //! A sample stands for `w` objects: 1 / (the sample rate x its window's
 //! probability q), and more where a cap thinned the samples. Windows are
-//! placed one per block of the allocation sequence (sampler/windows.rs):
+//! placed one per block of the allocation sequence (sampler/windows/mod.rs):
 //! stratified sampling with one window per stratum, so the variance is
 //! estimated the way such designs are, from the differences between
 //! neighbouring blocks' estimates (the successive-difference estimator:

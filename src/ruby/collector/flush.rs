@@ -253,7 +253,7 @@ impl Collector {
         })?;
         snapshot.drops.nolock += self.nolock_drops.swap(0, Ordering::Relaxed);
         // Sampling windows: samples already weigh 1 / their window's
-        // probability (sampler/windows.rs); nothing is rescaled here.
+        // probability (sampler/windows/mod.rs); nothing is rescaled here.
         let counter = heap::allocation_counter();
         let (window_flush, window_policy, warm_up, window_length) = self.with_sampler(|s| {
             (

@@ -92,7 +92,7 @@ pub const DEFAULT_MODE: Mode = if LIGHT_MODE_SUPPORTED {
 /// What lives behind the sampler lock.
 pub struct Sampler {
     pub state: SamplerState,
-    /// When the NEWOBJ hook is on (sampler/windows.rs).
+    /// When the NEWOBJ hook is on (sampler/windows/mod.rs).
     pub windows: Windows,
     backtrace: BacktraceBuffer,
     interval_started_at: SystemTime,
@@ -409,7 +409,7 @@ impl Collector {
     }
 
     /// Sampling has stopped: a later flush must not scale its samples by
-    /// allocations made since (sampler/windows.rs).
+    /// allocations made since (sampler/windows/mod.rs).
     fn freeze_windows(&self) {
         let counter = heap::allocation_counter();
         if self.with_sampler(|s| s.windows.freeze(counter)).is_err() {

@@ -60,7 +60,7 @@ impl Collector {
             ..
         } = &mut *sampler;
         // With windows the countdown runs to the next event (a sample or a
-        // window's end: sampler/windows.rs); without, to the next sample.
+        // window's end: sampler/windows/mod.rs); without, to the next sample.
         let window = if windows.enabled() {
             let event = windows.on_event(self.overrun.swap(0, Ordering::Relaxed));
             self.countdown.set(event.countdown);

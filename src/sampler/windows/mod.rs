@@ -56,6 +56,11 @@
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 
+mod budget;
+mod interval;
+
+pub use interval::WindowFlush;
+
 use super::gaps::GapSampler;
 use super::sample_cost::SampleCost;
 
@@ -98,19 +103,6 @@ const KEEP_ON_GAP: u64 = 2_000;
 
 /// The most the lead grows while polls come late.
 const MAX_LATE_FACTOR: f64 = 8.0;
-
-/// The average allocation rate is an exponential average over about this
-/// many nanoseconds.
-const RATE_TIME_CONSTANT_NS: f64 = 1e9;
-
-/// A budget not spent (while the process allocated less than it, or was
-/// idle) is saved, up to this many seconds of it, and spent over about
-/// `CREDIT_DRAIN_SECONDS` when allocations come: a burst, a short phase or
-/// a short script gets many windows, not the few a per-second rate allows.
-/// Over any second or more the hook still sees at most the budget, plus
-/// what was saved.
-const CREDIT_SECONDS: f64 = 1.0;
-const CREDIT_DRAIN_SECONDS: f64 = 0.25;
 
 /// One block of the allocation sequence and its window.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -190,36 +182,6 @@ pub struct Poll {
     pub countdown: Option<u64>,
     /// When to poll next, from now (ns); None: no need (sampling stopped).
     pub next_poll_in_ns: Option<u64>,
-}
-
-/// An interval's windows, read by a flush.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct WindowFlush {
-    /// Share of the interval's allocations in windows the hook saw (1.0
-    /// without windows; 0.0 without allocations).
-    pub coverage: f64,
-    /// In-window allocations the hook came on too late to see.
-    pub missed: u64,
-    /// How many allocations those stand for (each 1 / its window's q).
-    pub missed_estimate: f64,
-    /// Windows (blocks) the interval's allocations went past.
-    pub windows: u64,
-    /// How far in-use may read low for allocations windows missed (their
-    /// objects were never tracked): the larger of the share of this
-    /// interval's allocations missed and the share since start, estimated.
-    /// Which of the missed objects are still alive is unknown.
-    pub inuse_missed_share: f64,
-    /// What one in-window sample weighed (1 / (rate x q), before any cap
-    /// thinned it): the heaviest of this interval's windowed blocks, and
-    /// that or the latest windowed block's since start (0.0: none).
-    pub window_sample_weight: f64,
-    pub latest_window_sample_weight: f64,
-    /// Shares of this interval's allocations, and of those since start, in
-    /// the block under way before its window: no window has looked at
-    /// them yet (when it comes, its samples stand for them), so the
-    /// allocations and in-use read them as nothing for now.
-    pub unwindowed_share: f64,
-    pub inuse_unwindowed_share: f64,
 }
 
 #[derive(Debug)]
@@ -445,23 +407,6 @@ impl Windows {
 
     // ----- the schedule --------------------------------------------------
 
-    /// The probability for a block beginning at `begin` (not in the warm-up).
-    fn next_probability(&self) -> f64 {
-        match (self.policy, self.rate) {
-            (WindowPolicy::Fixed(q), _) => q,
-            (WindowPolicy::Budget(_), None) => 1.0,
-            (WindowPolicy::Budget(budget), Some(rate)) => {
-                let hooked_rate = rate * self.hook_ratio.max(1.0);
-                let allowed = budget + self.credit / CREDIT_DRAIN_SECONDS;
-                if hooked_rate <= allowed {
-                    1.0
-                } else {
-                    (allowed / hooked_rate).max(MIN_BUDGET_PROBABILITY)
-                }
-            }
-        }
-    }
-
     fn new_block(&mut self, begin: u64) -> Block {
         let id = self.next_block_id;
         self.next_block_id = self.next_block_id.wrapping_add(1);
@@ -685,83 +630,6 @@ impl Windows {
         }
     }
 
-    fn observe_rate(&mut self, counter: u64, now_ns: u64) {
-        if let Some((last_counter, last_ns)) = self.last_poll {
-            let elapsed = now_ns.saturating_sub(last_ns);
-            if elapsed > 0 {
-                let made = counter.saturating_sub(last_counter) as f64;
-                let rate = made * 1e9 / elapsed as f64;
-                // The average rate (what a budget divides), from stretches
-                // the hook was off for: hooked, the process runs slower.
-                // Until there is one, the hooked rate times 4, the most the
-                // hook slows a process: fewer windows rather than too many.
-                if !self.hooked_since_poll {
-                    let share = 1.0 - (-(elapsed as f64) / RATE_TIME_CONSTANT_NS).exp();
-                    self.rate = Some(match (self.rate, self.rate_unhooked) {
-                        (Some(old), true) => old + share * (rate - old),
-                        _ => rate,
-                    });
-                    self.rate_unhooked = true;
-                } else if !self.rate_unhooked {
-                    self.rate = Some(4.0 * rate);
-                } else if let Some(old) = self.rate.filter(|&old| rate > old) {
-                    // Hooked, the process runs slower, so what it made is
-                    // at most its rate unwatched: a floor. Without it a
-                    // process that went quiet (q = 1, the hook always on)
-                    // and then busy would never have its hook off again to
-                    // measure the rate, and would stay hooked for good.
-                    let share = 1.0 - (-(elapsed as f64) / RATE_TIME_CONSTANT_NS).exp();
-                    self.rate = Some(old + share * (rate - old));
-                }
-                // (A first estimate from hooked time all the same: too low,
-                // until the first unhooked stretch raises it.)
-                let unhooked = !self.hooked_since_poll || self.busy_rate <= 0.0;
-                if unhooked && self.last_poll_asked <= POLL_MIN_NS {
-                    self.approach_max = (self.approach_max * 0.99).max(made);
-                }
-                // While running: polls close together. A poll after a
-                // quiet spell says nothing of how fast a burst will be.
-                if unhooked && elapsed <= 4 * POLL_MAX_NS {
-                    self.busy_rate_unhooked |= !self.hooked_since_poll;
-                    self.busy_rate = if rate > self.busy_rate {
-                        rate
-                    } else {
-                        self.busy_rate + 0.05 * (rate - self.busy_rate)
-                    };
-                }
-            }
-        }
-        self.last_poll = Some((counter, now_ns));
-        self.hooked_since_poll = self.armed;
-    }
-
-    /// The most budget that can be saved (0 without a budget).
-    fn credit_limit(&self) -> f64 {
-        match self.policy {
-            WindowPolicy::Budget(budget) => budget * CREDIT_SECONDS,
-            WindowPolicy::Fixed(_) => 0.0,
-        }
-    }
-
-    /// At a poll (before the hook's state changes): the budget earned since
-    /// the last, less what the hook saw since (the warm-up is not paid from
-    /// the budget).
-    fn settle_credit(&mut self, counter: u64, now_ns: u64) {
-        if let Some((settled, at_ns)) = self.credit_at {
-            if let Some(since) = self.on_since {
-                let from = since
-                    .max(settled)
-                    .max(self.run_began.saturating_add(self.warm_up));
-                self.credit -= counter.saturating_sub(from) as f64;
-            }
-            if let WindowPolicy::Budget(budget) = self.policy {
-                self.credit += budget * now_ns.saturating_sub(at_ns) as f64 / 1e9;
-            }
-        }
-        self.credit = self.credit.clamp(0.0, self.credit_limit());
-        self.credit_at = Some((counter, now_ns));
-    }
-
     /// From the postponed job, with Ruby's allocation counter and a
     /// monotonic clock: arms the hook when the next window is near, and
     /// says when to poll again.
@@ -898,108 +766,7 @@ impl Windows {
         }
         self.begin_interval(counter);
     }
-
-    /// A new interval (start, a forked child, a flush) begins at `counter`.
-    fn begin_interval(&mut self, counter: u64) {
-        self.interval_on = 0;
-        self.interval_missed = 0;
-        self.interval_missed_estimate = 0.0;
-        self.interval_windows = 0;
-        self.interval_began = counter;
-        // The block under way is this interval's too.
-        self.interval_window_weight = self.block.sample_weight();
-    }
-
-    /// What the hook has seen of the cursor's stretch up to `counter` and
-    /// not counted yet.
-    fn open_observation(&self, counter: u64) -> u64 {
-        match self.observed_from {
-            Some(from) => {
-                let (s, e) = self.current();
-                counter.clamp(s, e).saturating_sub(from)
-            }
-            None => 0,
-        }
-    }
-
-    /// The share of the allocations since the last flush (or start) in
-    /// windows the hook saw, without ending the interval (1.0 without
-    /// windows; 0.0 before any allocation).
-    pub fn coverage_so_far(&self, counter: u64) -> f64 {
-        if !self.enabled() {
-            return 1.0;
-        }
-        let counter = self.frozen_at.map_or(counter, |frozen| frozen.min(counter));
-        let all = counter.saturating_sub(self.interval_began);
-        if all == 0 {
-            0.0
-        } else {
-            ((self.interval_on + self.open_observation(counter)) as f64 / all as f64).min(1.0)
-        }
-    }
-
-    /// Allocations of the block under way up to `counter` that its window
-    /// has not reached yet (0 once it has, and for blocks sampled in full).
-    fn unwindowed(&self, counter: u64) -> u64 {
-        let block = &self.block;
-        if block.probability >= 1.0 || counter <= block.begin {
-            return 0;
-        }
-        // (A window that wraps begins at the block's start.)
-        let window_start = block.stretches().0[0].0;
-        if counter < window_start {
-            counter - block.begin
-        } else {
-            0
-        }
-    }
-
-    /// See `WindowFlush::inuse_missed_share`.
-    fn inuse_missed_share(&self, counter: u64) -> f64 {
-        share_of(self.interval_missed_estimate, counter, self.interval_began).max(share_of(
-            self.run_missed_estimate,
-            counter,
-            self.run_began,
-        ))
-    }
-
-    /// At a flush: the interval's windows; starts the next interval.
-    pub fn flush(&mut self, counter: u64) -> WindowFlush {
-        let counter = self.frozen_at.map_or(counter, |frozen| frozen.min(counter));
-        let unwindowed = self.unwindowed(counter) as f64;
-        let flush = WindowFlush {
-            coverage: self.coverage_so_far(counter),
-            missed: self.interval_missed,
-            missed_estimate: self.interval_missed_estimate,
-            windows: self.interval_windows,
-            inuse_missed_share: self.inuse_missed_share(counter),
-            window_sample_weight: self.interval_window_weight,
-            latest_window_sample_weight: self.interval_window_weight.max(self.latest_window_weight),
-            unwindowed_share: share_of(unwindowed, counter, self.interval_began),
-            inuse_unwindowed_share: share_of(unwindowed, counter, self.run_began),
-        };
-        // What the hook saw of the open stretch belongs to this interval.
-        if let Some(from) = self.observed_from {
-            self.close_observation(counter);
-            let (s, e) = self.current();
-            self.observed_from = Some(counter.clamp(s, e).max(from));
-        }
-        self.begin_interval(counter);
-        flush
-    }
-}
-
-/// `count` over the allocations from `since` to `counter`, at most 1 (0.0
-/// without any).
-fn share_of(count: f64, counter: u64, since: u64) -> f64 {
-    let all = counter.saturating_sub(since);
-    if all == 0 {
-        0.0
-    } else {
-        (count / all as f64).min(1.0)
-    }
 }
 
 #[cfg(test)]
-#[path = "windows_tests.rs"]
 mod tests;
