@@ -17,11 +17,12 @@ use crate::heap_size::{block_bytes, map_bytes, map_growth, vec_bytes, vec_growth
 use crate::pprof;
 use crate::pprof::string_table::StringTable;
 
-use super::decoded_profile::{
-    location_estimate, memory_estimate, read_back_bytes, read_back_estimate, sample_estimate,
-    string_estimate, DecodedProfile, ViewError, FUNCTION_ESTIMATE, MAPPING_ESTIMATE,
-};
+use super::decoded_profile::{DecodedProfile, ViewError};
 use super::display::shown;
+use super::memory_estimate::{
+    location_estimate, memory_estimate, read_back_bytes, read_back_estimate, sample_estimate,
+    string_estimate, FUNCTION_ESTIMATE, MAPPING_ESTIMATE,
+};
 use super::read_budget::{megabytes, ReadBudget, Reservation};
 
 /// The merged profile's string table, keyed by SipHash: its strings come

@@ -18,6 +18,7 @@ pub mod grouping;
 mod growth_test;
 #[cfg(test)]
 mod hostile_input_tests;
+pub mod memory_estimate;
 pub mod merge;
 pub mod read_budget;
 pub mod top;
