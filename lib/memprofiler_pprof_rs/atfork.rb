@@ -106,37 +106,8 @@ module MemprofilerPprof
       end
     end
 
-    # For Rubies without Process._fork (before 3.1, which this gem's gemspec
-    # excludes; kept for vendored use): wrap the fork methods.
-    module LegacyForkHook
-      def fork(&block)
-        Atfork.run(:prepare)
-        child_block = if block
-                        proc do
-                          Atfork.after_fork(in_child: true)
-                          block.call
-                        end
-                      end
-        pid = child_block ? super(&child_block) : super()
-        # With a block, only the parent returns here.
-        Atfork.after_fork(in_child: pid.nil?)
-        pid
-      end
-    end
-
-    # Kernel#fork as called without a receiver stays private.
-    module LegacyPrivateForkHook
-      include LegacyForkHook
-      private :fork
-    end
-
-    if Process.respond_to?(:_fork)
-      Process.singleton_class.prepend(ProcessForkHook)
-    else
-      Process.singleton_class.prepend(LegacyForkHook)
-      Kernel.singleton_class.prepend(LegacyForkHook)
-      Object.prepend(LegacyPrivateForkHook)
-    end
+    # Every Ruby the gemspec allows (3.1+) has Process._fork.
+    Process.singleton_class.prepend(ProcessForkHook)
     Process.singleton_class.prepend(ProcessDaemonHook)
   end
 end
