@@ -72,7 +72,7 @@ pub const SAMPLE_TYPES: [(&str, &str); 4] = [
 const MAPPING_ID: u64 = 1;
 
 /// The class of samples merged without one (`SampleLabels::Drop`).
-const NO_CLASS: ClassRef = 0;
+const NO_CLASS: ClassRef = ClassRef(0);
 
 /// Label keys (no '-': Pyroscope rejects it).
 pub const CLASS_LABEL: &str = "class";
@@ -731,7 +731,10 @@ mod tests {
     }
 
     fn frame(frame: u64, line: i32) -> Frame {
-        Frame { frame, line }
+        Frame {
+            frame: FrameRef(frame),
+            line,
+        }
     }
 
     /// Records a sampled allocation of `object` with `stack` (weight 1).
@@ -752,15 +755,15 @@ mod tests {
         state.measure_pending(|_| Some(40));
         let snapshot = state.take_snapshot(0, |_| Some(40));
         let mut frames = FastHashMap::default();
-        frames.insert(8, info("Foo#bar", Some("app.rb"), 10));
-        frames.insert(16, info("<main>", Some("app.rb"), 1));
-        frames.insert(24, info("String#*", None, 0));
+        frames.insert(FrameRef(8), info("Foo#bar", Some("app.rb"), 10));
+        frames.insert(FrameRef(16), info("<main>", Some("app.rb"), 1));
+        frames.insert(FrameRef(24), info("String#*", None, 0));
         (snapshot, frames)
     }
 
     fn classes() -> FastHashMap<ClassRef, String> {
         let mut classes = FastHashMap::default();
-        classes.insert(0, "String".to_string());
+        classes.insert(ClassRef(0), "String".to_string());
         classes
     }
 
@@ -789,7 +792,7 @@ mod tests {
         let stack = [frame(8, 12), frame(16, 30)];
         for (i, (class, gc_count)) in [(1, 0), (1, 3), (2, 5)].into_iter().enumerate() {
             let admission = state.admission(1.0);
-            let info = ObjectInfo::new(class, gc_count);
+            let info = ObjectInfo::new(ClassRef(class), gc_count);
             state.record_allocation(0x1000 + i * 40, info, &stack, admission);
         }
         state.measure_pending(|_| Some(40));
@@ -797,11 +800,14 @@ mod tests {
         assert!(state.record_free(0x1000));
         let snapshot = state.take_snapshot(9, |_| Some(40));
         let mut frames = FastHashMap::default();
-        frames.insert(8, info("Foo#bar", Some("app.rb"), 10));
-        frames.insert(16, info("<main>", Some("app.rb"), 1));
-        let classes = [(1, "String".to_string()), (2, "Array".to_string())]
-            .into_iter()
-            .collect();
+        frames.insert(FrameRef(8), info("Foo#bar", Some("app.rb"), 10));
+        frames.insert(FrameRef(16), info("<main>", Some("app.rb"), 1));
+        let classes = [
+            (ClassRef(1), "String".to_string()),
+            (ClassRef(2), "Array".to_string()),
+        ]
+        .into_iter()
+        .collect();
         (snapshot, frames, classes)
     }
 
@@ -946,10 +952,10 @@ mod tests {
             ..info("Foo#bar", Some("app.rb"), 10)
         };
         let mut frames = FastHashMap::default();
-        frames.insert(8, bar.clone());
-        frames.insert(40, bar);
-        frames.insert(16, info("<main>", Some("app.rb"), 1));
-        frames.insert(24, info("Array#each", None, 0));
+        frames.insert(FrameRef(8), bar.clone());
+        frames.insert(FrameRef(40), bar);
+        frames.insert(FrameRef(16), info("<main>", Some("app.rb"), 1));
+        frames.insert(FrameRef(24), info("Array#each", None, 0));
         let profile = build_profile(&snapshot, &frames, &classes(), &meta());
         assert_eq!(
             function_names(&profile, &profile.sample[0]),
@@ -1044,7 +1050,7 @@ mod tests {
         // The String and the Array handles both named as anonymous classes
         // are (the profile cannot tell them apart).
         let anonymous = "(anonymous subclass of Object)".to_string();
-        let classes = [(1, anonymous.clone()), (2, anonymous)]
+        let classes = [(ClassRef(1), anonymous.clone()), (ClassRef(2), anonymous)]
             .into_iter()
             .collect();
         let profile_with = |sample_labels| {
@@ -1088,12 +1094,12 @@ mod tests {
         state.record_allocation(
             0x1000,
             ObjectInfo::default(),
-            &[frame(8, 1), frame(99, 2), frame(TRUNCATION_FRAME, 0)],
+            &[frame(8, 1), frame(99, 2), frame(TRUNCATION_FRAME.0, 0)],
             admission,
         );
         let snapshot = state.take_snapshot(0, |_| Some(40));
         let mut frames = FastHashMap::default();
-        frames.insert(8, info("Foo#bar", Some("app.rb"), 1));
+        frames.insert(FrameRef(8), info("Foo#bar", Some("app.rb"), 1));
         let profile = build_profile(&snapshot, &frames, &classes(), &meta());
         let names = function_names(&profile, &profile.sample[0]);
         assert_eq!(names[1], "(unknown frame)@:0");
@@ -1112,8 +1118,8 @@ mod tests {
         }
         let snapshot = state.take_snapshot(0, |_| Some(40));
         let mut frames = FastHashMap::default();
-        frames.insert(8, info("Foo#bar", Some("app.rb"), 1));
-        frames.insert(16, info("<main>", Some("app.rb"), 0));
+        frames.insert(FrameRef(8), info("Foo#bar", Some("app.rb"), 1));
+        frames.insert(FrameRef(16), info("<main>", Some("app.rb"), 0));
         let profile = build_profile(&snapshot, &frames, &classes(), &meta());
         let mut stacks: Vec<Vec<String>> = profile
             .sample
@@ -1173,18 +1179,19 @@ mod tests {
                 .map(|d| frame(8 * (1 + (i * 40 + d) % 3_000), d as i32))
                 .collect();
             let admission = state.admission(1.0);
-            let object = ObjectInfo::new(i, 0);
+            let object = ObjectInfo::new(ClassRef(i), 0);
             state.record_allocation(0x10_0000 + i as usize * 40, object, &stack, admission);
         }
         for f in 1..=3_000u64 {
-            frames.insert(8 * f, info(&format!("M{f}#m"), Some("app.rb"), 1));
+            frames.insert(FrameRef(8 * f), info(&format!("M{f}#m"), Some("app.rb"), 1));
         }
         state.measure_pending(|object| Some(40 + (object as u64 % 1_000)));
         let snapshot = state.take_snapshot(0, |object| Some(40 + (object as u64 % 1_000)));
         // Each stack's object of its own class: with a class frame, every
         // sample has a location more and a function of its own.
-        let classes: FastHashMap<ClassRef, String> =
-            (0..2_000).map(|c| (c, format!("Widget{c}"))).collect();
+        let classes: FastHashMap<ClassRef, String> = (0..2_000)
+            .map(|c| (ClassRef(c), format!("Widget{c}")))
+            .collect();
         let meta = ProfileMeta {
             sample_labels,
             ..meta()
@@ -1242,7 +1249,7 @@ mod tests {
             record(&mut state, 0x10_0000 + i as usize * 40, &stack);
         }
         for f in 1..=20u64 {
-            frames.insert(8 * f, info(&format!("M{f}#m"), Some("app.rb"), 1));
+            frames.insert(FrameRef(8 * f), info(&format!("M{f}#m"), Some("app.rb"), 1));
         }
         state.measure_pending(|_| Some(40));
         let snapshot = state.take_snapshot(0, |_| Some(40));
@@ -1273,7 +1280,7 @@ mod tests {
             for d in 0..depth {
                 let name = format!("Generated::Module{i}#method_{d}_with_a_long_name");
                 frames.insert(
-                    8 * (1 + i * depth + d),
+                    FrameRef(8 * (1 + i * depth + d)),
                     info(&name, Some("app/generated.rb"), 1),
                 );
             }

@@ -71,7 +71,7 @@ pub unsafe fn object_info(object: VALUE) -> ObjectInfo {
     } else if klass == 0 {
         internal_type_class(kind, true)
     } else {
-        klass as ClassRef
+        ClassRef(klass)
     };
     // SAFETY: reads a counter; no allocation, no raise.
     ObjectInfo::new(class, unsafe { rb_gc_count() } as u32)
@@ -120,7 +120,7 @@ pub fn resolve_classes(classes: &[ClassRef]) -> RbResult<FastHashMap<ClassRef, S
     let mut names = FastHashMap::default();
     for &class in classes {
         let name = if is_class_value(class) {
-            let klass = class as VALUE;
+            let klass = class.0 as VALUE;
             // SAFETY: `klass` is a live class (marked); rb_class_real skips
             // singleton and include classes without allocating.
             let real = unsafe { rb_class_real(klass) };

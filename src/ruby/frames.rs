@@ -79,7 +79,7 @@ impl BacktraceBuffer {
         self.frames.clear();
         for i in 0..depth.min(MAX_FRAMES) {
             self.frames.push(Frame {
-                frame: self.values[i] as FrameRef,
+                frame: FrameRef(self.values[i]),
                 line: self.lines[i],
             });
         }
@@ -122,7 +122,7 @@ pub fn resolve_frames(
             if let Some(long) = yield_after {
                 holds.yield_if_held(long)?;
             }
-            let info = frame_info(frame.frame as VALUE, &mut blocks)?;
+            let info = frame_info(frame.frame.0 as VALUE, &mut blocks)?;
             resolved.insert(frame.frame, info);
         }
     }

@@ -135,7 +135,7 @@ fn checks() {
     // SAFETY: `text` is a String made above (its header is written).
     let info = unsafe { object_info(text) };
     // SAFETY: reads a class global.
-    let string_class = unsafe { rb_cString } as ClassRef;
+    let string_class = ClassRef(unsafe { rb_cString });
     assert_eq!(info.class, string_class);
     let names = resolve_classes(&[info.class]).expect("names");
     assert_eq!(names.get(&string_class).map(String::as_str), Some("String"));

@@ -141,9 +141,9 @@ mod tests {
         assert_eq!(classes.name(a), None);
         assert_eq!(classes.len(), 1);
         // Ruby classes and internal-type tags are not named handles.
-        classes.release(0x1000);
+        classes.release(ClassRef(0x1000));
         classes.release(internal_type_class(5, false));
         assert_eq!(classes.len(), 1);
-        assert!(is_ruby_class(0x1000) && !is_named_class(0x1000));
+        assert!(is_ruby_class(ClassRef(0x1000)) && !is_named_class(ClassRef(0x1000)));
     }
 }

@@ -151,6 +151,7 @@ const WINDOW_IDS: u32 = 1 << 16;
 mod tests {
     use super::*;
     use crate::sampler::stack_table::StackId;
+    use crate::sampler::types::ClassRef;
     use rand::rngs::SmallRng;
     use rand::{RngExt, SeedableRng};
 
@@ -162,7 +163,7 @@ mod tests {
         };
         FlushedSample {
             stack: StackId::from_stored(0).expect("a stack id"),
-            class: 0,
+            class: ClassRef(0),
             gc_age: None,
             values,
             window,

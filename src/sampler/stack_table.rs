@@ -741,7 +741,10 @@ mod tests {
     fn stack(frames: &[(u64, i32)]) -> Vec<Frame> {
         frames
             .iter()
-            .map(|&(frame, line)| Frame { frame, line })
+            .map(|&(frame, line)| Frame {
+                frame: FrameRef(frame),
+                line,
+            })
             .collect()
     }
 
@@ -833,7 +836,7 @@ mod tests {
                 .iter()
                 .map(|f| match table.resolved_info(f.frame) {
                     Some(info) => (info.name[1..].parse::<u64>().unwrap(), f.line),
-                    None => (f.frame, f.line),
+                    None => (f.frame.0, f.line),
                 })
                 .collect()
         };
@@ -848,7 +851,7 @@ mod tests {
                     };
                     let frames: Vec<Frame> = (0..len)
                         .map(|_| Frame {
-                            frame: 0x1000 + 8 * next(12),
+                            frame: FrameRef(0x1000 + 8 * next(12)),
                             line: next(3) as i32,
                         })
                         .collect();
@@ -891,7 +894,7 @@ mod tests {
                                 start_line: 0,
                                 blocks: None,
                             };
-                            (frame, info)
+                            (FrameRef(frame), info)
                         })
                         .collect();
                     let moved = table.detach_frames(&names);
@@ -966,7 +969,7 @@ mod tests {
     #[test]
     fn truncation_marker_is_not_a_live_frame() {
         let mut table = StackTable::new();
-        table.intern(&stack(&[(8, 1), (TRUNCATION_FRAME, 0)]));
+        table.intern(&stack(&[(8, 1), (TRUNCATION_FRAME.0, 0)]));
         assert_eq!(table.live_frames().collect::<Vec<_>>(), vec![8]);
     }
 
@@ -1011,7 +1014,7 @@ mod tests {
                     start_line: 1,
                     blocks: None,
                 };
-                (frame, info)
+                (FrameRef(frame), info)
             })
             .collect()
     }
@@ -1054,7 +1057,7 @@ mod tests {
     #[test]
     fn frames_a_flush_did_not_name_stay_ruby_frames_until_a_later_one() {
         let mut table = StackTable::new();
-        let id = table.intern(&stack(&[(0x100, 1), (0x200, 2), (TRUNCATION_FRAME, 0)]));
+        let id = table.intern(&stack(&[(0x100, 1), (0x200, 2), (TRUNCATION_FRAME.0, 0)]));
         // Taken while the flush ran: only one of its frames was named.
         assert!(table.detach_frames(&named(&[(0x100, "A#a")])).is_empty());
         assert_eq!(table.live_frames().collect::<Vec<_>>(), [0x200]);

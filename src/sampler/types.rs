@@ -12,32 +12,36 @@ pub type ObjectAddress = usize;
 
 /// A frame: the VALUE that `rb_profile_frames` returned (a method entry
 /// or iseq, even), or a frame held by name since a flush named it (odd).
-pub type FrameRef = u64;
+/// A type of its own, so that a class handle is never taken for one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct FrameRef(pub u64);
 
 /// Stands for the frames cut off when a stack is deeper than the capture
 /// limit. 0 is never a frame handle (it is Ruby's `false`).
-pub const TRUNCATION_FRAME: FrameRef = 0;
+pub const TRUNCATION_FRAME: FrameRef = FrameRef(0);
 
 /// A frame held by name (see `StackTable::detach_frames`). Odd handles
 /// start at 3, so 1 (an older profile builder's placeholder) never is one.
 pub fn is_resolved_frame(frame: FrameRef) -> bool {
-    frame & 1 == 1 && frame > 1
+    frame.0 & 1 == 1 && frame.0 > 1
 }
 
 /// The handle of the `index`-th frame held by name.
 pub fn resolved_frame(index: u32) -> FrameRef {
-    ((u64::from(index) + 1) << 1) | 1
+    FrameRef(((u64::from(index) + 1) << 1) | 1)
 }
 
 /// The index of a frame held by name (`is_resolved_frame(frame)`).
 pub fn resolved_frame_index(frame: FrameRef) -> usize {
-    ((frame >> 1) - 1) as usize
+    ((frame.0 >> 1) - 1) as usize
 }
 
 /// A sample's class: a Ruby class (an even address, marked by the binding
 /// layer), an internal VM type, or a class held by name (see the table
-/// above).
-pub type ClassRef = u64;
+/// above). A type of its own, so that a frame handle is never taken for
+/// one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct ClassRef(pub u64);
 
 const CLASS_TAG_BITS: u32 = 3;
 const CLASS_TAG_MASK: u64 = (1 << CLASS_TAG_BITS) - 1;
@@ -50,22 +54,22 @@ const NAMED_CLASS_TAG: u64 = 0b011;
 
 /// True for a handle of a Ruby class object (what must be kept alive).
 pub fn is_ruby_class(class: ClassRef) -> bool {
-    class != 0 && class & 1 == 0
+    class.0 != 0 && class.0 & 1 == 0
 }
 
 /// True for a class held by name.
 pub fn is_named_class(class: ClassRef) -> bool {
-    class & CLASS_TAG_MASK == NAMED_CLASS_TAG
+    class.0 & CLASS_TAG_MASK == NAMED_CLASS_TAG
 }
 
 /// The handle of the `index`-th class held by name.
 pub fn named_class(index: u32) -> ClassRef {
-    (u64::from(index) << CLASS_TAG_BITS) | NAMED_CLASS_TAG
+    ClassRef((u64::from(index) << CLASS_TAG_BITS) | NAMED_CLASS_TAG)
 }
 
 /// The index of a class held by name (`is_named_class(class)`).
 pub fn named_class_index(class: ClassRef) -> usize {
-    (class >> CLASS_TAG_BITS) as usize
+    (class.0 >> CLASS_TAG_BITS) as usize
 }
 
 /// The handle for an object of VM type `kind` that has no usable class:
@@ -76,15 +80,30 @@ pub fn internal_type_class(kind: u64, hidden: bool) -> ClassRef {
     } else {
         INTERNAL_TYPE_TAG
     };
-    (kind << CLASS_TAG_BITS) | tag
+    ClassRef((kind << CLASS_TAG_BITS) | tag)
 }
 
 /// The VM type and hiddenness of an `internal_type_class` handle.
 pub fn internal_type_of(class: ClassRef) -> Option<(u64, bool)> {
-    match class & CLASS_TAG_MASK {
-        INTERNAL_TYPE_TAG => Some((class >> CLASS_TAG_BITS, false)),
-        HIDDEN_TYPE_TAG => Some((class >> CLASS_TAG_BITS, true)),
+    match class.0 & CLASS_TAG_MASK {
+        INTERNAL_TYPE_TAG => Some((class.0 >> CLASS_TAG_BITS, false)),
+        HIDDEN_TYPE_TAG => Some((class.0 >> CLASS_TAG_BITS, true)),
         _ => None,
+    }
+}
+
+// Tests write handles as the integers they wrap.
+#[cfg(test)]
+impl PartialEq<u64> for FrameRef {
+    fn eq(&self, other: &u64) -> bool {
+        self.0 == *other
+    }
+}
+
+#[cfg(test)]
+impl PartialEq<u64> for ClassRef {
+    fn eq(&self, other: &u64) -> bool {
+        self.0 == *other
     }
 }
 
@@ -94,7 +113,7 @@ mod tests {
 
     #[test]
     fn each_handle_kind_is_told_apart() {
-        let ruby_class = 0x7f00_1000;
+        let ruby_class = ClassRef(0x7f00_1000);
         let named = named_class(5);
         let internal = internal_type_class(0x1a, false);
         let hidden = internal_type_class(0x05, true);
@@ -105,14 +124,14 @@ mod tests {
         assert_eq!(internal_type_of(hidden), Some((0x05, true)));
         assert_eq!(internal_type_of(named), None);
         assert_eq!(internal_type_of(ruby_class), None);
-        assert!(!is_ruby_class(0) && !is_ruby_class(internal) && !is_ruby_class(hidden));
+        assert!(!is_ruby_class(ClassRef(0)) && !is_ruby_class(internal) && !is_ruby_class(hidden));
     }
 
     #[test]
     fn resolved_frames_are_odd_from_three_up() {
-        assert_eq!(resolved_frame(0), 3);
+        assert_eq!(resolved_frame(0), FrameRef(3));
         assert_eq!(resolved_frame_index(resolved_frame(41)), 41);
-        assert!(is_resolved_frame(3) && !is_resolved_frame(1));
-        assert!(!is_resolved_frame(TRUNCATION_FRAME) && !is_resolved_frame(0x7f00_1000));
+        assert!(is_resolved_frame(FrameRef(3)) && !is_resolved_frame(FrameRef(1)));
+        assert!(!is_resolved_frame(TRUNCATION_FRAME) && !is_resolved_frame(FrameRef(0x7f00_1000)));
     }
 }

@@ -43,12 +43,12 @@ impl Collector {
                 }
                 for frame in sampler.state.stacks().live_frames() {
                     // SAFETY: called from the dmark callback, during GC marking.
-                    unsafe { rb_gc_mark(frame as VALUE) };
+                    unsafe { rb_gc_mark(frame.0 as VALUE) };
                 }
                 // Classes too (an anonymous class may have no other owner).
                 for class in sampler.state.held_classes().filter(|&c| is_class_value(c)) {
                     // SAFETY: as above.
-                    unsafe { rb_gc_mark(class as VALUE) };
+                    unsafe { rb_gc_mark(class.0 as VALUE) };
                 }
                 // Light mode: samples waiting for their id stay alive and in
                 // place until the postponed job (sampler/state/liveness.rs).

@@ -8,7 +8,12 @@ use crate::sampler::types::{is_resolved_frame, FrameRef};
 use rand::RngExt;
 
 fn frames(ids: &[u64]) -> Vec<Frame> {
-    ids.iter().map(|&frame| Frame { frame, line: 1 }).collect()
+    ids.iter()
+        .map(|&frame| Frame {
+            frame: FrameRef(frame),
+            line: 1,
+        })
+        .collect()
 }
 
 fn state(max_alloc: usize, max_heap: usize) -> SamplerState {
@@ -18,11 +23,16 @@ fn state(max_alloc: usize, max_heap: usize) -> SamplerState {
 fn rec(
     st: &mut SamplerState,
     object: ObjectAddress,
-    class: ClassRef,
+    class: u64,
     stack: &[u64],
 ) -> Option<SampleId> {
     let admission = st.admission(1.0);
-    st.record_allocation(object, ObjectInfo::new(class, 0), &frames(stack), admission)
+    st.record_allocation(
+        object,
+        ObjectInfo::new(ClassRef(class), 0),
+        &frames(stack),
+        admission,
+    )
 }
 
 fn info(name: &str) -> FrameInfo {
@@ -78,9 +88,9 @@ fn records_remapped_in_chunks_with_frees_and_new_samples() {
         rec(&mut st, next, 0x5000, &[8 * (i + 1000), 16]);
         objects.push(next);
         next += 0x40;
-        first_names.insert(8 * (i + 1000), info("Leaf#a"));
+        first_names.insert(FrameRef(8 * (i + 1000)), info("Leaf#a"));
     }
-    first_names.insert(16, info("<main>"));
+    first_names.insert(FrameRef(16), info("<main>"));
     st.measure_pending(|_| Some(40));
     st.take_snapshot(0, |_| Some(40));
     st.detach_resolved_frames(&first_names);
@@ -93,9 +103,9 @@ fn records_remapped_in_chunks_with_frees_and_new_samples() {
         rec(&mut st, next, 0x5000, &[8 * (i + 5000), 16]);
         objects.push(next);
         next += 0x40;
-        again.insert(8 * (i + 5000), info("Leaf#a"));
+        again.insert(FrameRef(8 * (i + 5000)), info("Leaf#a"));
     }
-    again.insert(16, info("<main>"));
+    again.insert(FrameRef(16), info("<main>"));
     st.measure_pending(|_| Some(40));
     let measuring = st.begin_flush();
     while !st.measure_live(&measuring, 0, 7, &mut |_| Some(40)) {}
@@ -103,7 +113,7 @@ fn records_remapped_in_chunks_with_frees_and_new_samples() {
     let (mut snap, naming) = st.end_snapshot_samples(measuring, &mut |_| Some(40));
     while !st.copy_stacks(&naming, &mut snap, 11) {}
     let mut classes = FastHashMap::default();
-    classes.insert(0x5000u64, "Foo".to_string());
+    classes.insert(ClassRef(0x5000), "Foo".to_string());
     let detaching = st.begin_detach(naming, &classes);
     let mut rng = SmallRng::seed_from_u64(1);
     let mut calls = 0;
@@ -164,9 +174,9 @@ fn end_flush_at_every_step() {
             );
             objects.push(next);
             next += 0x40;
-            names1.insert(8 * (i % 10 + 1000), info(&format!("M{}", i % 5)));
+            names1.insert(FrameRef(8 * (i % 10 + 1000)), info(&format!("M{}", i % 5)));
         }
-        names1.insert(16, info("<main>"));
+        names1.insert(FrameRef(16), info("<main>"));
         st.measure_pending(|_| Some(40));
         st.take_snapshot(0, |_| Some(40));
         st.detach_resolved_frames(&names1);
@@ -181,9 +191,9 @@ fn end_flush_at_every_step() {
             );
             objects.push(next);
             next += 0x40;
-            names2.insert(8 * (i % 20 + 2000), info(&format!("M{}", i % 7)));
+            names2.insert(FrameRef(8 * (i % 20 + 2000)), info(&format!("M{}", i % 7)));
         }
-        names2.insert(16, info("<main>"));
+        names2.insert(FrameRef(16), info("<main>"));
         st.measure_pending(|_| Some(40));
         let mut step = 0usize;
         let churn = |st: &mut SamplerState, objects: &mut Vec<ObjectAddress>, next: &mut usize| {
@@ -223,7 +233,7 @@ fn end_flush_at_every_step() {
                 }
             }
             let classes: FastHashMap<ClassRef, String> = (0..3u64)
-                .map(|c| (0x5000 + 8 * c, format!("C{c}")))
+                .map(|c| (ClassRef(0x5000 + 8 * c), format!("C{c}")))
                 .collect();
             let detaching = st.begin_detach(naming, &classes);
             while !st.detach_frames_batch(&detaching, &names2, 1) {
@@ -257,7 +267,7 @@ fn random_chunked_flushes_with_churn_and_early_ends() {
         let mut st = state(rng.random_range(5..cap), rng.random_range(5..cap));
         let mut objects: Vec<ObjectAddress> = Vec::new();
         let mut next = 0x1000usize;
-        let classes: Vec<ClassRef> = (1..5u64).map(|c| 0x8000 + 8 * c).collect();
+        let classes: Vec<ClassRef> = (1..5u64).map(|c| ClassRef(0x8000 + 8 * c)).collect();
         let churn = |st: &mut SamplerState,
                      rng: &mut SmallRng,
                      objects: &mut Vec<ObjectAddress>,
@@ -266,7 +276,7 @@ fn random_chunked_flushes_with_churn_and_early_ends() {
                 let depth = rng.random_range(0..4usize);
                 let stack: Vec<u64> = (0..depth).map(|_| 8 * rng.random_range(1..9u64)).collect();
                 let class = classes[rng.random_range(0..classes.len())];
-                if rec(st, *next, class, &stack).is_some() {
+                if rec(st, *next, class.0, &stack).is_some() {
                     objects.push(*next);
                 }
                 *next += 40;
@@ -327,14 +337,14 @@ fn random_chunked_flushes_with_churn_and_early_ends() {
                 for fs in snap.stacks.values() {
                     for f in fs.iter() {
                         if !is_resolved_frame(f.frame) {
-                            names.insert(f.frame, info(&format!("m{}", f.frame % 24)));
+                            names.insert(f.frame, info(&format!("m{}", f.frame.0 % 24)));
                         }
                     }
                 }
                 let class_names: FastHashMap<ClassRef, String> = st
                     .flush_classes()
                     .iter()
-                    .map(|&c| (c, format!("K{}", c % 3)))
+                    .map(|&c| (c, format!("K{}", c.0 % 3)))
                     .collect();
                 churn(&mut st, &mut rng, &mut objects, &mut next);
                 if rng.random_bool(0.1) {

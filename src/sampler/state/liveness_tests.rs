@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::sampler::stack_table::Frame;
+use crate::sampler::types::FrameRef;
 
 fn lazy_state(max_heap: usize) -> SamplerState {
     let mut st = SamplerState::new(GapSampler::new(1.0, 1), 1_000, max_heap);
@@ -14,11 +15,14 @@ fn lazy_state(max_heap: usize) -> SamplerState {
 fn sample(st: &mut SamplerState, object: ObjectAddress, gc_count: u32) -> SampleId {
     let admission = st.admission(1.0);
     let info = ObjectInfo {
-        class: 0,
+        class: ClassRef(0),
         gc_count,
         ..ObjectInfo::default()
     };
-    let frames = [Frame { frame: 8, line: 1 }];
+    let frames = [Frame {
+        frame: FrameRef(8),
+        line: 1,
+    }];
     st.record_allocation(object, info, &frames, admission)
         .expect("admitted")
 }

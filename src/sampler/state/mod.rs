@@ -90,7 +90,7 @@ impl ObjectInfo {
 impl Default for ObjectInfo {
     fn default() -> Self {
         ObjectInfo {
-            class: 0,
+            class: ClassRef(0),
             gc_count: 0,
             window: 0,
             window_probability: (1.0f32.to_bits() >> 16) as u16,

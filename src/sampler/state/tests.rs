@@ -7,7 +7,12 @@ use crate::sampler::types::{is_named_class, is_ruby_class, FrameRef};
 use rand::RngExt;
 
 fn frames(ids: &[u64]) -> Vec<Frame> {
-    ids.iter().map(|&frame| Frame { frame, line: 1 }).collect()
+    ids.iter()
+        .map(|&frame| Frame {
+            frame: FrameRef(frame),
+            line: 1,
+        })
+        .collect()
 }
 
 /// Offers a sample of `weight` and records it where it was admitted.
@@ -100,7 +105,7 @@ fn names(entries: &[(u64, &str)]) -> FastHashMap<FrameRef, FrameInfo> {
                 start_line: 0,
                 blocks: None,
             };
-            (frame, info)
+            (FrameRef(frame), info)
         })
         .collect()
 }
@@ -141,7 +146,7 @@ fn named_frames_let_go_of_ruby_objects_and_samples_follow_merged_stacks() {
 fn named_classes_replace_ruby_classes_and_go_with_their_samples() {
     let mut st = state(100, 100);
     let info = ObjectInfo {
-        class: 0x7000,
+        class: ClassRef(0x7000),
         ..ObjectInfo::default()
     };
     for object in [0x1000, 0x2000] {
@@ -151,7 +156,9 @@ fn named_classes_replace_ruby_classes_and_go_with_their_samples() {
     st.measure_pending(|_| Some(40));
     let _ = st.take_snapshot(0, |_| Some(40));
     assert_eq!(st.flush_classes(), [0x7000]);
-    let names: FastHashMap<ClassRef, String> = [(0x7000, "Foo".to_string())].into_iter().collect();
+    let names: FastHashMap<ClassRef, String> = [(ClassRef(0x7000), "Foo".to_string())]
+        .into_iter()
+        .collect();
     st.detach_resolved_classes(&names);
     st.end_flush();
     assert!(!st.held_classes().any(is_ruby_class), "no class kept alive");
@@ -520,7 +527,7 @@ fn stacks_are_not_pruned_while_a_flush_resolves_them() {
 fn classes_of_a_flush_stay_held_until_it_finishes() {
     let mut st = state(100, 100);
     let info = ObjectInfo {
-        class: 0x5000,
+        class: ClassRef(0x5000),
         gc_count: 3,
         ..ObjectInfo::default()
     };
@@ -543,7 +550,7 @@ fn live_samples_carry_their_gc_age() {
     let mut st = state(100, 100);
     let admission = st.admission(1.0);
     let info = ObjectInfo {
-        class: 0x5000,
+        class: ClassRef(0x5000),
         gc_count: 3,
         ..ObjectInfo::default()
     };
@@ -642,7 +649,7 @@ fn classes_of_live_samples_stay_held_while_a_flush_walks() {
     let mut st = state(0, 10);
     let admission = st.admission(1.0);
     let info = ObjectInfo {
-        class: 0x5550,
+        class: ClassRef(0x5550),
         ..ObjectInfo::default()
     };
     st.record_allocation(0x1000, info, &frames(&[1]), admission);
@@ -740,7 +747,7 @@ fn a_flush_measured_in_chunks_measures_the_samples_taken_before_it_began() {
     );
     let stacks: Vec<u64> = snapshot.samples[..snapshot.heap_samples]
         .iter()
-        .map(|s| snapshot.stacks[&s.stack][0].frame)
+        .map(|s| snapshot.stacks[&s.stack][0].frame.0)
         .collect();
     assert!(stacks.contains(&2) && !stacks.contains(&7) && !stacks.contains(&99));
     st.measure_pending(|_| Some(40));
@@ -748,7 +755,7 @@ fn a_flush_measured_in_chunks_measures_the_samples_taken_before_it_began() {
     assert_eq!((next.heap_samples, next.allocation_samples), (9, 1));
     let stacks: Vec<u64> = next.samples[..next.heap_samples]
         .iter()
-        .map(|s| next.stacks[&s.stack][0].frame)
+        .map(|s| next.stacks[&s.stack][0].frame.0)
         .collect();
     assert!(stacks.contains(&99), "the next flush's");
 }
@@ -813,12 +820,14 @@ fn rec_class(st: &mut SamplerState, object: ObjectAddress, class: ClassRef, stac
 #[test]
 fn named_class_of_an_allocation_sample_outlives_its_last_record() {
     let mut st = state(100, 100);
-    rec_class(&mut st, 0x1000, 0x7000, &[8]);
+    rec_class(&mut st, 0x1000, ClassRef(0x7000), &[8]);
     st.measure_pending(|_| Some(40));
     let _ = st.take_snapshot(0, |_| Some(40));
     // Another thread samples an object of the same class mid-flush.
-    rec_class(&mut st, 0x2000, 0x7000, &[8]);
-    let names: FastHashMap<ClassRef, String> = [(0x7000, "Foo".to_string())].into_iter().collect();
+    rec_class(&mut st, 0x2000, ClassRef(0x7000), &[8]);
+    let names: FastHashMap<ClassRef, String> = [(ClassRef(0x7000), "Foo".to_string())]
+        .into_iter()
+        .collect();
     st.detach_resolved_classes(&names);
     st.end_flush();
     st.measure_pending(|_| Some(40));
@@ -841,10 +850,12 @@ fn named_class_of_an_allocation_sample_outlives_its_last_record() {
 #[test]
 fn named_class_of_a_live_sample_freed_mid_flush_keeps_its_name() {
     let mut st = state(100, 100);
-    rec_class(&mut st, 0x1000, 0x7000, &[8]);
+    rec_class(&mut st, 0x1000, ClassRef(0x7000), &[8]);
     st.measure_pending(|_| Some(40));
     let _ = st.take_snapshot(0, |_| Some(40));
-    let names: FastHashMap<ClassRef, String> = [(0x7000, "Foo".to_string())].into_iter().collect();
+    let names: FastHashMap<ClassRef, String> = [(ClassRef(0x7000), "Foo".to_string())]
+        .into_iter()
+        .collect();
     st.detach_resolved_classes(&names);
     st.end_flush();
     let measuring = st.begin_flush();
@@ -876,7 +887,7 @@ fn detach_cost_on_a_large_heap() {
                     // A method appears at one of its few call sites.
                     let method = rng.random_range(0..3000u64);
                     Frame {
-                        frame: 0x10000 + method * 0x40,
+                        frame: FrameRef(0x10000 + method * 0x40),
                         line: (method % 400) as i32 + rng.random_range(0..3),
                     }
                 })
@@ -888,7 +899,7 @@ fn detach_cost_on_a_large_heap() {
         let p = &paths[rng.random_range(0..paths.len())];
         let admission = st.admission(1.0);
         let info = ObjectInfo {
-            class: 0x100000 + (i as u64 % 2000) * 0x28,
+            class: ClassRef(0x100000 + (i as u64 % 2000) * 0x28),
             ..ObjectInfo::default()
         };
         st.record_allocation(0x1000_0000 + i * 40, info, p, admission);
@@ -904,7 +915,7 @@ fn detach_cost_on_a_large_heap() {
     let names: FastHashMap<FrameRef, FrameInfo> = (0..3000u64)
         .map(|m| {
             (
-                0x10000 + m * 0x40,
+                FrameRef(0x10000 + m * 0x40),
                 FrameInfo {
                     name: format!("BenchWorkloads::Scenario::Calls.method_{m}"),
                     filename: Some("/work/main/bench/lib/workloads.rb".to_string()),
@@ -917,7 +928,7 @@ fn detach_cost_on_a_large_heap() {
     let classes: FastHashMap<ClassRef, String> = (0..2000u64)
         .map(|c| {
             (
-                0x100000 + c * 0x28,
+                ClassRef(0x100000 + c * 0x28),
                 format!("BenchWorkloads::Scenario::Class{c}"),
             )
         })
@@ -945,7 +956,7 @@ fn detach_cost_on_a_large_heap() {
         let p = &paths[rng.random_range(0..paths.len())];
         let admission = st.admission(1.0);
         let info = ObjectInfo {
-            class: 0x100000 + (i as u64 % 2000) * 0x28,
+            class: ClassRef(0x100000 + (i as u64 % 2000) * 0x28),
             ..ObjectInfo::default()
         };
         st.record_allocation(0x2000_0000 + i * 40, info, p, admission);
@@ -992,7 +1003,10 @@ fn sample_expecting(
         .is_some()
         && admission.live
     {
-        expected.insert(obj, stack.iter().map(|f| (name(f.frame), f.line)).collect());
+        expected.insert(
+            obj,
+            stack.iter().map(|f| (name(f.frame.0), f.line)).collect(),
+        );
     }
 }
 
@@ -1016,7 +1030,7 @@ fn random_flushes_and_detaches_keep_names_and_refcounts() {
                 let depth = rng.random_range(0..5usize);
                 let stack: Vec<Frame> = (0..depth)
                     .map(|_| Frame {
-                        frame: 8 * rng.random_range(1..6u64),
+                        frame: FrameRef(8 * rng.random_range(1..6u64)),
                         line: rng.random_range(1..3),
                     })
                     .collect();
@@ -1049,8 +1063,8 @@ fn random_flushes_and_detaches_keep_names_and_refcounts() {
                             let n = match snap.resolved_frames.get(&f.frame) {
                                 Some(info) => info.name.clone(),
                                 None => {
-                                    assert!(!is_resolved_frame_(f.frame));
-                                    name_of(f.frame, &gen)
+                                    assert!(!is_resolved_frame_(f.frame.0));
+                                    name_of(f.frame.0, &gen)
                                 }
                             };
                             (n, f.line)
@@ -1066,11 +1080,11 @@ fn random_flushes_and_detaches_keep_names_and_refcounts() {
             let mut names: FastHashMap<FrameRef, FrameInfo> = FastHashMap::default();
             for frames in snap.stacks.values() {
                 for f in frames.iter() {
-                    if !is_resolved_frame_(f.frame) {
+                    if !is_resolved_frame_(f.frame.0) {
                         names.insert(
                             f.frame,
                             FrameInfo {
-                                name: name_of(f.frame, &gen),
+                                name: name_of(f.frame.0, &gen),
                                 filename: None,
                                 start_line: 0,
                                 blocks: None,
@@ -1083,7 +1097,7 @@ fn random_flushes_and_detaches_keep_names_and_refcounts() {
             for _ in 0..rng.random_range(0..4) {
                 let stack: Vec<Frame> = (0..rng.random_range(1..4usize))
                     .map(|_| Frame {
-                        frame: 8 * rng.random_range(1..8u64),
+                        frame: FrameRef(8 * rng.random_range(1..8u64)),
                         line: 1,
                     })
                     .collect();
@@ -1100,7 +1114,7 @@ fn random_flushes_and_detaches_keep_names_and_refcounts() {
                     for _ in 0..rng.random_range(0..3) {
                         let stack: Vec<Frame> = (0..rng.random_range(1..4usize))
                             .map(|_| Frame {
-                                frame: 8 * rng.random_range(1..8u64),
+                                frame: FrameRef(8 * rng.random_range(1..8u64)),
                                 line: 1,
                             })
                             .collect();
@@ -1116,7 +1130,8 @@ fn random_flushes_and_detaches_keep_names_and_refcounts() {
                             expected.remove(&o);
                         }
                     }
-                    let live: std::collections::HashSet<u64> = st.stacks().live_frames().collect();
+                    let live: std::collections::HashSet<u64> =
+                        st.stacks().live_frames().map(|f| f.0).collect();
                     for v in 1..8u64 {
                         if !live.contains(&(8 * v)) && rng.random_bool(0.3) {
                             *gen.entry(8 * v).or_insert(0) += 1;
@@ -1126,7 +1141,8 @@ fn random_flushes_and_detaches_keep_names_and_refcounts() {
             }
             st.end_flush();
             // Frame values no stack holds may be reused for other code.
-            let live: std::collections::HashSet<u64> = st.stacks().live_frames().collect();
+            let live: std::collections::HashSet<u64> =
+                st.stacks().live_frames().map(|f| f.0).collect();
             for v in 1..8u64 {
                 if !live.contains(&(8 * v)) && rng.random_bool(0.5) {
                     *gen.entry(8 * v).or_insert(0) += 1;
@@ -1144,7 +1160,7 @@ fn random_flushes_and_detaches_keep_names_and_refcounts() {
     }
 }
 fn is_resolved_frame_(f: u64) -> bool {
-    crate::sampler::types::is_resolved_frame(f)
+    crate::sampler::types::is_resolved_frame(FrameRef(f))
 }
 
 /// A flush reads the allocation list and copies stacks in chunks, letting
