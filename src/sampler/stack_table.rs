@@ -298,13 +298,15 @@ impl StackTable {
     /// last call. A stack that becomes equal to one already stored is merged
     /// into it: the returned vector, indexed by stack id, gives the id its
     /// samples must move to (`NO_STACK` for the others; empty if none
-    /// merged); here nothing else holds ids, so forwarding ends at once.
+    /// merged). For a table no sample refers to (this file's tests): every
+    /// forwarding, this call's and any earlier one's, ends at once.
     /// Frames `names` lacks (stacks taken while the flush ran) stay Ruby
     /// frames until the next call.
     ///
     /// Runs under the sampler lock with the GVL held, at every flush, so it
     /// works on frame slots: names are hashed once per distinct frame, and
     /// each stack position costs an array lookup and a use count.
+    #[cfg(test)]
     pub fn detach_frames(&mut self, names: &FastHashMap<FrameRef, FrameInfo>) -> Vec<u32> {
         self.begin_detach();
         self.detach_batch(names, usize::MAX);
@@ -320,7 +322,9 @@ impl StackTable {
     }
 
     /// Where the samples of stack `id` are now: itself, or the stack it
-    /// was merged into during the detach in progress.
+    /// was merged into by a detach whose samples have not all moved yet
+    /// (the one in progress, or one a flush cut short, whose samples the
+    /// next detach moves).
     pub fn forwarded(&self, id: StackId) -> StackId {
         if self.forward.is_empty() {
             return id;

@@ -1335,8 +1335,9 @@ fn a_detach_cut_short_leaves_merged_stacks_to_the_next_flush() {
     let (_snapshot, naming) = st.end_snapshot(measuring, &mut |_| Some(40));
     let detaching = st.begin_detach(naming, &FastHashMap::default());
     let names_again = names(&again);
-    // Every stack detached (all merged into the named path), no sample
-    // moved yet: cut short here.
+    // Every stack detached (all merged into the named path), and only the
+    // first chunk of records moved (the named path's own): cut short here,
+    // with the 20 samples on merged stacks still to move.
     while st.remap_from.is_none() {
         assert!(!st.detach_frames_batch(&detaching, &names_again, 1));
     }
@@ -1377,6 +1378,40 @@ fn a_detach_cut_short_leaves_merged_stacks_to_the_next_flush() {
     let _ = st.take_snapshot(0, |_| Some(40));
     st.end_flush();
     assert!(st.stacks().is_empty());
+}
+
+/// The same for the allocation list: a sample taken after a flush's
+/// snapshot, on a stack that flush's detach merges before it is cut short,
+/// is read by the next flush through the forwarding (one path, not two).
+#[test]
+fn an_allocation_on_a_merged_stack_is_read_through_the_forwarding() {
+    let mut st = state(1_000, 1_000);
+    for i in 0..100usize {
+        record(&mut st, 0x10000 + i * 0x40, &[8, 16]);
+    }
+    st.measure_pending(|_| Some(40));
+    st.take_snapshot(0, |_| Some(40));
+    st.detach_resolved_frames(&names(&[(8, "A#a"), (16, "<main>")]));
+    st.end_flush();
+    record(&mut st, 0x2000, &[24, 32]);
+    st.measure_pending(|_| Some(40));
+    let measuring = st.begin_flush();
+    while !st.measure_live(&measuring, 0, usize::MAX, &mut |_| Some(40)) {}
+    let (_snapshot, naming) = st.end_snapshot(measuring, &mut |_| Some(40));
+    // In the next interval's allocation list, on the stack merged below.
+    record(&mut st, 0x3000, &[24, 32]);
+    st.measure_pending(|_| Some(40));
+    let detaching = st.begin_detach(naming, &FastHashMap::default());
+    let renamed = names(&[(24, "A#a"), (32, "<main>")]);
+    while st.remap_from.is_none() {
+        assert!(!st.detach_frames_batch(&detaching, &renamed, 1));
+    }
+    assert!(st.stacks().is_forwarding());
+    st.end_flush();
+    let snapshot = st.take_snapshot(0, |_| Some(40));
+    assert_eq!(snapshot.allocation_samples, 1);
+    assert_eq!(snapshot.stacks.len(), 1, "each path once");
+    st.end_flush();
 }
 
 /// More stacks fall unused during a flush than its end removes at once:
