@@ -524,7 +524,7 @@ impl<'m> Folding<'m> {
 /// Measuring builds of a profile a flush may make, when its first build is
 /// over `max_raw_bytes`, to find how many samples to fold (each a full
 /// build without gzip).
-const MAX_SIZE_MEASUREMENTS: usize = 8;
+const MAX_SIZE_MEASUREMENTS: usize = 10;
 
 /// What names a profile's frames and classes.
 struct Names<'t> {
