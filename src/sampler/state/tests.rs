@@ -1215,6 +1215,29 @@ fn a_flush_read_in_chunks_is_the_flush_read_at_once() {
     assert_eq!(st.stacks().len(), st.live_count());
 }
 
+/// After `Leaf#a < Mid#b < <main>` was named at a flush: 20 samples of the
+/// same path through new method entries (objects 0x20000 on), then a
+/// flush whose detach, begun here, merges their stacks into the named one.
+/// Returns the detach and the names it resolves.
+fn the_named_path_again(
+    st: &mut SamplerState,
+) -> (super::flush::Detaching, FastHashMap<FrameRef, FrameInfo>) {
+    let mut again = Vec::new();
+    for i in 0..20u64 {
+        let frames = [8 * (i + 200), 8 * (i + 300), 16];
+        record(st, 0x20000 + i as usize * 0x40, &frames);
+        again.push((8 * (i + 200), "Leaf#a"));
+        again.push((8 * (i + 300), "Mid#b"));
+    }
+    again.push((16, "<main>"));
+    st.measure_pending(|_| Some(40));
+    let measuring = st.begin_flush();
+    while !st.measure_live(&measuring, 0, usize::MAX, &mut |_| Some(40)) {}
+    let (_snapshot, naming) = st.end_snapshot(measuring, &mut |_| Some(40));
+    let detaching = st.begin_detach(naming, &FastHashMap::default());
+    (detaching, names(&again))
+}
+
 /// A detach in batches moves the samples of merged stacks a chunk of
 /// records at a time: meanwhile a sample freed on a merged stack releases
 /// the stack it went to, and no new stack takes a merged id.
@@ -1237,20 +1260,7 @@ fn samples_of_merged_stacks_follow_them_between_batches() {
     assert_eq!(st.stacks().len(), 1, "one path by name");
     // The same path again, through new method entries: merges at the
     // next detach, which runs in batches of 2 stacks.
-    let mut again = Vec::new();
-    for i in 0..20u64 {
-        let frames = [8 * (i + 200), 8 * (i + 300), 16];
-        record(&mut st, 0x20000 + i as usize * 0x40, &frames);
-        again.push((8 * (i + 200), "Leaf#a"));
-        again.push((8 * (i + 300), "Mid#b"));
-    }
-    again.push((16, "<main>"));
-    st.measure_pending(|_| Some(40));
-    let measuring = st.begin_flush();
-    while !st.measure_live(&measuring, 0, usize::MAX, &mut |_| Some(40)) {}
-    let (_snapshot, naming) = st.end_snapshot(measuring, &mut |_| Some(40));
-    let detaching = st.begin_detach(naming, &FastHashMap::default());
-    let names = names(&again);
+    let (detaching, names) = the_named_path_again(&mut st);
     let mut batches = 0;
     let mut freed = Vec::new();
     while !st.detach_frames_batch(&detaching, &names, 2) {
@@ -1321,20 +1331,7 @@ fn a_detach_cut_short_leaves_merged_stacks_to_the_next_flush() {
     st.take_snapshot(0, |_| Some(40));
     st.detach_resolved_frames(&names(&named));
     st.end_flush();
-    let mut again = Vec::new();
-    for i in 0..20u64 {
-        let frames = [8 * (i + 200), 8 * (i + 300), 16];
-        record(&mut st, 0x20000 + i as usize * 0x40, &frames);
-        again.push((8 * (i + 200), "Leaf#a"));
-        again.push((8 * (i + 300), "Mid#b"));
-    }
-    again.push((16, "<main>"));
-    st.measure_pending(|_| Some(40));
-    let measuring = st.begin_flush();
-    while !st.measure_live(&measuring, 0, usize::MAX, &mut |_| Some(40)) {}
-    let (_snapshot, naming) = st.end_snapshot(measuring, &mut |_| Some(40));
-    let detaching = st.begin_detach(naming, &FastHashMap::default());
-    let names_again = names(&again);
+    let (detaching, names_again) = the_named_path_again(&mut st);
     // Every stack detached (all merged into the named path), and only the
     // first chunk of records moved (the named path's own): cut short here,
     // with the 20 samples on merged stacks still to move.
