@@ -1215,6 +1215,27 @@ fn a_flush_read_in_chunks_is_the_flush_read_at_once() {
     assert_eq!(st.stacks().len(), st.live_count());
 }
 
+/// 20 samples (objects 0x10000 on), and `extra` more (0x40000 on), of 20
+/// stacks that all read `Leaf#a < Mid#b < <main>` once named: a flush
+/// names them, merging them into one stack.
+fn name_the_path(st: &mut SamplerState, extra: u64) {
+    let path = |i: u64| [8 * (i + 1000), 8 * (i + 1100), 16];
+    let mut named = Vec::new();
+    for i in 0..20u64 {
+        record(st, 0x10000 + i as usize * 0x40, &path(i));
+        named.push((8 * (i + 1000), "Leaf#a"));
+        named.push((8 * (i + 1100), "Mid#b"));
+    }
+    for j in 0..extra {
+        record(st, 0x40000 + j as usize * 0x40, &path(j % 20));
+    }
+    named.push((16, "<main>"));
+    st.measure_pending(|_| Some(40));
+    st.take_snapshot(0, |_| Some(40));
+    st.detach_resolved_frames(&names(&named));
+    st.end_flush();
+}
+
 /// After `Leaf#a < Mid#b < <main>` was named at a flush: 20 samples of the
 /// same path through new method entries (objects 0x20000 on), then a
 /// flush whose detach, begun here, merges their stacks into the named one.
@@ -1245,18 +1266,7 @@ fn the_named_path_again(
 fn samples_of_merged_stacks_follow_them_between_batches() {
     let mut st = state(1_000, 1_000);
     // 20 paths, named at a first flush.
-    let path = |i: u64| [8 * (i + 1000), 8 * (i + 1100), 16];
-    let mut named = Vec::new();
-    for i in 0..20u64 {
-        record(&mut st, 0x10000 + i as usize * 0x40, &path(i));
-        named.push((8 * (i + 1000), "Leaf#a"));
-        named.push((8 * (i + 1100), "Mid#b"));
-    }
-    named.push((16, "<main>"));
-    st.measure_pending(|_| Some(40));
-    st.take_snapshot(0, |_| Some(40));
-    st.detach_resolved_frames(&names(&named));
-    st.end_flush();
+    name_the_path(&mut st, 0);
     assert_eq!(st.stacks().len(), 1, "one path by name");
     // The same path again, through new method entries: merges at the
     // next detach, which runs in batches of 2 stacks.
@@ -1314,23 +1324,9 @@ fn samples_of_merged_stacks_follow_them_between_batches() {
 #[test]
 fn a_detach_cut_short_leaves_merged_stacks_to_the_next_flush() {
     let mut st = state(1_000, 1_000);
-    let path = |i: u64| [8 * (i + 1000), 8 * (i + 1100), 16];
-    let mut named = Vec::new();
-    for i in 0..20u64 {
-        record(&mut st, 0x10000 + i as usize * 0x40, &path(i));
-        named.push((8 * (i + 1000), "Leaf#a"));
-        named.push((8 * (i + 1100), "Mid#b"));
-    }
     // More samples on the named path than a batch's chunk of records, so
     // that the merged stacks' samples (taken last) wait for a later chunk.
-    for j in 0..200u64 {
-        record(&mut st, 0x40000 + j as usize * 0x40, &path(j % 20));
-    }
-    named.push((16, "<main>"));
-    st.measure_pending(|_| Some(40));
-    st.take_snapshot(0, |_| Some(40));
-    st.detach_resolved_frames(&names(&named));
-    st.end_flush();
+    name_the_path(&mut st, 200);
     let (detaching, names_again) = the_named_path_again(&mut st);
     // Every stack detached (all merged into the named path), and only the
     // first chunk of records moved (the named path's own): cut short here,
