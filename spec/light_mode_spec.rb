@@ -160,6 +160,59 @@ RSpec.describe MemprofilerPprof::Collector, "mode: :light" do
     collector&.stop!
   end
 
+  # Light mode's postponed job runs at every sample here. A job must never
+  # call a Ruby method: Ruby delivers interrupts inside one, and drops what
+  # a job raises, so a Thread#raise (or Timeout) arriving then would be lost
+  # (repro/postponed_job_raise_lost.rb shows it without this gem). A version
+  # that filed samples in an ObjectSpace::WeakMap from the job lost 4 of 23
+  # here on Ruby 3.4, and then the sender waited for the GVL forever.
+  it "loses no exception raised into a thread while its postponed job runs" do
+    code = <<~RUBY
+      require "memprofiler_pprof_rs"
+      class Ping < StandardError; end
+      collector = MemprofilerPprof::Collector.new(mode: :light, sample_rate: 1.0, window_budget: nil,
+                                                  max_heap_samples: 20_000)
+      collector.start!
+      received = 0
+      ready = Queue.new
+      worker = Thread.new do
+        Thread.handle_interrupt(Ping => :never) do
+          ready << true
+          loop do
+            Thread.handle_interrupt(Ping => :immediate) { loop { Array.new(20) { Object.new } } }
+          rescue Ping
+            received += 1
+          end
+        end
+      end
+      ready.pop
+      clock = -> { Process.clock_gettime(Process::CLOCK_MONOTONIC) }
+      sent = lost = 0
+      deadline = clock.call + 4
+      while clock.call < deadline
+        before = received
+        worker.raise(Ping)
+        sent += 1
+        waited = clock.call + 2
+        sleep 0.001 while received == before && clock.call < waited
+        lost += 1 if received == before
+      end
+      worker.kill
+      collector.stop!
+      puts [sent, lost].join(" ")
+    RUBY
+    lib = File.expand_path("../lib", __dir__)
+    out, status = Open3.popen2(RbConfig.ruby, "-I", lib, "-e", code) do |_in, stdout, child|
+      # A hang is the failure this guards against: never wait for it.
+      Process.kill(:KILL, child.pid) unless child.join(60)
+      [stdout.read, child.value]
+    end
+    expect(status).to be_success, "exited #{status.inspect} (killed after 60 s if hung)"
+    sent, lost = out.split.map(&:to_i)
+    expect(sent).to be > 10
+    expect(lost).to eq(0)
+  end
+
   it "changes mode only while stopped, and names a bad mode" do
     collector = described_class.new
     expect(collector.mode).to eq(:light)
