@@ -23,6 +23,7 @@ require_relative "memprofiler_pprof_rs/error_log"
 require_relative "memprofiler_pprof_rs/file_output"
 require_relative "memprofiler_pprof_rs/profile_data"
 require_relative "memprofiler_pprof_rs/collector"
+require_relative "memprofiler_pprof_rs/labels"
 require_relative "memprofiler_pprof_rs/method_blocks"
 require_relative "memprofiler_pprof_rs/atfork"
 require_relative "memprofiler_pprof_rs/readers/profile"
@@ -43,5 +44,6 @@ module MemprofilerPprof
   autoload :EnvConfig, File.join(lib, "env_config")
   autoload :PprofReader, File.join(lib, "readers/pprof_reader")
   autoload :RackApp, File.join(lib, "rack_app")
+  autoload :RackLabels, File.join(lib, "rack_labels")
   autoload :CLI, File.join(lib, "cli")
 end

@@ -404,7 +404,7 @@ RSpec.describe "memprofiler_pprof_rs executable" do
       [
         [["frobnicate"], "unknown command"],
         [["top"], "top needs a profile file"],
-        [["top", "a.pprof", "--by", "planet"], "invalid argument: --by planet"],
+        [["top", "a.pprof", "--by", "no-such"], "invalid argument: --by no-such"],
         [["top", "a.pprof", "--limit", "-3"], "--limit must be 0 or more"],
         [["top", "a.pprof", "--limit", "many"], "invalid argument: --limit many"],
         [["top", "a.pprof", "--limit", "99999999999999999999"], "--limit must be at most 1000000000"],
@@ -534,7 +534,10 @@ RSpec.describe MemprofilerPprof::Profile do
     expect(profile.time).to be_within(60).of(Time.now)
     expect(profile.top(by: :class)).to include("String")
     expect { profile.top(by: :planet) }
-      .to raise_error(ArgumentError, /by must be one of function, line, class, file, gem, got :planet/)
+      .to raise_error(ArgumentError, /no sample has a label "planet" \(the profile's labels: class\)/)
+    expect { profile.top(by: :"no-such") }
+      .to raise_error(ArgumentError, /by must be one of function, line, class, file, gem or a label key.*got :"no-such"/)
+    expect { profile.top(by: 3) }.to raise_error(TypeError, /by must be a Symbol or String, got 3/)
     expect { profile.top(limit: -1) }.to raise_error(ArgumentError, /limit must be an Integer >= 0.*got -1/)
     expect { profile.top(sample_index: 5) }.to raise_error(TypeError, /sample_index must be a String or Symbol/)
     expect { profile.flamegraph(format: :png) }.to raise_error(ArgumentError, /format must be one of html, svg/)

@@ -147,6 +147,26 @@ RSpec.describe "a real Grafana Pyroscope server with tenants (--multitenant)", i
     expect(series[:class_frame].flat_map(&:keys)).not_to include("class")
   end
 
+  it "makes a series per profile type and label set of with_labels, beside the 4 of the unlabelled" do
+    tenant = "context-labels-#{SecureRandom.hex(3)}"
+    endpoints = ["GET /leaky", "GET /users/:id", "POST /orders"]
+    kept = []
+    data = MemprofilerPprof::Collector.new(sample_rate: 1.0).profile(sample_labels: :class_frame) do
+      endpoints.each { |e| MemprofilerPprof.with_labels(endpoint: e) { kept << Array.new(50) { "x" * 30 } } }
+      MemprofilerPprof.with_labels(endpoint: "GET /leaky", job: "Mailer") { kept << "y" * 30 }
+    end
+    uploader = MemprofilerPprof::PyroscopeUploader.new(server_address: url, application_name: app, tenant_id: tenant)
+    expect(uploader.upload(data)).to be_ok
+    range = time_range(data)
+    selector = { matchers: ["{service_name=\"#{app}\"}"], start: range.first, end: range.last }
+    found = query(url, "Series", selector, tenant: tenant)
+    series = found.fetch("labelsSet", []).map { |set| set["labels"].to_h { |l| l.values_at("name", "value") } }
+    sets = series.map { |labels| labels.slice("endpoint", "job") }
+    expect(sets.tally).to eq({ {} => 4, { "endpoint" => "GET /leaky", "job" => "Mailer" } => 4 }
+      .merge(endpoints.to_h { |e| [{ "endpoint" => e }, 4] }))
+    expect(kept.size).to eq(4)
+  end
+
   context "behind a gateway that checks Basic auth (as Grafana Cloud's does; Pyroscope has none)" do
     # A token as Grafana Cloud's are: base64, with '/', '+' and '='.
     let(:token) { "glc_ey+Jv/IjoiMTIz=" }

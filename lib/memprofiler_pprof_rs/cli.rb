@@ -2,6 +2,7 @@
 
 require "optparse"
 require_relative "error"
+require_relative "readers/grouping"
 
 module MemprofilerPprof
   # The `memprofiler_pprof_rs` executable: answers "what uses memory?" and
@@ -172,13 +173,16 @@ module MemprofilerPprof
           #{PROGRAM} top heap.pprof --by line -n 10          # the allocating lines
           #{PROGRAM} top heap.pprof --by gem -i alloc_space  # which gems allocate most
           #{PROGRAM} top heap.pprof --by class -i inuse_objects
+          #{PROGRAM} top heap.pprof --by endpoint            # by a with_labels label
           #{PROGRAM} top heap.pprof --focus 'PageCache'      # only stacks through a frame
 
         Options:
       TEXT
       sample_index_option(opts, options, "default: the profile's default (inuse_space)")
-      opts.on("-b", "--by WHAT", %w[function line class file gem],
-              "group by function (default), line, class, file or gem") do |value|
+      opts.on("-b", "--by WHAT", "group by function (default), line, class, file, gem,",
+              "or the values of a label (endpoint; label:file for a label named file)") do |value|
+        raise OptionParser::InvalidArgument, value unless Grouping.valid?(value)
+
         options[:by] = value
       end
       limit_option(opts, options, 20)
@@ -202,11 +206,17 @@ module MemprofilerPprof
           #{PROGRAM} diff heap-1234-1.pprof heap-1234-9.pprof
           #{PROGRAM} diff tmp/profiles/heap-1234-*.pprof     # sorted oldest first
           #{PROGRAM} diff old.pprof new.pprof -i inuse_objects -n 20
+          #{PROGRAM} diff tmp/profiles/heap-1234-*.pprof --by endpoint  # which request's objects grew
 
         Options:
       TEXT
       sample_index_option(opts, options, "default: inuse_space")
       limit_option(opts, options, 10)
+      opts.on("-b", "--by LABEL", "also growth by the values of a label (endpoint, job: see with_labels)") do |value|
+        raise OptionParser::InvalidArgument, value unless value.match?(Grouping::LABEL)
+
+        options[:by] = value
+      end
       opts.on("--keep-order", "compare in the order given (default: sort by the time in each profile)") do
         options[:keep_order] = true
       end
@@ -376,7 +386,7 @@ module MemprofilerPprof
         loaded = loaded.each_with_index.sort_by { |(_, profile), index| [profile.time || Time.at(0), index] }.map(&:first)
       end
       report = Profile.diff(loaded.map(&:last), sample_index: options[:sample_index], limit: options.fetch(:limit, 10),
-                                                base_dir: Dir.pwd, titles: loaded.map(&:first))
+                                                base_dir: Dir.pwd, titles: loaded.map(&:first), by: options[:by])
       @stdout.print(report)
       0
     end

@@ -138,6 +138,54 @@ pub struct DecodedProfile {
 }
 
 impl DecodedProfile {
+    /// The keys of the samples' string labels, sorted ("none" if none;
+    /// the first 20 and how many more, for a message).
+    pub fn label_keys(&self) -> Vec<String> {
+        let mut keys: Vec<String> = self
+            .raw
+            .sample
+            .iter()
+            .flat_map(|sample| sample.label.iter())
+            .filter(|label| label.str != 0)
+            .map(|label| shown(self.string(self.canonical[label.key as usize])).into_owned())
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        if keys.is_empty() {
+            keys.push("none".into());
+        }
+        if keys.len() > 20 {
+            let more = keys.len() - 20;
+            keys.truncate(20);
+            keys.push(format!("and {more} more"));
+        }
+        keys
+    }
+
+    /// Per sample: the string index of its label `key`'s value (the first
+    /// with a string value), if it has one.
+    pub fn sample_label_values(&self, key: &str) -> Vec<Option<u32>> {
+        let keys: Vec<i64> = self
+            .raw
+            .string_table
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.as_str() == key)
+            .map(|(index, _)| index as i64)
+            .collect();
+        self.raw
+            .sample
+            .iter()
+            .map(|sample| {
+                sample
+                    .label
+                    .iter()
+                    .find(|l| l.str != 0 && keys.contains(&l.key))
+                    .map(|l| self.canonical[l.str as usize])
+            })
+            .collect()
+    }
+
     /// Reads a profile from a file's bytes (gzipped or plain protobuf),
     /// within the process's read budget.
     pub fn decode(bytes: &[u8]) -> Result<DecodedProfile, ReadError> {

@@ -25,6 +25,9 @@ pub struct DiffOptions {
     pub base_dir: String,
     /// One per profile (usually file names).
     pub titles: Vec<String>,
+    /// A label key (`endpoint`): adds a section by its values and a verdict
+    /// line naming the value that grew most.
+    pub by_label: Option<String>,
 }
 
 impl Default for DiffOptions {
@@ -34,6 +37,7 @@ impl Default for DiffOptions {
             limit: 10,
             base_dir: String::new(),
             titles: Vec::new(),
+            by_label: None,
         }
     }
 }
@@ -75,6 +79,8 @@ pub struct Diff {
     pub by_stack: Section,
     pub by_method: Section,
     pub by_class: Section,
+    /// With `by_label`: the key, its section, and what it says.
+    pub by_label: Option<(String, Section, String)>,
     pub verdict: String,
 }
 
@@ -234,6 +240,20 @@ pub fn diff(profiles: &[&DecodedProfile], options: &DiffOptions) -> Result<Diff,
     let mut stacks: Accumulator<Vec<u32>> = Accumulator::new(n);
     let mut methods: Accumulator<u32> = Accumulator::new(n);
     let mut classes: Accumulator<u32> = Accumulator::new(n);
+    let mut labels: Accumulator<u32> = Accumulator::new(n);
+    let mut label_values: Vec<Vec<Option<u32>>> = Vec::new();
+    if let Some(key) = &options.by_label {
+        label_values = profiles
+            .iter()
+            .map(|p| p.sample_label_values(key))
+            .collect();
+        if label_values.iter().flatten().all(Option::is_none) {
+            return Err(format!(
+                "no sample has a label {key:?} (the first profile's labels: {})",
+                profiles[0].label_keys().join(", ")
+            ));
+        }
+    }
     let mut totals = vec![0i64; n];
 
     for (position, profile) in profiles.iter().enumerate() {
@@ -288,6 +308,13 @@ pub fn diff(profiles: &[&DecodedProfile], options: &DiffOptions) -> Result<Diff,
                 None => NONE,
             };
             classes.add(class, position, sample, value);
+            if let Some(values) = label_values.get(position) {
+                let label = match values[sample] {
+                    Some(label) => strings.id(profile, &mut memo, label),
+                    None => NONE,
+                };
+                labels.add(label, position, sample, value);
+            }
         }
     }
 
@@ -304,6 +331,14 @@ pub fn diff(profiles: &[&DecodedProfile], options: &DiffOptions) -> Result<Diff,
         (name, Vec::new())
     };
     let mut describe_class = |(p, s): (usize, usize)| (class_label(profiles[p], s), Vec::new());
+    let mut describe_label = |(p, s): (usize, usize)| {
+        let label = label_values
+            .get(p)
+            .and_then(|values| values[s])
+            .map(|value| shown(profiles[p].string(value)).into_owned())
+            .unwrap_or_else(|| format!("(no {} label)", options.by_label.as_deref().unwrap_or("")));
+        (label, Vec::new())
+    };
 
     // The verdict looks for a steady grower among every stack that grew,
     // not only those shown: it needs them before `section` ranks them. A
@@ -349,6 +384,11 @@ pub fn diff(profiles: &[&DecodedProfile], options: &DiffOptions) -> Result<Diff,
         by_stack.rows.first(),
         steady.as_ref(),
     );
+    let by_label = options.by_label.as_ref().map(|key| {
+        let section = labels.section(limit, &mut describe_label);
+        let said = label_verdict(key, &section, &unit, total_growth, &errors_of);
+        (key.clone(), section, said)
+    });
     Ok(Diff {
         sample_type,
         unit,
@@ -356,6 +396,7 @@ pub fn diff(profiles: &[&DecodedProfile], options: &DiffOptions) -> Result<Diff,
         by_stack,
         by_method: methods.section(limit, &mut describe_method),
         by_class: classes.section(limit, &mut describe_class),
+        by_label,
         verdict,
     })
 }
@@ -479,6 +520,39 @@ fn verdict(
     }
 }
 
+/// The line naming the value of label `key` that grew most, and whether
+/// it rose steadily beyond its error bars (as the verdict asks of a site).
+fn label_verdict(
+    key: &str,
+    section: &Section,
+    unit: &str,
+    total_growth: i64,
+    errors_of: &dyn Fn(&[i64]) -> Vec<f64>,
+) -> String {
+    let Some(row) = section.rows.first() else {
+        return format!("By {key}: none grew.");
+    };
+    let share = if total_growth > 0 {
+        format!(", {} of the growth", format_percent(row.growth(), total_growth))
+    } else {
+        String::new()
+    };
+    let steps = row.values.len() - 1;
+    let steady = ends_apart(&row.values, &errors_of(&row.values))
+        && (steps == 1 || rises_steadily(&row.values));
+    let how = if steps == 1 {
+        String::new()
+    } else {
+        format!(", up in {} of {steps} intervals", row.intervals_up())
+    };
+    format!(
+        "By {key}: {} {} most, {}{share}{how}.",
+        row.label,
+        if steady { "grew" } else { "grew (within sampling error)" },
+        format_signed(row.growth(), unit),
+    )
+}
+
 fn render_section(out: &mut String, title: &str, section: &Section, unit: &str, profiles: usize) {
     let rows = &section.rows;
     let _ = writeln!(
@@ -586,6 +660,9 @@ pub fn render_diff(profiles: &[&DecodedProfile], options: &DiffOptions) -> Resul
         growth_percent(diff.totals[0], growth)
     );
     let _ = writeln!(out, "{}", diff.verdict);
+    if let Some((_, _, said)) = &diff.by_label {
+        let _ = writeln!(out, "{said}");
+    }
     render_section(
         &mut out,
         "Growth by allocation site (whole stack)",
@@ -601,6 +678,10 @@ pub fn render_diff(profiles: &[&DecodedProfile], options: &DiffOptions) -> Resul
         n,
     );
     render_section(&mut out, "Growth by class", &diff.by_class, unit, n);
+    if let Some((key, section, _)) = &diff.by_label {
+        let title = format!("Growth by label {}", shown(key));
+        render_section(&mut out, &title, section, unit, n);
+    }
     Ok(out)
 }
 

@@ -5,7 +5,7 @@ use super::decoded_profile::{DecodedProfile, FrameInfo};
 use super::display::shown;
 use crate::analysis::InputMap;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum GroupBy {
     /// By function name (C methods called from many files are one row).
     Function,
@@ -17,9 +17,15 @@ pub enum GroupBy {
     File,
     /// By the gem the source file belongs to.
     Gem,
+    /// By the value of a sample's string label with this key (a context
+    /// label such as `endpoint`, set by `with_labels`).
+    Label(String),
 }
 
 impl GroupBy {
+    /// `function`, `line`, `class`, `file`, `gem`, or a label key: any
+    /// other identifier (letters, digits, `_`, `.`; at most 64), or
+    /// `label:KEY` for a key named like one of the others.
     pub fn parse(name: &str) -> Option<GroupBy> {
         Some(match name {
             "function" => GroupBy::Function,
@@ -27,23 +33,42 @@ impl GroupBy {
             "class" => GroupBy::Class,
             "file" => GroupBy::File,
             "gem" => GroupBy::Gem,
-            _ => return None,
+            _ => {
+                let key = name.strip_prefix("label:").unwrap_or(name);
+                let mut chars = key.chars();
+                let identifier = key.len() <= 64
+                    && chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                    && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.');
+                if !identifier {
+                    return None;
+                }
+                GroupBy::Label(key.to_string())
+            }
         })
     }
 
-    pub fn plural(self) -> &'static str {
+    pub fn plural(&self) -> String {
         match self {
-            GroupBy::Function => "functions",
-            GroupBy::Line => "lines",
-            GroupBy::Class => "classes",
-            GroupBy::File => "files",
-            GroupBy::Gem => "gems",
+            GroupBy::Function => "functions".into(),
+            GroupBy::Line => "lines".into(),
+            GroupBy::Class => "classes".into(),
+            GroupBy::File => "files".into(),
+            GroupBy::Gem => "gems".into(),
+            GroupBy::Label(key) => format!("values of label {key}"),
         }
     }
 
     /// Whether rows come from frames (and so have a cumulative value).
-    pub fn is_per_frame(self) -> bool {
-        self != GroupBy::Class
+    pub fn is_per_frame(&self) -> bool {
+        !matches!(self, GroupBy::Class | GroupBy::Label(_))
+    }
+
+    /// The row of samples without the label grouped by.
+    pub fn unlabelled_row(&self) -> String {
+        match self {
+            GroupBy::Label(key) => format!("(no {key} label)"),
+            _ => "(no class label)".into(),
+        }
     }
 }
 
@@ -143,13 +168,13 @@ fn is_stdlib(path: &str) -> bool {
 pub fn frame_label(
     profile: &DecodedProfile,
     frame: &FrameInfo,
-    by: GroupBy,
+    by: &GroupBy,
     paths: &PathShortener,
 ) -> String {
     let name = shown(profile.string(frame.name));
     let file = profile.string(frame.file);
     match by {
-        GroupBy::Function | GroupBy::Class => name.into_owned(),
+        GroupBy::Function | GroupBy::Class | GroupBy::Label(_) => name.into_owned(),
         GroupBy::Line => {
             if file.is_empty() {
                 name.into_owned()
@@ -180,7 +205,7 @@ pub struct FrameGroups {
 }
 
 impl FrameGroups {
-    pub fn new(profile: &DecodedProfile, by: GroupBy, paths: &PathShortener) -> FrameGroups {
+    pub fn new(profile: &DecodedProfile, by: &GroupBy, paths: &PathShortener) -> FrameGroups {
         const NO_FILE: u32 = u32::MAX;
         // Per file string: its shortened path's (or gem's) id, computed once.
         let mut file_key: InputMap<u32, u32> = InputMap::default();
@@ -206,7 +231,7 @@ impl FrameGroups {
                     })
                 };
                 let key = match by {
-                    GroupBy::Function | GroupBy::Class => (frame.name, 0, 0),
+                    GroupBy::Function | GroupBy::Class | GroupBy::Label(_) => (frame.name, 0, 0),
                     GroupBy::Line if file == NO_FILE => (frame.name, NO_FILE, 0),
                     GroupBy::Line => (frame.name, file, frame.line),
                     GroupBy::File => (file, 0, 0),
@@ -312,7 +337,22 @@ mod tests {
         assert_eq!(GroupBy::parse("class"), Some(GroupBy::Class));
         assert_eq!(GroupBy::parse("file"), Some(GroupBy::File));
         assert_eq!(GroupBy::parse("gem"), Some(GroupBy::Gem));
-        assert_eq!(GroupBy::parse("method"), None);
+        assert_eq!(
+            GroupBy::parse("endpoint"),
+            Some(GroupBy::Label("endpoint".into()))
+        );
+        assert_eq!(
+            GroupBy::parse("label:file"),
+            Some(GroupBy::Label("file".into()))
+        );
+        for refused in ["", "label:", "9x", "with-dash", "a b", &"k".repeat(65)] {
+            assert_eq!(GroupBy::parse(refused), None, "{refused:?}");
+        }
+        assert_eq!(
+            GroupBy::Label("endpoint".into()).plural(),
+            "values of label endpoint"
+        );
+        assert!(!GroupBy::Label("endpoint".into()).is_per_frame());
         assert_eq!(GroupBy::Class.plural(), "classes");
         assert!(!GroupBy::Class.is_per_frame());
     }

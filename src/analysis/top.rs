@@ -102,8 +102,23 @@ pub fn top_table(profile: &DecodedProfile, options: &TopOptions) -> Result<TopTa
     let groups = options
         .by
         .is_per_frame()
-        .then(|| FrameGroups::new(profile, options.by, &paths));
-    // (flat, cum) by group: a frame group, or a class label's string index
+        .then(|| FrameGroups::new(profile, &options.by, &paths));
+    // Per sample, the string index of the label grouped by (class or a
+    // context label), when rows are not frames.
+    let sample_labels = match &options.by {
+        GroupBy::Label(key) => {
+            let values = profile.sample_label_values(key);
+            if values.iter().all(Option::is_none) {
+                return Err(format!(
+                    "no sample has a label {key:?} (the profile's labels: {})",
+                    profile.label_keys().join(", ")
+                ));
+            }
+            values
+        }
+        _ => profile.sample_class.clone(),
+    };
+    // (flat, cum) by group: a frame group, or a label's string index
     // (the last slot: samples without one). Both are dense, so a Vec.
     const NO_CLASS: u32 = u32::MAX;
     let slots = match &groups {
@@ -131,11 +146,7 @@ pub fn top_table(profile: &DecodedProfile, options: &TopOptions) -> Result<TopTa
         total = total.saturating_add(value);
         samples_counted += 1;
         let Some(groups) = &groups else {
-            add(
-                profile.sample_class[sample].unwrap_or(u32::MAX),
-                value,
-                value,
-            );
+            add(sample_labels[sample].unwrap_or(u32::MAX), value, value);
             continue;
         };
         // Each group once per sample. Distinct locations first: a stack
@@ -181,9 +192,9 @@ pub fn top_table(profile: &DecodedProfile, options: &TopOptions) -> Result<TopTa
     let label = |(group, _): &(u32, (i64, i64))| match &groups {
         Some(groups) => {
             let frame = groups.representative[*group as usize];
-            frame_label(profile, &profile.frames[frame as usize], options.by, &paths)
+            frame_label(profile, &profile.frames[frame as usize], &options.by, &paths)
         }
-        None if *group == NO_CLASS => "(no class label)".to_string(),
+        None if *group == NO_CLASS => options.by.unlabelled_row(),
         None => shown(profile.string(*group)).into_owned(),
     };
     let ranked = if options.sort_by_cum {

@@ -7,12 +7,14 @@
 use crate::fast_hash::FastHashMap;
 use crate::pprof;
 use crate::sampler::block_frames::{BlockAttribution, FrameCode};
+use crate::sampler::label_sets::{LabelNames, LabelSetId};
 use crate::sampler::stack_table::{Frame, StackId};
 use crate::sampler::state::FlushSnapshot;
 use crate::sampler::types::{ClassRef, FrameRef, TRUNCATION_FRAME};
 
-/// What samples are merged by: stack, class, GC age (live samples only).
-type SampleKey = (StackId, ClassRef, Option<u32>);
+/// What samples are merged by: stack, class, GC age (live samples only),
+/// and the labels they were allocated under.
+type SampleKey = (StackId, ClassRef, Option<u32>, LabelSetId);
 /// A merged sample: its key and the sums of its four values.
 type MergedSample = (SampleKey, [f64; 4]);
 use super::gzip::{gzip_bytes, GzipStream};
@@ -40,6 +42,9 @@ pub struct ProfileMeta {
     /// one sample of their own, "(missed by sampling windows)", since
     /// their sites are unknown.
     pub missed: Option<[f64; 4]>,
+    /// Names the label sets samples carry (kept whatever `sample_labels`
+    /// says: the app set them on purpose, and their number is bounded).
+    pub label_names: LabelNames,
 }
 
 /// The frame of the sample that stands for allocations windows missed.
@@ -305,7 +310,7 @@ impl<'a> ProfileBuilder<'a> {
         } else {
             (0, 0, 0)
         };
-        for &((stack, class, gc_age), sums) in samples {
+        for &((stack, class, gc_age, labels), sums) in samples {
             let Some(frames) = snapshot.stacks.get(&stack) else {
                 continue;
             };
@@ -335,6 +340,19 @@ impl<'a> ProfileBuilder<'a> {
                     str: 0,
                     num: i64::from(age),
                     num_unit: age_unit,
+                });
+            }
+            for (key, value) in meta
+                .label_names
+                .get(labels)
+                .into_iter()
+                .flat_map(|set| set.iter())
+            {
+                label.push(pprof::Label {
+                    key: self.strings.intern(key),
+                    str: self.strings.intern(value),
+                    num: 0,
+                    num_unit: 0,
                 });
             }
             emit(pprof::Sample {
@@ -457,9 +475,16 @@ fn merge_samples(
     let mut merged: FastHashMap<SampleKey, [f64; 4]> = FastHashMap::default();
     for sample in &snapshot.samples {
         let key = match sample_labels {
-            SampleLabels::Keep => (sample.stack, canonical(sample.class), sample.gc_age),
-            SampleLabels::ClassFrame => (sample.stack, canonical(sample.class), None),
-            SampleLabels::Drop => (sample.stack, NO_CLASS, None),
+            SampleLabels::Keep => (
+                sample.stack,
+                canonical(sample.class),
+                sample.gc_age,
+                sample.labels,
+            ),
+            SampleLabels::ClassFrame => {
+                (sample.stack, canonical(sample.class), None, sample.labels)
+            }
+            SampleLabels::Drop => (sample.stack, NO_CLASS, None, sample.labels),
         };
         let sums = merged.entry(key).or_insert([0.0; 4]);
         for (sum, value) in sums.iter_mut().zip(sample.values) {
@@ -716,6 +741,7 @@ mod tests {
     use super::*;
     use crate::pprof::encode_gzipped;
     use crate::sampler::gaps::GapSampler;
+    use crate::sampler::label_sets::LabelSets;
     use crate::sampler::state::{ObjectInfo, SamplerState};
     use flate2::read::GzDecoder;
     use prost::Message;
@@ -778,6 +804,7 @@ mod tests {
             comments: vec![],
             sample_labels: SampleLabels::Keep,
             missed: None,
+            label_names: LabelNames::default(),
         }
     }
 
@@ -1031,6 +1058,101 @@ mod tests {
         assert!(!strings
             .iter()
             .any(|s| s == CLASS_LABEL || s == GC_AGE_LABEL));
+    }
+
+    /// A sample's context labels and values.
+    type LabelledValues = (Vec<(String, String)>, Vec<i64>);
+
+    /// Three Strings at one stack: two under `endpoint=a` (one still
+    /// alive), one under `endpoint=b`.
+    fn labelled_profile(sample_labels: SampleLabels) -> pprof::Profile {
+        let mut sets = LabelSets::default();
+        let a = sets.intern(&[("endpoint", "a")]).unwrap();
+        let b = sets.intern(&[("endpoint", "b"), ("job", "j")]).unwrap();
+        let mut state = SamplerState::new(GapSampler::new(1.0, 1), 100, 100);
+        let stack = [frame(8, 12)];
+        for (i, labels) in [a, a, b].into_iter().enumerate() {
+            let admission = state.admission(1.0);
+            let mut info = ObjectInfo::new(ClassRef(1), 0);
+            info.labels = labels;
+            state.record_allocation(0x1000 + i * 40, info, &stack, admission);
+        }
+        state.measure_pending(|_| Some(40));
+        assert!(state.record_free(0x1000 + 80));
+        let snapshot = state.take_snapshot(0, |_| Some(40));
+        let mut frames = FastHashMap::default();
+        frames.insert(FrameRef(8), info("Foo#bar", Some("app.rb"), 10));
+        let classes = [(ClassRef(1), "String".to_string())].into_iter().collect();
+        let meta = ProfileMeta {
+            sample_labels,
+            label_names: sets.snapshot(),
+            ..meta()
+        };
+        build_profile(&snapshot, &frames, &classes, &meta)
+    }
+
+    #[test]
+    fn context_labels_split_samples_and_are_kept_in_every_shape() {
+        for sample_labels in [
+            SampleLabels::Keep,
+            SampleLabels::ClassFrame,
+            SampleLabels::Drop,
+        ] {
+            let profile = labelled_profile(sample_labels);
+            let mut by_labels: Vec<LabelledValues> = profile
+                .sample
+                .iter()
+                .map(|s| {
+                    let labels = s
+                        .label
+                        .iter()
+                        .filter(|l| l.str != 0)
+                        .map(|l| {
+                            (
+                                string(&profile, l.key).into(),
+                                string(&profile, l.str).into(),
+                            )
+                        })
+                        .filter(|(k, _): &(String, String)| k != CLASS_LABEL)
+                        .collect();
+                    (labels, s.value.clone())
+                })
+                .collect();
+            // Merged by what the shape keeps, then summed per label set.
+            let mut sums: Vec<LabelledValues> = Vec::new();
+            by_labels.sort();
+            for (labels, values) in by_labels {
+                match sums.last_mut() {
+                    Some((last, sum)) if *last == labels => {
+                        sum.iter_mut().zip(values).for_each(|(s, v)| *s += v)
+                    }
+                    _ => sums.push((labels, values)),
+                }
+            }
+            let set = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
+                pairs.iter().map(|&(k, v)| (k.into(), v.into())).collect()
+            };
+            assert_eq!(
+                sums,
+                vec![
+                    (set(&[("endpoint", "a")]), vec![2, 80, 2, 80]),
+                    (set(&[("endpoint", "b"), ("job", "j")]), vec![1, 40, 0, 0]),
+                ],
+                "{sample_labels:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn samples_without_context_labels_name_none() {
+        let (snapshot, frames, classes) = two_classes();
+        let profile = build_profile(&snapshot, &frames, &classes, &meta());
+        for sample in &profile.sample {
+            for label in &sample.label {
+                let key = string(&profile, label.key);
+                assert!(key == CLASS_LABEL || key == GC_AGE_LABEL, "{key}");
+            }
+        }
     }
 
     #[test]

@@ -13,6 +13,7 @@ mod frames;
 mod gvl;
 mod heap;
 mod hooks;
+mod labels;
 mod merger_class;
 mod method_blocks;
 mod method_table;
@@ -38,6 +39,7 @@ pub unsafe extern "C" fn Init_memprofiler_pprof_rs() {
         errors::install_quiet_panic_hook();
         heap::init();
         registry::init();
+        labels::init();
         #[cfg(feature = "bench-hooks")]
         empty_hooks::init();
         let mut collector_methods = collector_class::methods();
@@ -49,6 +51,7 @@ pub unsafe extern "C" fn Init_memprofiler_pprof_rs() {
         ));
         let profile_methods = profile_class::methods();
         let merger_methods = merger_class::methods();
+        let label_methods = labels::methods();
         #[cfg(feature = "bench-hooks")]
         let empty_hooks_methods = [
             method_def!(
@@ -80,6 +83,13 @@ pub unsafe extern "C" fn Init_memprofiler_pprof_rs() {
                 let merger = rb_define_class_under(profile, c"Merger".as_ptr(), rb_cObject);
                 rb_define_alloc_func(merger, Some(merger_class::merger_alloc));
                 define_methods(merger, &merger_methods);
+                let labels_module = rb_sys::rb_define_module_under(module, c"Labels".as_ptr());
+                define_methods(labels_module, &label_methods);
+                rb_define_const(
+                    labels_module,
+                    c"FIBER_KEY".as_ptr(),
+                    labels::fiber_key_symbol(),
+                );
                 #[cfg(feature = "bench-hooks")]
                 define_methods(
                     rb_sys::rb_define_module_under(module, c"EmptyHooks".as_ptr()),

@@ -448,7 +448,7 @@ fn group_by_arg(value: VALUE) -> RbResult<GroupBy> {
     let name = string_arg(value, "by")?;
     GroupBy::parse(&name).ok_or_else(|| {
         RbError::argument(format!(
-            "by must be one of function, line, class, file, gem; got {name:?}"
+            "by must be one of function, line, class, file, gem or a label key; got {name:?}"
         ))
     })
 }
@@ -493,7 +493,8 @@ fn profiles_arg(value: VALUE) -> RbResult<Vec<&'static DecodedProfile>> {
         .collect()
 }
 
-/// `Profile._native_diff(profiles, sample_type, limit, base_dir, titles)`
+/// `Profile._native_diff(profiles, sample_type, limit, base_dir, titles,
+/// by_label)`
 unsafe extern "C" fn native_diff(
     _klass: VALUE,
     profiles: VALUE,
@@ -501,6 +502,7 @@ unsafe extern "C" fn native_diff(
     limit: VALUE,
     base_dir: VALUE,
     titles: VALUE,
+    by_label: VALUE,
 ) -> VALUE {
     method_entry(|| {
         let list = profiles_arg(profiles)?;
@@ -513,6 +515,7 @@ unsafe extern "C" fn native_diff(
             limit: count_arg(limit, "limit")?,
             base_dir: string_arg(base_dir, "base_dir")?,
             titles,
+            by_label: optional_string_arg(by_label, "by")?,
         };
         // (`profiles`, on this method's stack, keeps them alive.)
         let text = without_gvl(|| render_diff(&list, &options))?.map_err(RbError::argument)?;
@@ -584,7 +587,7 @@ pub fn methods() -> Vec<MethodDef> {
     vec![
         method_def!(c"_native_parse", native_parse, 1, MethodKind::Singleton),
         method_def!(c"_native_gunzip", native_gunzip, 1, MethodKind::Singleton),
-        method_def!(c"_native_diff", native_diff, 5, MethodKind::Singleton),
+        method_def!(c"_native_diff", native_diff, 6, MethodKind::Singleton),
         method_def!(c"_native_merge", native_merge, 1, MethodKind::Singleton),
         method_def!(
             c"_native_memory_limit",

@@ -8,6 +8,7 @@ pub mod address_filter;
 pub mod block_frames;
 pub mod gaps;
 pub mod id_slab;
+pub mod label_sets;
 pub mod lock;
 pub mod named_classes;
 pub mod reservoir;

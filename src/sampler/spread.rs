@@ -168,6 +168,7 @@ mod tests {
             values,
             window,
             window_probability: q as f32,
+            labels: crate::sampler::label_sets::NO_LABELS,
         }
     }
 

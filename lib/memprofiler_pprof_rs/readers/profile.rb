@@ -1,5 +1,7 @@
 # frozen_string_literal: true
 
+require_relative "grouping"
+
 module MemprofilerPprof
   # Raised when bytes are not a readable pprof profile (not pprof at all, a
   # truncated gzip, dangling references). The message says which.
@@ -21,7 +23,7 @@ module MemprofilerPprof
   #   puts MemprofilerPprof::Profile.diff([old, new])
   #   File.write("heap.html", profile.flamegraph)
   class Profile
-    GROUPINGS = %i[function line class file gem].freeze
+    GROUPINGS = Grouping::NAMES
     FLAMEGRAPH_FORMATS = %i[html svg].freeze
     # Files and streams larger than this are refused unread: a profile
     # decompresses to 1 GB at most, and a gzip of it is hardly bigger
@@ -109,7 +111,9 @@ module MemprofilerPprof
 
       # What grew from the first profile to the last (oldest first): a report
       # by allocation site, allocating method and class, with a verdict line.
-      def diff(profiles, sample_index: nil, limit: 10, base_dir: Dir.pwd, titles: nil)
+      # by: a label key (endpoint) adds growth by its values, and a verdict
+      # line naming the value that grew most.
+      def diff(profiles, sample_index: nil, limit: 10, base_dir: Dir.pwd, titles: nil, by: nil)
         profiles = profile_list(profiles, "diff", minimum: 2)
         titles ||= profiles.each_index.map { |i| "profile #{i + 1}" }
         expected = "an Array of #{profiles.size} Strings"
@@ -117,7 +121,8 @@ module MemprofilerPprof
         Validation.type_error!(:titles, expected, titles) unless titles.all?(String)
         Validation.value_error!(:titles, expected, titles) unless titles.size == profiles.size
 
-        _native_diff(profiles, sample_index_name(sample_index), limit_value(limit), base_dir.to_s, titles)
+        _native_diff(profiles, sample_index_name(sample_index), limit_value(limit), base_dir.to_s, titles,
+                     label_key(by))
       end
 
       # Validation shared with the instance methods.
@@ -125,6 +130,15 @@ module MemprofilerPprof
         return nil if value.nil?
 
         Validation.instance(value, [String, Symbol], :sample_index, expected: "a String or Symbol").to_s
+      end
+
+      # A label key for diff's by: (nil for none).
+      def label_key(by)
+        return nil if by.nil?
+
+        Validation.type_error!(:by, "a Symbol or String", by) unless by.is_a?(Symbol) || by.is_a?(String)
+        Validation.value_error!(:by, "a label key (endpoint, label:file)", by) unless by.to_s.match?(Grouping::LABEL)
+        by.to_s.delete_prefix("label:")
       end
 
       def limit_value(value)
@@ -275,9 +289,13 @@ module MemprofilerPprof
       @summary ||= _native_summary.freeze
     end
 
+    # A grouping's name, or a label key (`endpoint`; `label:file` for a
+    # key named like a grouping) whose values make the rows.
     def grouping(by)
-      by = by.to_sym if by.is_a?(String)
-      Validation.one_of(by, GROUPINGS, :by, listed: GROUPINGS.join(", ")).to_s
+      Validation.type_error!(:by, "a Symbol or String", by) unless by.is_a?(Symbol) || by.is_a?(String)
+      return by.to_s if Grouping.valid?(by)
+
+      Validation.value_error!(:by, "one of #{GROUPINGS.join(', ')} or a label key (endpoint, label:file)", by)
     end
 
     # The frames `focus` matches (by index) and how the report shows it.

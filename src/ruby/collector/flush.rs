@@ -19,6 +19,7 @@ use crate::ruby::errors::{RbError, RbResult};
 use crate::ruby::frames::resolve_frames;
 use crate::ruby::gvl::{current_thread, GvlHolds};
 use crate::ruby::heap;
+use crate::ruby::labels;
 use crate::ruby::registry;
 use crate::sampler::gaps::mix_seed;
 use crate::sampler::spread::{spreads, widen_for_unobserved, UnseenWeights};
@@ -316,6 +317,7 @@ impl Collector {
         //    asked.
         let serialization_began = Instant::now();
         let meta = ProfileMeta {
+            label_names: labels::names(),
             time_nanos: unix_nanos(finished_at),
             duration_nanos: finished_at
                 .duration_since(started_at)

@@ -21,6 +21,7 @@ use crate::ruby::classes::object_info;
 use crate::ruby::convert::fixnum;
 use crate::ruby::gvl::current_thread;
 use crate::ruby::heap;
+use crate::ruby::labels;
 use crate::ruby::registry;
 use crate::ruby::window_timer::{self, monotonic_ns};
 use crate::sampler::lock::LockError;
@@ -95,6 +96,7 @@ impl Collector {
         if let Some(sampled) = window {
             info.set_window(sampled.window, sampled.window_probability);
         }
+        info.labels = labels::current();
         state.record_allocation(object as usize, info, frames, admission);
         if let Some(began_ns) = began_ns {
             windows.record_sample_time(monotonic_ns().saturating_sub(began_ns));

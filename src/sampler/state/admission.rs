@@ -5,7 +5,7 @@
 use rand::RngExt;
 
 use super::live_map::MOVE_STEP;
-use super::{Liveness, ObjectInfo, SampleId, SampleRecord, SamplerState, TOMBSTONE};
+use super::{Liveness, Marks, ObjectInfo, SampleId, SampleRecord, SamplerState, TOMBSTONE};
 use crate::sampler::reservoir::usable_weight;
 use crate::sampler::stack_table::Frame;
 use crate::sampler::threshold::{keep_probability, kept_weight, threshold_for};
@@ -168,7 +168,7 @@ impl SamplerState {
             for _ in 0..4 * THRESHOLD_SAMPLE {
                 let index = self.retain_rng.random_range(0..self.records.len());
                 let record = &self.records[index];
-                if record.refs > 0 && record.liveness == Liveness::Live {
+                if record.refs > 0 && record.marks.liveness() == Liveness::Live {
                     weights.push(record.weight);
                     if weights.len() == THRESHOLD_SAMPLE {
                         break;
@@ -217,7 +217,7 @@ impl SamplerState {
         let mut rng = self.retain_rng.clone();
         for index in from..to {
             let record = &self.records[index];
-            if record.refs == 0 || record.liveness != Liveness::Live {
+            if record.refs == 0 || record.marks.liveness() != Liveness::Live {
                 continue;
             }
             let weight = f64::from(record.weight);
@@ -248,7 +248,7 @@ impl SamplerState {
         };
         let to = from.saturating_add(MOVE_STEP).min(self.records.len());
         for record in &self.records[from.min(to)..to] {
-            if record.refs > 0 && record.liveness == Liveness::Live {
+            if record.refs > 0 && record.marks.liveness() == Liveness::Live {
                 self.live.move_entry(record.object);
             }
         }
@@ -265,10 +265,10 @@ impl SamplerState {
         if record.size == 0 {
             // Stays in the filter: still an address whose free matters. The
             // live map's reference passes to the watched map.
-            record.liveness = Liveness::Watched;
+            record.marks.set_liveness(Liveness::Watched);
             self.watched.insert(object, id);
         } else {
-            record.liveness = Liveness::Untracked;
+            record.marks.set_liveness(Liveness::Untracked);
             self.free_filter.remove(object);
             self.release(id);
         }
@@ -290,8 +290,8 @@ impl SamplerState {
         for (object, id) in std::mem::take(&mut self.watched) {
             self.free_filter.remove(object);
             let record = &mut self.records[id.0 as usize];
-            if record.liveness == Liveness::Watched {
-                record.liveness = Liveness::Untracked;
+            if record.marks.liveness() == Liveness::Watched {
+                record.marks.set_liveness(Liveness::Untracked);
             }
             self.release(id);
         }
@@ -318,20 +318,25 @@ impl SamplerState {
         let stack = self.stacks.intern(frames);
         let record = SampleRecord {
             stack,
-            info,
+            class: info.class,
+            gc_count: info.gc_count,
+            window: info.window,
+            window_probability: info.window_probability,
+            labels: u16::try_from(info.labels.0).unwrap_or(0),
             weight: admission.live_weight as f32,
             alloc_weight: weight as f32,
-            alloc_dropped: false,
             size: 0,
             object,
-            liveness: if in_live {
-                Liveness::Live
-            } else {
-                Liveness::Watched
-            },
             // The allocation list, and the live or the watched map.
             refs: u8::from(in_allocations) + 1,
-            taken_in_walk: self.measuring_live(),
+            marks: Marks::new(
+                if in_live {
+                    Liveness::Live
+                } else {
+                    Liveness::Watched
+                },
+                self.measuring_live(),
+            ),
         };
         let id = match self.free_records.pop() {
             Some(slot) => {
@@ -353,7 +358,7 @@ impl SamplerState {
         };
         // A reused record slot starts without an object id.
         self.set_object_id(id, 0);
-        if self.records[id.index()].taken_in_walk {
+        if self.records[id.index()].marks.taken_in_walk() {
             self.taken_in_walk.push(id);
         }
         match admission.allocation {
@@ -405,7 +410,7 @@ impl SamplerState {
             if let Some(id) = self.watched.remove(&object) {
                 let record = &mut self.records[id.0 as usize];
                 size_if_unmeasured(record);
-                record.liveness = Liveness::Freed;
+                record.marks.set_liveness(Liveness::Freed);
                 self.free_filter.remove(object);
                 self.release(id);
             }
@@ -414,7 +419,7 @@ impl SamplerState {
             Some(id) => {
                 let record = &mut self.records[id.0 as usize];
                 size_if_unmeasured(record);
-                record.liveness = Liveness::Freed;
+                record.marks.set_liveness(Liveness::Freed);
                 self.release(id);
                 self.free_filter.remove(object);
                 true

@@ -95,14 +95,14 @@ impl SamplerState {
         // Each name is hashed once; every further record is a hold.
         let mut named: FastHashMap<ClassRef, ClassRef> = FastHashMap::default();
         for record in self.records[range].iter_mut().filter(|r| r.refs > 0) {
-            let class = record.info.class;
+            let class = record.class;
             if !is_ruby_class(class) {
                 continue;
             }
             let Some(name) = names.get(&class) else {
                 continue;
             };
-            record.info.class = match named.get(&class) {
+            record.class = match named.get(&class) {
                 Some(&handle) => {
                     self.named_classes.hold(handle);
                     handle

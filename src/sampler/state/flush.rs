@@ -25,8 +25,9 @@
 
 use std::sync::Arc;
 
-use super::{DropCounters, Liveness, SampleId, SamplerState, TOMBSTONE};
+use super::{DropCounters, Liveness, Marks, SampleId, SamplerState, TOMBSTONE};
 use crate::fast_hash::{FastHashMap, FastHashSet};
+use crate::sampler::label_sets::LabelSetId;
 use crate::sampler::reservoir::ReservoirScales;
 use crate::sampler::stack_table::{Frame, FrameInfo, StackId};
 use crate::sampler::types::{is_named_class, ClassRef, FrameRef, ObjectAddress};
@@ -90,6 +91,7 @@ pub struct FlushedSample {
     /// window's probability: what its spread depends on (sampler/spread.rs).
     pub window: u32,
     pub window_probability: f32,
+    pub labels: LabelSetId,
 }
 
 /// A flush between `begin_flush` and `end_snapshot`. Kept inside the state
@@ -174,9 +176,9 @@ impl SamplerState {
     pub(super) fn live_object(&self, index: usize) -> Option<ObjectAddress> {
         let record = self.records.get(index)?;
         let live = record.refs > 0
-            && record.liveness == Liveness::Live
+            && record.marks.liveness() == Liveness::Live
             && record.object != 0
-            && !record.taken_in_walk;
+            && !record.marks.taken_in_walk();
         (live && self.live.get(&record.object) == Some(&SampleId(index as u32)))
             .then_some(record.object)
     }
@@ -213,20 +215,21 @@ impl SamplerState {
             if record.size == 0 {
                 record.size = size;
             }
-            let class = record.info.class;
+            let class = record.class;
             flush.classes.insert(class);
             flush.samples.push(FlushedSample {
                 stack: self.stacks.forwarded(record.stack),
                 class,
-                gc_age: Some(gc_count.wrapping_sub(record.info.gc_count)),
+                gc_age: Some(gc_count.wrapping_sub(record.info().gc_count)),
                 values: [
                     0.0,
                     0.0,
                     f64::from(record.weight),
                     f64::from(record.weight) * size as f64,
                 ],
-                window: record.info.window(),
-                window_probability: record.info.window_probability(),
+                window: record.info().window(),
+                window_probability: record.info().window_probability(),
+                labels: record.info().labels,
             });
             // Held for the flush: the sample's object may die (and its
             // record go) before the flush names the class.
@@ -301,13 +304,13 @@ impl SamplerState {
             }
             let record = &mut self.records[id.0 as usize];
             // Not measured yet (taken just now): measure while it is alive.
-            if record.size == 0 && record.liveness == Liveness::Live {
+            if record.size == 0 && record.marks.liveness() == Liveness::Live {
                 if let Some(size) = measure(record.object) {
                     record.size = size;
                 }
             }
             let weight = f64::from(record.alloc_weight) * flush.scales.scale(slot);
-            let class = record.info.class;
+            let class = record.class;
             // Its record may be the class name's last holder.
             self.hold_class_for_flush(class);
             flush.classes.insert(class);
@@ -317,8 +320,9 @@ impl SamplerState {
                 class,
                 gc_age: None,
                 values: [weight, weight * record.size as f64, 0.0, 0.0],
-                window: record.info.window(),
-                window_probability: record.info.window_probability(),
+                window: record.info().window(),
+                window_probability: record.info().window_probability(),
+                labels: record.info().labels,
             });
             flush.allocation_samples += 1;
             self.release(id);
@@ -441,7 +445,7 @@ impl SamplerState {
     fn end_walk(&mut self) {
         for id in std::mem::take(&mut self.taken_in_walk) {
             if let Some(record) = self.records.get_mut(id.index()) {
-                record.taken_in_walk = false;
+                record.marks.set(Marks::TAKEN_IN_WALK, false);
             }
         }
     }

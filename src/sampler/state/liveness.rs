@@ -86,7 +86,7 @@ impl SamplerState {
                 let record = &self.records[id.0 as usize];
                 record.refs > 0
                     && record.object == object
-                    && record.liveness == Liveness::Live
+                    && record.marks.liveness() == Liveness::Live
                     && self.object_id_of(id) == 0
             })
             .copied()
@@ -107,7 +107,7 @@ impl SamplerState {
             let Some(record) = self.records.get(id.0 as usize) else {
                 continue;
             };
-            let tracked = matches!(record.liveness, Liveness::Live | Liveness::Watched);
+            let tracked = matches!(record.marks.liveness(), Liveness::Live | Liveness::Watched);
             if record.refs > 0 && record.object == object && tracked && self.record_free(object) {
                 forgotten += 1;
             }
@@ -123,7 +123,10 @@ impl SamplerState {
     pub fn assign_object_ids(&mut self, ids: &[(SampleId, ObjectAddress, u64)]) {
         for &(id, object, object_id) in ids {
             let record = &self.records[id.0 as usize];
-            if record.refs > 0 && record.object == object && record.liveness == Liveness::Live {
+            if record.refs > 0
+                && record.object == object
+                && record.marks.liveness() == Liveness::Live
+            {
                 self.set_object_id(id, object_id);
             }
         }
@@ -240,7 +243,8 @@ impl SamplerState {
             .live
             .iter()
             .filter(|&(_, &id)| {
-                self.object_id_of(id) != 0 && self.records[id.0 as usize].info.gc_count != previous
+                self.object_id_of(id) != 0
+                    && self.records[id.0 as usize].info().gc_count != previous
             })
             .map(|(&object, &id)| (object, id))
             .collect();
@@ -283,13 +287,17 @@ impl SamplerState {
                     if let Some(stale) = self.live.insert(object, id) {
                         // A tracked address the found object now occupies:
                         // that earlier object is gone.
-                        self.records[stale.0 as usize].liveness = Liveness::Freed;
+                        self.records[stale.0 as usize]
+                            .marks
+                            .set_liveness(Liveness::Freed);
                         self.release(stale);
                     }
                     self.free_filter.insert(object);
                 }
                 Some(&None) => {
-                    self.records[id.0 as usize].liveness = Liveness::Freed;
+                    self.records[id.0 as usize]
+                        .marks
+                        .set_liveness(Liveness::Freed);
                     self.release(id);
                 }
             }
@@ -299,7 +307,9 @@ impl SamplerState {
     /// Drops every unresolved sample (the state is being cleared).
     pub(super) fn forget_unresolved(&mut self) {
         for id in std::mem::take(&mut self.unresolved) {
-            self.records[id.0 as usize].liveness = Liveness::Untracked;
+            self.records[id.0 as usize]
+                .marks
+                .set_liveness(Liveness::Untracked);
             self.release(id);
         }
     }

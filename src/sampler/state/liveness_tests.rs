@@ -145,7 +145,7 @@ fn a_new_sample_in_a_dead_samples_slot_replaces_it() {
     assert_eq!(st.live_count(), 1);
     let id = *st.live.get(&0x1000).expect("tracked");
     assert_eq!(st.object_id_of(id), 0x1000 * 10);
-    assert_eq!(st.records[id.0 as usize].info.gc_count, 1);
+    assert_eq!(st.records[id.0 as usize].info().gc_count, 1);
 }
 
 #[test]

@@ -4,7 +4,7 @@
 
 use rand::RngExt;
 
-use super::{Liveness, SampleId, SamplerState, TOMBSTONE};
+use super::{Liveness, Marks, SampleId, SamplerState, TOMBSTONE};
 use crate::sampler::types::ObjectAddress;
 
 /// The addresses whose object moved, each with its new address. The
@@ -57,14 +57,18 @@ impl SamplerState {
             // Only objects whose free is watched (live map, or watched until
             // measured) are known to be alive; an untracked one may sit on a
             // heap page that is gone, so it is never touched.
-            if record.liveness != Liveness::Live && record.liveness != Liveness::Watched {
+            if record.marks.liveness() != Liveness::Live
+                && record.marks.liveness() != Liveness::Watched
+            {
                 continue;
             }
             // Lazy liveness: a tracked sample without its object id yet (one
             // taken while the binding was asking for the others' ids) stays
             // pending, and pinned, for the next job. Measured now, it would
             // be let go with no id to check it by, and count as live forever.
-            if self.lazy_liveness && record.liveness == Liveness::Live && self.object_id_of(id) == 0
+            if self.lazy_liveness
+                && record.marks.liveness() == Liveness::Live
+                && self.object_id_of(id) == 0
             {
                 waiting.push((id, object));
                 continue;
@@ -74,11 +78,11 @@ impl SamplerState {
                     let retain = self.allocation_retain_rate;
                     let record = &mut self.records[id.0 as usize];
                     record.size = size;
-                    if retain < 1.0 && !record.alloc_dropped {
+                    if retain < 1.0 && !record.marks.alloc_dropped() {
                         if uniform() < retain {
                             record.alloc_weight /= retain as f32;
                         } else {
-                            record.alloc_dropped = true;
+                            record.marks.set(Marks::ALLOC_DROPPED, true);
                             dropped_any = true;
                         }
                     }
@@ -104,7 +108,7 @@ impl SamplerState {
     fn release_dropped_allocations(&mut self) {
         let mut released = Vec::new();
         for entry in self.allocations.iter_mut() {
-            if *entry != TOMBSTONE && self.records[entry.0 as usize].alloc_dropped {
+            if *entry != TOMBSTONE && self.records[entry.0 as usize].marks.alloc_dropped() {
                 released.push(std::mem::replace(entry, TOMBSTONE));
             }
         }
@@ -129,7 +133,9 @@ impl SamplerState {
             if let Some(stale) = self.live.insert(new, id) {
                 // A key left over at the new address (its free was missed):
                 // that object is gone.
-                self.records[stale.0 as usize].liveness = Liveness::Freed;
+                self.records[stale.0 as usize]
+                    .marks
+                    .set_liveness(Liveness::Freed);
                 self.release(stale);
             }
         }
@@ -141,13 +147,15 @@ impl SamplerState {
         for (id, new) in moved {
             self.records[id.0 as usize].object = new;
             if let Some(stale) = self.watched.insert(new, id) {
-                self.records[stale.0 as usize].liveness = Liveness::Freed;
+                self.records[stale.0 as usize]
+                    .marks
+                    .set_liveness(Liveness::Freed);
                 self.release(stale);
             }
         }
         for (id, object) in &mut self.pending_sizes {
             if let Some(record) = self.records.get(id.0 as usize) {
-                let watched = matches!(record.liveness, Liveness::Live | Liveness::Watched);
+                let watched = matches!(record.marks.liveness(), Liveness::Live | Liveness::Watched);
                 if record.refs > 0 && watched {
                     *object = record.object;
                 }

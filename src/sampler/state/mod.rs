@@ -25,6 +25,7 @@ use rand::SeedableRng;
 
 use super::address_filter::{AddressFilter, DEFAULT_BUCKETS_LOG2};
 use super::gaps::{mix_seed, GapSampler};
+use super::label_sets::{LabelSetId, NO_LABELS};
 use super::named_classes::NamedClasses;
 use super::reservoir::Reservoir;
 use super::stack_table::{StackId, StackTable};
@@ -57,10 +58,11 @@ pub struct ObjectInfo {
     pub gc_count: u32,
     /// The sampling window it was taken in (its block's id, wrapping at
     /// 2^16), and that window's probability as a bfloat16: how sure an
-    /// estimate is depends on them (sampler/spread.rs). 16 bits each keep
-    /// the record at 48 bytes.
+    /// estimate is depends on them (sampler/spread.rs).
     window: u16,
     window_probability: u16,
+    /// The labels (request, job) current when it was allocated.
+    pub labels: LabelSetId,
 }
 
 impl ObjectInfo {
@@ -94,6 +96,7 @@ impl Default for ObjectInfo {
             gc_count: 0,
             window: 0,
             window_probability: (1.0f32.to_bits() >> 16) as u16,
+            labels: NO_LABELS,
         }
     }
 }
@@ -112,40 +115,103 @@ impl SampleId {
 #[derive(Debug, Clone)]
 struct SampleRecord {
     stack: StackId,
-    info: ObjectInfo,
+    /// `ObjectInfo`'s fields, flat so that the record's small fields pack
+    /// together: the record is most of the collector's memory per sample.
+    class: ClassRef,
+    gc_count: u32,
+    window: u16,
+    window_probability: u16,
+    /// A `LabelSetId` (label_sets keeps them below 2^16).
+    labels: u16,
     /// How many live objects this sample stands for (1 / rate when taken).
     /// f32 (7 significant digits) keeps the record at 48 bytes.
     weight: f32,
     /// How many allocations it stands for in the allocation profile: weight
     /// divided by allocation_retain_rate once it survives that thinning.
     alloc_weight: f32,
-    /// Left the allocation list early (allocation_retain_rate thinning).
-    alloc_dropped: bool,
     /// Bytes, as last measured; 0 until the first measurement.
     size: u64,
     /// The sampled object's address (stale once the object is freed).
     object: ObjectAddress,
-    liveness: Liveness,
     /// Held by the allocation list and/or the live or watched map (which
     /// stops a watched address from pointing at a reused record); 0 = the
     /// slot is free.
     refs: u8,
+    marks: Marks,
+}
+
+impl SampleRecord {
+    fn info(&self) -> ObjectInfo {
+        ObjectInfo {
+            class: self.class,
+            gc_count: self.gc_count,
+            window: self.window,
+            window_probability: self.window_probability,
+            labels: LabelSetId(u32::from(self.labels)),
+        }
+    }
+}
+
+/// A record's liveness and two flags in one byte.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Marks(u8);
+
+impl Marks {
+    const LIVENESS: u8 = 0b11;
+    /// Left the allocation list early (allocation_retain_rate thinning).
+    const ALLOC_DROPPED: u8 = 0b100;
     /// Taken while a flush walks the records for live samples: not one of
     /// that flush's (listed in `taken_in_walk`, cleared when it ends).
-    taken_in_walk: bool,
+    const TAKEN_IN_WALK: u8 = 0b1000;
+
+    fn new(liveness: Liveness, taken_in_walk: bool) -> Self {
+        let mut marks = Marks(0);
+        marks.set_liveness(liveness);
+        marks.set(Marks::TAKEN_IN_WALK, taken_in_walk);
+        marks
+    }
+
+    fn liveness(self) -> Liveness {
+        match self.0 & Marks::LIVENESS {
+            0 => Liveness::Live,
+            1 => Liveness::Freed,
+            2 => Liveness::Watched,
+            _ => Liveness::Untracked,
+        }
+    }
+
+    fn set_liveness(&mut self, liveness: Liveness) {
+        self.0 = (self.0 & !Marks::LIVENESS) | liveness as u8;
+    }
+
+    fn alloc_dropped(self) -> bool {
+        self.0 & Marks::ALLOC_DROPPED != 0
+    }
+
+    fn taken_in_walk(self) -> bool {
+        self.0 & Marks::TAKEN_IN_WALK != 0
+    }
+
+    fn set(&mut self, mark: u8, on: bool) {
+        if on {
+            self.0 |= mark;
+        } else {
+            self.0 &= !mark;
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Liveness {
     /// In the live map: not seen freed yet.
-    Live,
+    Live = 0,
     /// Was in the live map; its object has been freed.
-    Freed,
+    Freed = 1,
     /// Not in the live map, but its free is watched until it is measured
     /// (so the measurement never touches a freed object).
-    Watched,
+    Watched = 2,
     /// Not tracked: whether it lives is unknown.
-    Untracked,
+    Untracked = 3,
 }
 
 /// Samples not taken, by reason, since the last flush.
@@ -376,7 +442,7 @@ impl SamplerState {
         self.records
             .iter()
             .filter(|r| r.refs > 0)
-            .map(|r| r.info.class)
+            .map(|r| r.class)
             .chain(self.flush_classes.iter().copied())
     }
 
@@ -417,7 +483,7 @@ impl SamplerState {
         debug_assert!(record.refs > 0, "sample released more often than held");
         record.refs -= 1;
         if record.refs == 0 {
-            let (stack, class) = (record.stack, record.info.class);
+            let (stack, class) = (record.stack, record.class);
             self.stacks.release(stack);
             self.named_classes.release(class);
             self.free_records.push(id.0);

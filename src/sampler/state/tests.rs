@@ -689,6 +689,35 @@ fn a_sample_record_fits_in_48_bytes() {
 }
 
 #[test]
+fn a_record_keeps_its_liveness_marks_and_labels() {
+    for liveness in [
+        Liveness::Live,
+        Liveness::Freed,
+        Liveness::Watched,
+        Liveness::Untracked,
+    ] {
+        for taken in [false, true] {
+            let mut marks = Marks::new(liveness, taken);
+            assert_eq!((marks.liveness(), marks.taken_in_walk()), (liveness, taken));
+            assert!(!marks.alloc_dropped());
+            marks.set(Marks::ALLOC_DROPPED, true);
+            marks.set_liveness(Liveness::Freed);
+            assert_eq!(marks.liveness(), Liveness::Freed);
+            assert!(marks.alloc_dropped());
+            assert_eq!(marks.taken_in_walk(), taken);
+        }
+    }
+    let mut st = state(10, 10);
+    let admission = st.admission(1.0);
+    let mut info = ObjectInfo::new(ClassRef(8), 3);
+    info.labels = LabelSetId(49_999);
+    let id = st
+        .record_allocation(0x1000, info, &frames(&[1]), admission)
+        .expect("recorded");
+    assert_eq!(st.records[id.index()].info(), info);
+}
+
+#[test]
 fn a_flush_measured_in_chunks_sees_what_was_live_when_it_began() {
     let mut st = state(100, 100);
     for i in 0..10 {
@@ -1578,7 +1607,7 @@ fn relocating_onto_a_stale_key_of_a_full_live_map_drops_the_stale_sample() {
     assert_eq!(st.live.get(&onto), Some(&a));
     assert_eq!(st.live_count(), n - 1, "stale entry kept");
     assert_eq!(
-        st.records[b.0 as usize].liveness,
+        st.records[b.0 as usize].marks.liveness(),
         Liveness::Freed,
         "stale not released"
     );
