@@ -529,11 +529,17 @@ fn label_verdict(
     total_growth: i64,
     errors_of: &dyn Fn(&[i64]) -> Vec<f64>,
 ) -> String {
-    let Some(row) = section.rows.first() else {
-        return format!("By {key}: none grew.");
+    // Named among the labelled rows: growth outside any request or job
+    // is no answer to "which one grew", and its row is in the section.
+    let unlabelled = format!("(no {key} label)");
+    let Some(row) = section.rows.iter().find(|row| row.label != unlabelled) else {
+        return format!("By {key}: no labelled row grew.");
     };
     let share = if total_growth > 0 {
-        format!(", {} of the growth", format_percent(row.growth(), total_growth))
+        format!(
+            ", {} of the growth",
+            format_percent(row.growth(), total_growth)
+        )
     } else {
         String::new()
     };
@@ -548,7 +554,11 @@ fn label_verdict(
     format!(
         "By {key}: {} {} most, {}{share}{how}.",
         row.label,
-        if steady { "grew" } else { "grew (within sampling error)" },
+        if steady {
+            "grew"
+        } else {
+            "grew (within sampling error)"
+        },
         format_signed(row.growth(), unit),
     )
 }

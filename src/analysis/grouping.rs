@@ -37,7 +37,9 @@ impl GroupBy {
                 let key = name.strip_prefix("label:").unwrap_or(name);
                 let mut chars = key.chars();
                 let identifier = key.len() <= 64
-                    && chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                    && chars
+                        .next()
+                        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
                     && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.');
                 if !identifier {
                     return None;

@@ -192,7 +192,12 @@ pub fn top_table(profile: &DecodedProfile, options: &TopOptions) -> Result<TopTa
     let label = |(group, _): &(u32, (i64, i64))| match &groups {
         Some(groups) => {
             let frame = groups.representative[*group as usize];
-            frame_label(profile, &profile.frames[frame as usize], &options.by, &paths)
+            frame_label(
+                profile,
+                &profile.frames[frame as usize],
+                &options.by,
+                &paths,
+            )
         }
         None if *group == NO_CLASS => options.by.unlabelled_row(),
         None => shown(profile.string(*group)).into_owned(),
