@@ -42,8 +42,14 @@ module MemprofilerPprof
   autoload :PyroscopeUploader, File.join(lib, "pyroscope/uploader")
   autoload :PyroscopeAddress, File.join(lib, "pyroscope/address")
   autoload :EnvConfig, File.join(lib, "env_config")
+  autoload :EnvProfiler, File.join(lib, "env_profiler")
   autoload :PprofReader, File.join(lib, "readers/pprof_reader")
   autoload :RackApp, File.join(lib, "rack_app")
   autoload :RackLabels, File.join(lib, "rack_labels")
+  autoload :SidekiqLabels, File.join(lib, "sidekiq_labels")
   autoload :CLI, File.join(lib, "cli")
 end
+
+# Rails, when it is loaded first (as Bundler.require does after `require
+# "rails"`): the Railtie (config.memprofiler_pprof).
+require_relative "memprofiler_pprof_rs/railtie" if defined?(::Rails::Railtie)

@@ -217,7 +217,10 @@ RSpec.describe "MemprofilerPprof.with_labels" do
       expect(out).to include("Growth by label endpoint")
       _out, err, status = Open3.capture3(RbConfig.ruby, "-I", lib, exe, "diff", *files, "--by", "tenant")
       expect(status.exitstatus).to eq(1)
-      expect(err).to include('no sample has a label "tenant" (the first profile\'s labels: class, endpoint)')
+      expect(err).to include('the first profile: no sample has a label "tenant" (the profile\'s labels: class, endpoint)')
+      _out, err, status = Open3.capture3(RbConfig.ruby, "-I", lib, exe, "top", files.last, "--by", "gc_age")
+      expect(status.exitstatus).to eq(1)
+      expect(err).to include('label "gc_age" holds numbers; --by groups by a label\'s string values')
     end
   end
 

@@ -105,7 +105,10 @@ RSpec.describe MemprofilerPprof::Collector, "mode: :light" do
     @dropped = nil
     GC.compact
     GC.compact
-    expect(retained_inuse(collector)).to eq(5_000)
+    # (Up to a few of the dropped may still be alive: Ruby's conservative
+    # scan of the machine stack keeps what a register or stack slot last
+    # held, and then they really are alive. CI saw 5,001 once.)
+    expect(retained_inuse(collector)).to be_between(5_000, 5_005)
     expect(collector.send(:_native_internal_error_count)).to eq(0)
   end
 

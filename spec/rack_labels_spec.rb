@@ -30,6 +30,26 @@ RSpec.describe MemprofilerPprof::RackLabels do
     end
   end
 
+  it "names at most max_endpoints paths, reads what clients send as bytes, and never fails a request" do
+    seen = []
+    app = lambda { |_env|
+      seen << MemprofilerPprof.labels["endpoint"]
+      [200, {}, ["ok"]]
+    }
+    stack = described_class.new(app, max_endpoints: 3)
+    requests = [
+      ["GET", "/a"], ["GET", "/b/1"], ["GET", "/users/\xff/x".dup.force_encoding("UTF-8")],
+      ["GET", "/probe-1"], ["POST", "/a"], ["GET", "/a"], ["G\u00CBT", "/caf\xC3\xA9".b], ["BREW", "/b/2"]
+    ]
+    requests.each do |method, path|
+      status, = stack.call(Rack::MockRequest.env_for("/").merge("REQUEST_METHOD" => method, "PATH_INFO" => path))
+      expect(status).to eq(200)
+    end
+    expect(seen).to eq(["GET /a", "GET /b/:id", "GET /users/\uFFFD/x", "GET (other)", "POST (other)", "GET /a",
+                        "OTHER (other)", "OTHER (other)"])
+    expect { described_class.new(app, max_endpoints: 0) }.to raise_error(ArgumentError, /max_endpoints/)
+  end
+
   it "labels each request's samples, alive or not, and leaves none on the thread after it" do
     leaked = []
     app = lambda do |env|

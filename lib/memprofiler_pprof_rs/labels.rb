@@ -29,8 +29,11 @@ module MemprofilerPprof
     # FIBER_KEY (src/ruby/labels.rs).
 
     VALUE_KINDS = "a String, Symbol, number, true, false, Module or nil"
+    MAX_LABELS = 8
+    # Entries a Hash given may have (nil values remove labels).
+    MAX_GIVEN = 64
     EMPTY = {}.freeze
-    private_constant :VALUE_KINDS, :EMPTY
+    private_constant :VALUE_KINDS, :EMPTY, :MAX_GIVEN
 
     class << self
       # The current fiber's labels, as a frozen Hash of Strings.
@@ -88,28 +91,45 @@ module MemprofilerPprof
         id.zero? ? nil : id
       end
 
-      # [[key, value], ...] as Strings (value nil: no such label).
+      # [[key, value], ...] as UTF-8 Strings (value nil: no such label).
       def pairs(labels, name)
         return [] if labels.nil?
 
         Validation.type_error!(name, "a Hash of label => value", labels) unless labels.is_a?(Hash)
-        labels.map { |key, value| [label_key(key), label_value(key, value)] }
+        # (Checked again once merged; this bounds the work on a huge Hash.)
+        raise ArgumentError, "#{labels.size} labels: at most #{MAX_LABELS} in one set" if labels.size > MAX_GIVEN
+
+        pairs = labels.map { |key, value| [label_key(key), label_value(key, value)] }
+        twice = pairs.map(&:first).tally.find { |_, count| count > 1 }
+        raise ArgumentError, "label key #{twice.first.inspect} given twice (as a String and a Symbol)" if twice
+
+        pairs
       end
 
       def label_key(key)
         case key
-        when Symbol then key.name
-        when String then key
+        when Symbol then utf8(key.name)
+        when String then utf8(key)
         else Validation.type_error!("a label key", "a Symbol or String", key)
         end
       end
 
       def label_value(key, value)
         case value
-        when nil, String then value
-        when Symbol, Numeric, true, false then value.to_s
-        when Module then value.name || value.inspect
+        when nil then nil
+        when String then utf8(value)
+        when Symbol, Numeric, true, false then utf8(value.to_s)
+        when Module then value.name ? utf8(value.name) : "(anonymous #{value.class.name.downcase})"
         else Validation.type_error!("label #{key}", VALUE_KINDS, value)
+        end
+      end
+
+      # UTF-8 for the native side, which reads bytes without converting
+      # (binary and invalid bytes read as U+FFFD there).
+      def utf8(string)
+        case string.encoding
+        when Encoding::UTF_8, Encoding::US_ASCII, Encoding::BINARY then string
+        else string.encode(Encoding::UTF_8, invalid: :replace, undef: :replace)
         end
       end
     end

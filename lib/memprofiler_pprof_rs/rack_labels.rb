@@ -13,23 +13,38 @@ module MemprofilerPprof
   # GET /users/42/orders/9f1c...e2 reads "GET /users/:id/orders/:id". A
   # segment is an id when it is a number, a UUID, 16 or more hex digits,
   # or 20 or more characters with a digit among them; a path keeps its
-  # first MAX_SEGMENTS segments ("/..." stands for the rest). `labels:`
-  # (a callable, given the Rack env) adds the app's own; if it raises or
-  # returns bad labels, the request goes on without them and the error is
-  # reported (to `logger`, or $stderr) once per error class.
+  # first MAX_SEGMENTS segments ("/..." stands for the rest).
   #
-  # Route patterns the framework knows (Rails' controller#action) are set
-  # by the framework integration, inside the request, nested in these.
+  # Paths are what clients send: slugs, and every path a scanner probes,
+  # are endpoints of their own. So the middleware names at most
+  # `max_endpoints` (default 200) distinct ones, the first seen; later ones
+  # read "GET (other)" (any method outside HTTP's own reads OTHER), and the
+  # process's table of label sets is not used up by a scan. Route patterns
+  # the framework knows (the Railtie's `action` label, controller#action)
+  # are bounded by the app's code, not by its clients.
+  #
+  # `labels:` (a callable, given the Rack env) adds the app's own; if it
+  # raises or returns bad labels, the request goes on without them and the
+  # error is reported (to `logger`, or $stderr) once per error class. No
+  # failure of the middleware's own fails a request.
+  #
+  # Allocations made while the server iterates a streamed body, after the
+  # app returned, are not labelled.
   class RackLabels
     MAX_SEGMENTS = 8
+    DEFAULT_MAX_ENDPOINTS = 200
+    METHODS = %w[GET HEAD POST PUT PATCH DELETE OPTIONS TRACE CONNECT].to_h { |m| [m, m] }.freeze
     ID_SEGMENT = %r{\A(?:\d+|\h{8}-\h{4}-\h{4}-\h{4}-\h{12}|\h{16,}|(?=[^/]*\d)[^/]{20,})\z}
 
     attr_reader :logger
 
-    def initialize(app, labels: nil, logger: nil)
+    def initialize(app, labels: nil, logger: nil, max_endpoints: DEFAULT_MAX_ENDPOINTS)
       @app = app
       @labels = Validation.responds_to(labels, :call, :labels, nil_ok: true, hint: "e.g. a lambda taking the env")
       @logger = Validation.responds_to(logger, :error, :logger, nil_ok: true, hint: "e.g. a Logger")
+      @max_endpoints = Validation.integer(max_endpoints, :max_endpoints, min: 1, max: 50_000)
+      @endpoints = {}
+      @endpoints_lock = Mutex.new
       @reported = {}
     end
 
@@ -37,20 +52,21 @@ module MemprofilerPprof
       Labels.with_id(labels_id(env)) { @app.call(env) }
     end
 
-    # "GET /users/:id" for GET /users/42.
+    # "GET /users/:id" for GET /users/42. Bytes as they came (a path is not
+    # always valid in the encoding it is tagged with).
     def self.endpoint(method, path)
-      segments = path.to_s.split("/", MAX_SEGMENTS + 2).reject(&:empty?)
+      segments = path.to_s.b.split("/", MAX_SEGMENTS + 2).reject(&:empty?)
       more = segments.size > MAX_SEGMENTS
       segments = segments.first(MAX_SEGMENTS).map { |s| s.match?(ID_SEGMENT) ? ":id" : s }
-      "#{method} /#{segments.join('/')}#{more ? '/...' : ''}"
+      "#{METHODS.fetch(method.to_s, 'OTHER')} /#{segments.join('/')}#{more ? '/...' : ''}"
     end
 
     private
 
     # The request's label set: a bad label from `labels:` costs its
-    # labels, never the request.
+    # labels, and any other failure the request's labels, never the request.
     def labels_id(env)
-      endpoint = { endpoint: self.class.endpoint(env["REQUEST_METHOD"], env["PATH_INFO"]) }
+      endpoint = { endpoint: bounded_endpoint(env) }
       begin
         extra = @labels&.call(env)
         raise TypeError, "must return a Hash or nil, got #{Validation.show(extra)}" unless extra.nil? || extra.is_a?(Hash)
@@ -60,6 +76,23 @@ module MemprofilerPprof
         report(e)
       end
       Labels.id_for(endpoint)
+    rescue StandardError => e
+      report(e)
+      nil
+    end
+
+    # The endpoint, or "METHOD (other)" past max_endpoints distinct ones.
+    def bounded_endpoint(env)
+      method = METHODS.fetch(env["REQUEST_METHOD"].to_s, "OTHER")
+      endpoint = self.class.endpoint(method, env["PATH_INFO"])
+      return endpoint if @endpoints.key?(endpoint)
+
+      @endpoints_lock.synchronize do
+        return "#{method} (other)" if @endpoints.size >= @max_endpoints
+
+        @endpoints[endpoint] = true
+      end
+      endpoint
     end
 
     def report(error)

@@ -162,6 +162,28 @@ impl DecodedProfile {
         keys
     }
 
+    /// Why no sample has a string label `key`, for a message: it holds
+    /// numbers (gc_age), or no sample has it.
+    pub fn missing_label(&self, key: &str) -> String {
+        let numeric = self
+            .raw
+            .sample
+            .iter()
+            .flat_map(|s| s.label.iter())
+            .any(|l| l.str == 0 && self.string(self.canonical[l.key as usize]) == key);
+        if numeric {
+            format!(
+                "label {key:?} holds numbers; --by groups by a label's string values (the profile's: {})",
+                self.label_keys().join(", ")
+            )
+        } else {
+            format!(
+                "no sample has a label {key:?} (the profile's labels: {})",
+                self.label_keys().join(", ")
+            )
+        }
+    }
+
     /// Per sample: the string index of its label `key`'s value (the first
     /// with a string value), if it has one.
     pub fn sample_label_values(&self, key: &str) -> Vec<Option<u32>> {

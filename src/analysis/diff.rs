@@ -249,8 +249,8 @@ pub fn diff(profiles: &[&DecodedProfile], options: &DiffOptions) -> Result<Diff,
             .collect();
         if label_values.iter().flatten().all(Option::is_none) {
             return Err(format!(
-                "no sample has a label {key:?} (the first profile's labels: {})",
-                profiles[0].label_keys().join(", ")
+                "the first profile: {}",
+                profiles[0].missing_label(key)
             ));
         }
     }
@@ -551,14 +551,14 @@ fn label_verdict(
     } else {
         format!(", up in {} of {steps} intervals", row.intervals_up())
     };
+    let caveat = if steady {
+        ""
+    } else {
+        " (within sampling error)"
+    };
     format!(
-        "By {key}: {} {} most, {}{share}{how}.",
+        "By {key}: {} grew most, {}{caveat}{share}{how}.",
         row.label,
-        if steady {
-            "grew"
-        } else {
-            "grew (within sampling error)"
-        },
         format_signed(row.growth(), unit),
     )
 }

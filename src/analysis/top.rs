@@ -109,10 +109,7 @@ pub fn top_table(profile: &DecodedProfile, options: &TopOptions) -> Result<TopTa
         GroupBy::Label(key) => {
             let values = profile.sample_label_values(key);
             if values.iter().all(Option::is_none) {
-                return Err(format!(
-                    "no sample has a label {key:?} (the profile's labels: {})",
-                    profile.label_keys().join(", ")
-                ));
+                return Err(profile.missing_label(key));
             }
             values
         }

@@ -16,7 +16,7 @@ use rb_sys::{
     rb_thread_local_aref, rb_utf8_str_new, Qnil, ID, VALUE,
 };
 
-use super::convert::{array_elements, count_arg, fixnum, is_string, shown, utf8_string};
+use super::convert::{array_elements, count_arg, fixnum, rust_string, shown};
 use super::errors::{protect, RbError, RbResult};
 use super::method_table::{method_def, MethodDef, MethodKind};
 use crate::sampler::label_sets::{LabelNames, LabelSetId, LabelSets, NO_LABELS};
@@ -82,7 +82,11 @@ fn ruby_string(text: &str) -> RbResult<VALUE> {
 }
 
 /// `Labels._intern([[key, value], ...])`: the id of that set. Keys and
-/// values must be Strings (the Ruby side converts Symbols and numbers).
+/// values must be UTF-8 (or ASCII, or binary: invalid bytes read as
+/// U+FFFD) Strings; the Ruby side converts the rest. Reads them with no
+/// Ruby allocation in between: the pairs are copied out of `pairs` into a
+/// Vec the GC does not see, and an allocation could run a compacting GC
+/// that moves them.
 unsafe extern "C" fn native_intern(_module: VALUE, pairs: VALUE) -> VALUE {
     super::errors::method_entry(|| {
         let mut labels = Vec::new();
@@ -94,14 +98,12 @@ unsafe extern "C" fn native_intern(_module: VALUE, pairs: VALUE) -> VALUE {
                     shown(pair)
                 )));
             };
-            if !is_string(key) || !is_string(value) {
+            let (Some(key), Some(value)) = (rust_string(key), rust_string(value)) else {
                 return Err(RbError::type_error(format!(
                     "a label's key and value must be Strings, got {}",
                     shown(pair)
                 )));
-            }
-            let key = utf8_string(key)?.unwrap_or_default();
-            let value = utf8_string(value)?.unwrap_or_default();
+            };
             labels.push((key, value));
         }
         let id = sets()
