@@ -47,6 +47,7 @@ module MemprofilerPprof
   autoload :RackApp, File.join(lib, "rack_app")
   autoload :RackLabels, File.join(lib, "rack_labels")
   autoload :SidekiqLabels, File.join(lib, "sidekiq_labels")
+  autoload :SinatraLabels, File.join(lib, "sinatra_labels")
   autoload :CLI, File.join(lib, "cli")
 end
 

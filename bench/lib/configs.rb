@@ -12,6 +12,11 @@
 #
 # and `bench/run WORKLOAD --config NAME` adds it to a run.
 module BenchConfigs
+  class << self
+    # Whether the Rack apps label each request (MemprofilerPprof::RackLabels).
+    attr_accessor :rack_labels
+  end
+
   # EmptyHooks' event bits (src/ruby/empty_hooks.rs; 4 is C_RETURN): the
   # gem hooks NEWOBJ and FREEOBJ, the single-hook floors one of them each.
   NEWOBJ = 1
@@ -123,7 +128,11 @@ module BenchConfigs
     **gem_config(0.01, mode: :light, window_probability: 0.25, window_warm_up: 0),
     **gem_config(0.01, mode: :light, window_probability: 0.1, window_warm_up: 0),
     **gem_config(0.01, mode: :light, window_budget: 100_000, window_warm_up: 0),
-    **gem_config(0.01, mode: :light, window_budget: 50_000, window_warm_up: 0)
+    **gem_config(0.01, mode: :light, window_budget: 50_000, window_warm_up: 0),
+    # Context labels (issue 33): the Rack apps put MemprofilerPprof::RackLabels
+    # in front when rack_labels is set (bench/run puma|rails --only).
+    "RackLabels, no profiler" => -> { self.rack_labels = true and nil },
+    "memprofiler_pprof_rs 0.01 + RackLabels" => -> { (self.rack_labels = true) && gem(0.01) }
   }.freeze
 
   EXACT = "memprofiler_pprof_rs 0.01, mode: :exact"

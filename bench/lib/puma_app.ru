@@ -42,4 +42,5 @@ class Catalog
   def escape(text) = text.gsub("&", "&amp;").gsub("<", "&lt;")
 end
 
+use MemprofilerPprof::RackLabels if BenchConfigs.rack_labels
 run Catalog.new

@@ -27,4 +27,5 @@ if $bench_collector
                                                       interval: 1, keep: 3).start!
 end
 
+use MemprofilerPprof::RackLabels if BenchConfigs.rack_labels
 run BenchRails.app
