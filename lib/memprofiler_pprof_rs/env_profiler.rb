@@ -39,6 +39,27 @@ module MemprofilerPprof
         files.method(:write)
       end
 
+      # The wrapper loads the gem before the program, so before a Rails
+      # app's Rails: in a Rails app's directory (config/application.rb),
+      # the Railtie is loaded when the app's class is defined, so that its
+      # config.memprofiler_pprof exists. The watch (a TracePoint on class
+      # bodies) ends there; elsewhere it is never set.
+      def load_railtie_with_rails(dir = Dir.pwd)
+        return if defined?(::Rails::Railtie) || !File.file?(File.join(dir, "config", "application.rb"))
+
+        watch = TracePoint.new(:class) do |tp|
+          next unless defined?(::Rails::Application) && tp.self.is_a?(Class) && tp.self < ::Rails::Application
+
+          watch.disable
+          begin
+            require_relative "railtie"
+          rescue ScriptError, StandardError => e
+            report("config.memprofiler_pprof is not available: #{e.class}: #{e.message}")
+          end
+        end
+        watch.enable
+      end
+
       def report(message)
         $stderr.puts("memprofiler_pprof_rs: #{message}")
       end

@@ -58,6 +58,18 @@ module MemprofilerPprof
         with_id(id_for(labels), &block)
       end
 
+      # Runs the block with `labels` added, or without them if they cannot
+      # be (a ninth label): for the gem's own integrations, which must never
+      # raise into the request or job they label.
+      def with_if_valid(labels, &block)
+        id = begin
+          id_for(labels)
+        rescue ArgumentError, TypeError
+          return yield
+        end
+        with_id(id, &block)
+      end
+
       # The id of the current fiber's labels with `labels` merged in (nil
       # for none); raises on bad labels, changing nothing.
       def id_for(labels)

@@ -10,6 +10,7 @@
 begin
   require_relative "../memprofiler_pprof_rs"
   MemprofilerPprof::EnvProfiler.start
+  MemprofilerPprof::EnvProfiler.load_railtie_with_rails
 rescue ScriptError, StandardError => e
   warn("memprofiler_pprof_rs: profiling is off for this process: #{e.class}: #{e.message}")
 end

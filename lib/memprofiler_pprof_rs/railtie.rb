@@ -28,15 +28,16 @@ module MemprofilerPprof
   class Railtie < ::Rails::Railtie
     config.memprofiler_pprof = ActiveSupport::OrderedOptions.new
 
-    initializer "memprofiler_pprof_rs.settings", before: :build_middleware_stack do |app|
+    # After config/initializers/*.rb, which may set these too.
+    initializer "memprofiler_pprof_rs.settings", after: :load_config_initializers,
+                                                 before: :build_middleware_stack do |app|
       settings = app.config.memprofiler_pprof
-      enabled = settings.fetch(:enabled) { %w[1 true yes on].include?(ENV["MEMPROFILER_PPROF_RS_ENABLED"].to_s.downcase) }
-      settings.enabled = Validation.flag(enabled, "config.memprofiler_pprof.enabled")
-      settings.labels = Validation.flag(settings.fetch(:labels, settings.enabled), "config.memprofiler_pprof.labels")
+      settings.enabled = Railtie.flag(settings, :enabled) { ENV.fetch("MEMPROFILER_PPROF_RS_ENABLED", nil) }
+      settings.labels = Railtie.flag(settings, :labels) { settings.enabled }
       app.middleware.insert(0, RackLabels) if settings.labels
     end
 
-    initializer "memprofiler_pprof_rs.labels" do |app|
+    initializer "memprofiler_pprof_rs.labels", after: "memprofiler_pprof_rs.settings" do |app|
       next unless app.config.memprofiler_pprof.labels
 
       ActiveSupport.on_load(:action_controller) do
@@ -58,11 +59,31 @@ module MemprofilerPprof
 
     class << self
       def label_action(controller, &action)
-        MemprofilerPprof.with_labels(action: "#{controller.class.name}##{controller.action_name}", &action)
+        Labels.with_if_valid({ action: "#{controller.class.name}##{controller.action_name}" }, &action)
       end
 
       def label_job(job, &perform)
-        MemprofilerPprof.with_labels(job: job.class.name, queue: job.queue_name, &perform)
+        Labels.with_if_valid({ job: job.class.name, queue: job.queue_name }, &perform)
+      end
+
+      # true or false from a setting given as a flag, or as the wrapper's
+      # variables spell one ("1", "true", "yes", "on"; nil: the default);
+      # anything else is reported and reads false: a setting never stops
+      # the app from booting.
+      def flag(settings, name)
+        value = settings.key?(name) ? settings[name] : yield
+        case value
+        when true, false then value
+        when nil then false
+        else
+          text = value.to_s.strip.downcase
+          return true if %w[1 true yes on].include?(text)
+          return false if %w[0 false no off].include?(text)
+
+          EnvProfiler.report("config.memprofiler_pprof.#{name} must be true or false, got #{Validation.show(value)}: " \
+                             "taken as false")
+          false
+        end
       end
 
       # A setting as its variable would read (a file mode as octal digits).

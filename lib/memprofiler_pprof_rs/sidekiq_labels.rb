@@ -14,8 +14,8 @@ module MemprofilerPprof
   # from the app's code and configuration, so they are bounded.
   class SidekiqLabels
     def call(_worker, job, queue, &block)
-      name = (job.is_a?(Hash) && (job["wrapped"] || job["class"])).to_s
-      MemprofilerPprof.with_labels(job: name.empty? ? nil : name, queue: queue.to_s, &block)
+      name = job.is_a?(Hash) ? (job["wrapped"] || job["class"]).to_s : ""
+      Labels.with_if_valid({ job: name.empty? ? nil : name, queue: queue.to_s }, &block)
     end
   end
 end

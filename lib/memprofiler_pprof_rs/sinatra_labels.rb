@@ -27,7 +27,7 @@ module MemprofilerPprof
         route = env["sinatra.route"]
         return super unless route.is_a?(String)
 
-        MemprofilerPprof.with_labels(route: route) { super(&block) }
+        Labels.with_if_valid({ route: route }) { super(&block) }
       end
     end
   end

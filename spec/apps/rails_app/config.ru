@@ -25,6 +25,7 @@ class RailsApp < Rails::Application
     get "/orders/:id" => "orders#show"
     get "/pages/:id" => "pages#show"
     get "/import/:id" => "imports#create"
+    get "/gc" => "gc#create"
   end
 end
 
@@ -58,6 +59,15 @@ end
 class ImportsController < ActionController::Base
   def create
     ImportJob.perform_now(params[:id])
+    render plain: "ok"
+  end
+end
+
+# Collects what the requests left behind, so that the next profile's
+# in-use holds only what is kept.
+class GcController < ActionController::Base
+  def create
+    GC.start
     render plain: "ok"
   end
 end
