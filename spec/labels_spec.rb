@@ -13,12 +13,6 @@ RSpec.describe "MemprofilerPprof.with_labels" do
   end
 
   # Sum of sample type `type` by the value of label `key`.
-  def by_label(profile, key, type)
-    profile.samples.each_with_object(Hash.new(0)) do |s, sums|
-      sums[label(s, key)] += s.value(profile, type)
-    end
-  end
-
   describe "the current fiber's labels" do
     it "nests, merges, removes a key given nil, and restores however the block ends" do
       expect(MemprofilerPprof.labels).to eq({})
@@ -140,8 +134,8 @@ RSpec.describe "MemprofilerPprof.with_labels" do
           GC.start
         end
         profile = parse_profile(data)
-        inuse = by_label(profile, "endpoint", "inuse_objects")
-        alloc = by_label(profile, "endpoint", "alloc_objects")
+        inuse = sums_by_label(profile, "endpoint", "inuse_objects")
+        alloc = sums_by_label(profile, "endpoint", "alloc_objects")
         expect(inuse["GET /leaky"]).to be_between(2_000, 2_100)
         expect(inuse["GET /clean"]).to be < 100
         expect(alloc["GET /leaky"]).to be >= 2_000
@@ -161,8 +155,8 @@ RSpec.describe "MemprofilerPprof.with_labels" do
         GC.start
         profile = parse_profile(collector.flush)
         collector.stop!
-        expect(by_label(profile, "job", "inuse_objects")["Importer"]).to be_between(500, 550)
-        expect(by_label(profile, "job", "alloc_objects")["Importer"]).to eq(0)
+        expect(sums_by_label(profile, "job", "inuse_objects")["Importer"]).to be_between(500, 550)
+        expect(sums_by_label(profile, "job", "alloc_objects")["Importer"]).to eq(0)
         expect(kept.size).to eq(500)
       end
 
@@ -174,7 +168,7 @@ RSpec.describe "MemprofilerPprof.with_labels" do
         collector.stop!
         data.each do |flushed|
           profile = parse_profile(flushed)
-          expect(by_label(profile, "endpoint", "inuse_objects")["GET /leaky"]).to be >= 300
+          expect(sums_by_label(profile, "endpoint", "inuse_objects")["GET /leaky"]).to be >= 300
           expect(profile.samples.flat_map(&:labels).map(&:key).uniq).to eq(["endpoint"])
         end
         out, err, status = go_pprof(data.last, "-top", "-sample_index=inuse_objects", "-tagfocus=endpoint=GET /leaky")

@@ -7,12 +7,6 @@ require "logger"
 require "stringio"
 
 RSpec.describe MemprofilerPprof::RackLabels do
-  def endpoint_sums(profile, type)
-    profile.samples.each_with_object(Hash.new(0)) do |s, sums|
-      sums[s.labels.find { |l| l.key == "endpoint" }&.str] += s.value(profile, type)
-    end
-  end
-
   it "names the endpoint by method and path, ids collapsed, at most 8 segments" do
     {
       ["GET", "/users/42"] => "GET /users/:id",
@@ -72,10 +66,10 @@ RSpec.describe MemprofilerPprof::RackLabels do
       GC.start
     end
     profile = parse_profile(data)
-    inuse = endpoint_sums(profile, "inuse_objects")
+    inuse = sums_by_label(profile, "endpoint", "inuse_objects")
     expect(inuse["GET /leak/:id"]).to be_between(500, 600)
     expect(inuse["GET /clean/:id"]).to be < 60
-    expect(endpoint_sums(profile, "alloc_objects")["GET /clean/:id"]).to be >= 500
+    expect(sums_by_label(profile, "endpoint", "alloc_objects")["GET /clean/:id"]).to be >= 500
     expect(seen.uniq).to eq([{ "endpoint" => "GET /leak/:id" }, { "endpoint" => "GET /clean/:id" }])
     expect(MemprofilerPprof.labels).to eq({})
     expect(leaked.size).to eq(500)
@@ -161,7 +155,7 @@ RSpec.describe MemprofilerPprof::RackLabels do
           end
           response = http.get("/debug/pprof/heap?gc=1&token=secret-token-1234567890")
           expect(response.code).to eq("200"), response.body
-          inuse = endpoint_sums(parse_profile(response.body), "inuse_space")
+          inuse = sums_by_label(parse_profile(response.body), "endpoint", "inuse_space")
           # 60 requests kept 1,200 Strings of 100 bytes (and their Arrays);
           # the pages kept nothing. (Unlabelled: the server's own objects.)
           expect(inuse["GET /orders/:id"]).to be > 100_000

@@ -13,12 +13,6 @@ RSpec.describe "MemprofilerPprof::Railtie in a Rails app" do
     skip "Rails is not installed in this root (MEMPROFILER_SKIP_FRAMEWORKS=1)" if ENV["MEMPROFILER_SKIP_FRAMEWORKS"]
   end
 
-  def by_label(profile, key, type)
-    profile.samples.each_with_object(Hash.new(0)) do |s, sums|
-      sums[s.labels.find { |l| l.key == key }&.str] += s.value(profile, type)
-    end
-  end
-
   it "names the leaking action, endpoint and job in inuse_space after 3 flushes" do
     Dir.mktmpdir("rails-app") do |dir|
       env = {
@@ -53,14 +47,15 @@ RSpec.describe "MemprofilerPprof::Railtie in a Rails app" do
         files = Dir[File.join(dir, "heap-*.pprof")].sort_by { |f| f[/(\d+)\.pprof\z/, 1].to_i }
         expect(files.size).to be >= 3
         profile = parse_profile(File.binread(files.last))
-        actions = by_label(profile, "action", "inuse_space")
+        actions = sums_by_label(profile, "action", "inuse_space")
         expect(actions["OrdersController#show"]).to be > 100_000
         # (The pages' garbage would count until a GC frees it: in-use is as
         # of the flush. /gc collected it.)
         expect(actions["OrdersController#show"]).to be > 10 * actions.fetch("PagesController#show", 0)
-        expect(by_label(profile, "endpoint", "inuse_space")["GET /orders/:id"]).to be >= actions["OrdersController#show"]
-        expect(by_label(profile, "job", "inuse_space")["ImportJob"]).to be > 20_000
-        expect(by_label(profile, "queue", "inuse_space")["imports"]).to eq(by_label(profile, "job", "inuse_space")["ImportJob"])
+        expect(sums_by_label(profile, "endpoint", "inuse_space")["GET /orders/:id"]).to be >= actions["OrdersController#show"]
+        expect(sums_by_label(profile, "job", "inuse_space")["ImportJob"]).to be > 20_000
+        expect(sums_by_label(profile, "queue",
+                             "inuse_space")["imports"]).to eq(sums_by_label(profile, "job", "inuse_space")["ImportJob"])
 
         exe = File.expand_path("../exe/memprofiler_pprof_rs", __dir__)
         lib = File.expand_path("../lib", __dir__)

@@ -36,12 +36,6 @@ RSpec.describe MemprofilerPprof::SidekiqLabels do
     nil
   end
 
-  def by_label(profile, key, type)
-    profile.samples.each_with_object(Hash.new(0)) do |s, sums|
-      sums[s.labels.find { |l| l.key == key }&.str] += s.value(profile, type)
-    end
-  end
-
   it "labels each job with its class and queue" do
     seen = []
     described_class.new.call(nil, { "class" => "ActiveJob::QueueAdapters::SidekiqAdapter::JobWrapper",
@@ -96,7 +90,7 @@ RSpec.describe MemprofilerPprof::SidekiqLabels do
         sleep 1.5 # one more, after the last job
         files = Dir[File.join(dir, "heap-*.pprof")].sort_by { |f| f[/(\d+)\.pprof\z/, 1].to_i }
         profile = parse_profile(File.binread(files.last))
-        jobs = by_label(profile, "job", "inuse_space")
+        jobs = sums_by_label(profile, "job", "inuse_space")
         expect(jobs["ImportRowsJob"]).to be > 100_000
         # SendMailJob's garbage counts until a GC frees it (in-use is as of
         # the flush), so it is not 0; it does not grow, though.
@@ -107,8 +101,8 @@ RSpec.describe MemprofilerPprof::SidekiqLabels do
         expect(status).to be_success, err
         expect(out).to match(/^By job: ImportRowsJob grew/), out
         puts out.lines.grep(/^(By job|Verdict)/)
-        expect(by_label(profile, "queue", "inuse_space")["imports"]).to eq(jobs["ImportRowsJob"])
-        allocated = files.map { |f| by_label(parse_profile(File.binread(f)), "job", "alloc_objects") }
+        expect(sums_by_label(profile, "queue", "inuse_space")["imports"]).to eq(jobs["ImportRowsJob"])
+        allocated = files.map { |f| sums_by_label(parse_profile(File.binread(f)), "job", "alloc_objects") }
         expect(allocated.sum { |sums| sums["SendMailJob"] }).to be > 1_000
       ensure
         stop(sidekiq) if sidekiq

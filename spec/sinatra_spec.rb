@@ -31,12 +31,6 @@ RSpec.describe "MemprofilerPprof::SinatraLabels in a Sinatra app" do
     end
   end
 
-  def by_label(profile, key, type)
-    profile.samples.each_with_object(Hash.new(0)) do |s, sums|
-      sums[s.labels.find { |l| l.key == key }&.str] += s.value(profile, type)
-    end
-  end
-
   it "labels each route's work with its pattern, nested in RackLabels' endpoint, halts and passes too" do
     request = Rack::MockRequest.new(Rack::Lint.new(MemprofilerPprof::RackLabels.new(app)))
     expect(request.get("/orders/7").body).to eq("endpoint,GET /orders/:id,route,GET /orders/:id")
@@ -56,7 +50,7 @@ RSpec.describe "MemprofilerPprof::SinatraLabels in a Sinatra app" do
       end
       GC.start
     end
-    routes = by_label(parse_profile(data), "route", "inuse_objects")
+    routes = sums_by_label(parse_profile(data), "route", "inuse_objects")
     expect(routes["GET /orders/:id"]).to be_between(50 * 21, 50 * 21 + 60)
     expect(routes["GET /pages/:id"]).to be < 60
     expect(app.settings.kept.size).to eq(50)

@@ -51,6 +51,14 @@ module PprofHelpers
     end
   end
 
+  # Sums of sample type `type` by the value of string label `key` (nil:
+  # samples without it): what a context label (with_labels) accounts for.
+  def sums_by_label(profile, key, type)
+    profile.samples.each_with_object(Hash.new(0)) do |s, sums|
+      sums[s.labels.find { |l| l.key == key }&.str] += s.value(profile, type)
+    end
+  end
+
   # Sum of sample type `type` over samples_through(...).
   def total_through(profile, method_name, type, leaf: nil)
     samples_through(profile, method_name, leaf: leaf).sum { |s| s.value(profile, type) }
