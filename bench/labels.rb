@@ -26,7 +26,14 @@ CALL_CONFIGS = {
   "block alone" => "n.times { blk.call }",
   "fiber-local set and reset" => "n.times { Thread.current[:k] = 1; blk.call; Thread.current[:k] = nil }",
   "with_labels, one set" => 'n.times { MemprofilerPprof.with_labels(endpoint: "GET /users/:id", &blk) }',
-  "with_labels, a new set each call" => "n.times { |i| MemprofilerPprof.with_labels(request_id: i, &blk) }"
+  "with_labels, a new set each call" => "n.times { |i| MemprofilerPprof.with_labels(request_id: i, &blk) }",
+  # A request through the Rack middleware, to an app that does nothing:
+  # what RackLabels adds to every request (the env is built outside).
+  "RackLabels, GET /users/:id" => <<~RUBY.chomp
+    app = MemprofilerPprof::RackLabels.new(->(_env) { blk.call })
+    envs = Array.new(100) { |i| { "REQUEST_METHOD" => "GET", "PATH_INFO" => "/users/\#{i}" } }
+    n.times { |i| app.call(envs[i % 100]) }
+  RUBY
 }.freeze
 
 ALLOC_CONFIGS = {
