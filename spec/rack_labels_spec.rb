@@ -137,17 +137,7 @@ RSpec.describe MemprofilerPprof::RackLabels do
           [200, { "content-type" => "text/plain" }, ["ok\\n"]]
         }
       RUBY
-      log = File.join(dir, "server.log")
-      pid = Process.spawn(RbConfig.ruby, File.expand_path("fixtures/serve_rack.rb", __dir__), "config.ru",
-                          chdir: dir, out: log, err: [:child, :out])
-      begin
-        deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 30
-        until (port = File.read(log)[%r{Listening on http://127\.0\.0\.1:(\d+)}, 1])
-          raise "the server did not start:\n#{File.read(log)}" if Process.waitpid(pid, Process::WNOHANG)
-          raise "the server did not start in 30 s" if Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
-
-          sleep 0.05
-        end
+      serve_rackup("config.ru", dir: dir) do |port|
         Net::HTTP.start("127.0.0.1", port) do |http|
           60.times do |i|
             expect(http.get("/orders/#{i}").code).to eq("200")
@@ -161,9 +151,6 @@ RSpec.describe MemprofilerPprof::RackLabels do
           expect(inuse["GET /orders/:id"]).to be > 100_000
           expect(inuse["GET /orders/:id"]).to be > 20 * inuse.fetch("GET /pages/:id", 0)
         end
-      ensure
-        Process.kill("TERM", pid)
-        Process.wait(pid)
       end
     end
   end

@@ -20,18 +20,8 @@ RSpec.describe "MemprofilerPprof::Railtie in a Rails app" do
         "MEMPROFILER_PPROF_RS_SAMPLE_RATE" => "0.2",
         "MEMPROFILER_PPROF_RS_SEED" => "11"
       }
-      log = File.join(dir, "server.log")
       config = File.expand_path("apps/rails_app/config.ru", __dir__)
-      pid = Process.spawn(env, RbConfig.ruby, File.expand_path("fixtures/serve_rack.rb", __dir__), config,
-                          chdir: dir, out: log, err: [:child, :out])
-      begin
-        deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 60
-        until (port = File.read(log)[%r{Listening on http://127\.0\.0\.1:(\d+)}, 1])
-          raise "the app did not start:\n#{File.read(log)}" if Process.waitpid(pid, Process::WNOHANG)
-          raise "the app did not start in 60 s:\n#{File.read(log)}" if Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
-
-          sleep 0.1
-        end
+      serve_rackup(config, dir: dir, env: env, timeout: 60) do |port|
         Net::HTTP.start("127.0.0.1", port) do |http|
           3.times do |round|
             40.times do |i|
@@ -53,18 +43,15 @@ RSpec.describe "MemprofilerPprof::Railtie in a Rails app" do
         # of the flush. /gc collected it.)
         expect(actions["OrdersController#show"]).to be > 10 * actions.fetch("PagesController#show", 0)
         expect(sums_by_label(profile, "endpoint", "inuse_space")["GET /orders/:id"]).to be >= actions["OrdersController#show"]
-        expect(sums_by_label(profile, "job", "inuse_space")["ImportJob"]).to be > 20_000
-        expect(sums_by_label(profile, "queue",
-                             "inuse_space")["imports"]).to eq(sums_by_label(profile, "job", "inuse_space")["ImportJob"])
+        jobs = sums_by_label(profile, "job", "inuse_space")
+        expect(jobs["ImportJob"]).to be > 20_000
+        expect(sums_by_label(profile, "queue", "inuse_space")["imports"]).to eq(jobs["ImportJob"])
 
         exe = File.expand_path("../exe/memprofiler_pprof_rs", __dir__)
         lib = File.expand_path("../lib", __dir__)
         out, err, status = Open3.capture3(RbConfig.ruby, "-I", lib, exe, "diff", *files, "--by", "action")
         expect(status).to be_success, err
         expect(out).to match(/^By action: OrdersController#show grew most, \+/), out
-      ensure
-        Process.kill("TERM", pid)
-        Process.wait(pid)
       end
     end
   end

@@ -13,4 +13,5 @@ RSpec.configure do |config|
   Kernel.srand config.seed
   config.expect_with(:rspec) { |c| c.syntax = :expect }
   config.include PprofHelpers
+  config.include RackServer
 end
