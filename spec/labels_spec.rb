@@ -109,15 +109,20 @@ RSpec.describe "MemprofilerPprof.with_labels" do
         before = rss.call
         200_000.times { |i| MemprofilerPprof.with_labels(request_id: i, n: i % 7) { kept << "y" if (i % 50_000).zero? } }
         grown = rss.call - before
-        profile = MemprofilerPprof::PprofReader.parse(collector.flush.pprof_data)
+        data = collector.flush
+        MemprofilerPprof.with_labels(request_id: "one more") { nil }
+        later = collector.flush
         collector.stop!
+        profile = MemprofilerPprof::PprofReader.parse(data.pprof_data)
         values = profile.samples.flat_map { |s| s.labels.select { |l| l.key == "request_id" }.map(&:str) }.uniq.sort
-        p [MemprofilerPprof::Labels.count, MemprofilerPprof::Labels.folds, grown, values]
+        p [MemprofilerPprof::Labels.count, MemprofilerPprof::Labels.folds, grown, values,
+           data.label_sets_folded, later.label_sets_folded]
       RUBY
       expect(status).to be_success, err
-      count, folds, grown_kb, values = eval(out)
+      count, folds, grown_kb, values, folded, folded_later = eval(out)
       expect(count).to be <= 50 + 64 + 1
-      expect(folds).to eq(200_000 + 1 - 50)
+      expect(folds).to eq(200_000 + 1 + 1 - 50)
+      expect([folded, folded_later]).to eq([200_000 + 1 - 50, 1])
       expect(grown_kb).to be < 20_000
       expect(values).to include("(other)", "warm")
     end

@@ -179,6 +179,7 @@ module MemprofilerPprof
     # UnsupportedRuntimeError under a GC other than Ruby's default one.
     def start!
       GCSupport.check!
+      @label_folds_seen ||= Labels.folds
       _native_start(RactorSafety.ractors_used?)
     end
 
@@ -241,7 +242,11 @@ module MemprofilerPprof
       begin
         lock.synchronize do
           values = _native_flush(yield_gvl, proactively_yield_gvl, max_profile_bytes, max_profile_samples, labels)
-          ProfileData.from_native(values, sample_labels: sample_labels)
+          # (After the native flush: what this allocates is not in its profile.)
+          folds = Labels.folds
+          folded = folds - (@label_folds_seen || folds)
+          @label_folds_seen = folds
+          ProfileData.from_native(values, sample_labels: sample_labels, label_sets_folded: folded)
         end
       rescue ThreadError => e
         # A flush interrupted by a finalizer or a signal trap on its own

@@ -25,6 +25,10 @@ module MemprofilerPprof
 
     # Samples folded into one "(other)" sample to respect max_profile_bytes.
     attr_reader :folded_samples_count
+    # Label sets (with_labels) that folded into "(other)" since the
+    # collector's previous flush (or first start!): the process had
+    # max_label_sets distinct ones already.
+    attr_reader :label_sets_folded
     # Share of the interval's allocations made while the NEWOBJ hook was on:
     # 1.0 without sampling windows (Collector's window_probability and
     # window_budget).
@@ -42,7 +46,7 @@ module MemprofilerPprof
 
     SAMPLE_TYPES = %i[alloc_objects alloc_space inuse_objects inuse_space].freeze
 
-    def self.from_native(values, sample_labels: nil)
+    def self.from_native(values, sample_labels: nil, label_sets_folded: 0)
       pprof, allocs, heap, nolock, alloc_buf, heap_buf, flush_ns, ser_ns, folded, rate, start_ns, end_ns,
         coverage, errors, effective, longest_hold = values
       new(
@@ -53,7 +57,8 @@ module MemprofilerPprof
         started_at: Time.at(Rational(start_ns, 1_000_000_000)),
         finished_at: Time.at(Rational(end_ns, 1_000_000_000)), window_coverage: coverage,
         sample_labels: sample_labels,
-        relative_standard_errors: errors, effective_samples: effective, longest_gvl_hold_nsecs: longest_hold
+        relative_standard_errors: errors, effective_samples: effective, longest_gvl_hold_nsecs: longest_hold,
+        label_sets_folded: label_sets_folded
       )
     end
 
@@ -62,7 +67,8 @@ module MemprofilerPprof
                    dropped_samples_heap_bufsize: 0, flush_duration_nsecs: 0,
                    pprof_serialization_nsecs: 0, folded_samples_count: 0, sample_rate: nil, started_at: nil,
                    finished_at: nil, window_coverage: 1.0, sample_labels: nil,
-                   relative_standard_errors: {}, effective_samples: {}, longest_gvl_hold_nsecs: 0)
+                   relative_standard_errors: {}, effective_samples: {}, longest_gvl_hold_nsecs: 0,
+                   label_sets_folded: 0)
       Validation.instance(pprof_data, String, :pprof_data)
 
       { allocation_samples_count: allocation_samples_count, heap_samples_count: heap_samples_count,
@@ -70,7 +76,7 @@ module MemprofilerPprof
         dropped_samples_allocation_bufsize: dropped_samples_allocation_bufsize,
         dropped_samples_heap_bufsize: dropped_samples_heap_bufsize, flush_duration_nsecs: flush_duration_nsecs,
         pprof_serialization_nsecs: pprof_serialization_nsecs, longest_gvl_hold_nsecs: longest_gvl_hold_nsecs,
-        folded_samples_count: folded_samples_count }.each do |name, value|
+        folded_samples_count: folded_samples_count, label_sets_folded: label_sets_folded }.each do |name, value|
         Validation.integer(value, name, min: 0)
       end
       unless sample_rate.nil? || (sample_rate.is_a?(Numeric) && sample_rate.real?)
@@ -96,6 +102,7 @@ module MemprofilerPprof
       @pprof_serialization_nsecs = pprof_serialization_nsecs
       @longest_gvl_hold_nsecs = longest_gvl_hold_nsecs
       @folded_samples_count = folded_samples_count
+      @label_sets_folded = label_sets_folded
       @sample_rate = sample_rate
       @started_at = started_at
       @finished_at = finished_at
