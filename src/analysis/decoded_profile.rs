@@ -165,12 +165,13 @@ impl DecodedProfile {
     /// Why no sample has a string label `key`, for a message: it holds
     /// numbers (gc_age), or no sample has it.
     pub fn missing_label(&self, key: &str) -> String {
+        let key_index = self.canonical_index_of(key);
         let numeric = self
             .raw
             .sample
             .iter()
             .flat_map(|s| s.label.iter())
-            .any(|l| l.str == 0 && self.string(self.canonical[l.key as usize]) == key);
+            .any(|l| l.str == 0 && Some(self.canonical[l.key as usize]) == key_index);
         if numeric {
             format!(
                 "label {key:?} holds numbers; --by groups by a label's string values (the profile's: {})",
@@ -187,14 +188,9 @@ impl DecodedProfile {
     /// Per sample: the string index of its label `key`'s value (the first
     /// with a string value), if it has one.
     pub fn sample_label_values(&self, key: &str) -> Vec<Option<u32>> {
-        let keys: Vec<i64> = self
-            .raw
-            .string_table
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| s.as_str() == key)
-            .map(|(index, _)| index as i64)
-            .collect();
+        // One comparison per label, by canonical index: a crafted string
+        // table can repeat the key any number of times.
+        let key = self.canonical_index_of(key);
         self.raw
             .sample
             .iter()
@@ -202,10 +198,16 @@ impl DecodedProfile {
                 sample
                     .label
                     .iter()
-                    .find(|l| l.str != 0 && keys.contains(&l.key))
+                    .find(|l| l.str != 0 && Some(self.canonical[l.key as usize]) == key)
                     .map(|l| self.canonical[l.str as usize])
             })
             .collect()
+    }
+
+    /// The canonical index of string `text`, if the table has it.
+    fn canonical_index_of(&self, text: &str) -> Option<u32> {
+        let index = self.raw.string_table.iter().position(|s| s == text)?;
+        Some(self.canonical[index])
     }
 
     /// Reads a profile from a file's bytes (gzipped or plain protobuf),
@@ -986,6 +988,43 @@ pub(crate) mod tests {
                 (&[("A#run", "a.rb", 5)], &[50, 0], None),
             ],
         )
+    }
+
+    /// A string table repeating a label key and value at every sample:
+    /// grouping by the key stays one comparison per label, and the
+    /// repeats are one key and one value.
+    #[test]
+    fn label_values_are_found_by_canonical_index_however_often_the_key_repeats() {
+        let mut raw = small();
+        let samples = 100_000;
+        let template = raw.sample[0].clone();
+        raw.sample.clear();
+        for i in 0..samples {
+            let key = raw.string_table.len() as i64;
+            raw.string_table.push("endpoint".into());
+            raw.string_table
+                .push(if i % 2 == 0 { "a" } else { "b" }.into());
+            let mut sample = template.clone();
+            sample.label = vec![pprof::Label {
+                key,
+                str: key + 1,
+                num: 0,
+                num_unit: 0,
+            }];
+            raw.sample.push(sample);
+        }
+        let profile = DecodedProfile::from_raw(raw).unwrap();
+        let values = profile.sample_label_values("endpoint");
+        let distinct: std::collections::BTreeSet<_> = values.iter().copied().collect();
+        assert_eq!(distinct.len(), 2, "{distinct:?}");
+        assert!(values.iter().all(Option::is_some));
+        assert!(profile
+            .sample_label_values("class")
+            .iter()
+            .all(Option::is_none));
+        assert!(profile
+            .missing_label("nope")
+            .starts_with("no sample has a label"));
     }
 
     #[test]
