@@ -66,6 +66,7 @@
       allocator = Workload::Allocator.new
       collector.start!
       kept_by_parent = Workload::Allocator.big_strings(50, 1_000)
+      GC.start # in use from now on (see Collector::INUSE_AS_OF)
       collector.flush # the parent's allocations so far are reported here
       reader, writer = IO.pipe
       pid = fork do
@@ -201,6 +202,7 @@
       collector = described_class.new(mode: mode, sample_rate: 1.0, **unlimited)
       collector.start!
       @kept = Workload::Allocator.big_strings(2_000, 30)
+      GC.start # in use from now on (see Collector::INUSE_AS_OF)
       before = parse_profile(collector.flush)
       # Moves every movable object (toward an emptied heap). Ruby 3.2 renamed
       # double_heap: to expand_heap: (3.3 warns about the old name; 3.1 knows only it).

@@ -49,6 +49,7 @@ RSpec.describe MemprofilerPprof::FileFlusher do
     collector.start!
     @flusher.start!
     first, first_truth = allocations_of { FlushPhases::First.new.run }
+    GC.start # in use from now on (see Collector::INUSE_AS_OF)
     eventually { @flusher.flush_count >= 1 }
     second, second_truth = allocations_of { FlushPhases::Second.new.run }
     @flusher.stop!(flush: true)

@@ -310,6 +310,7 @@ RSpec.describe "Hostile and careless use" do
         collector = described_class.new(sample_rate: 1.0, max_allocation_samples: 1_000_000)
         collector.start!
         kept = Array.new(20_000) { |i| "live #{i}" }
+        GC.start # in use from now on (see Collector::INUSE_AS_OF)
         results = Array.new(2) do
           Thread.new { Array.new(3) { collector.flush(yield_gvl: true, proactively_yield_gvl: true) } }
         end.flat_map(&:value)
@@ -412,6 +413,7 @@ RSpec.describe "Hostile and careless use" do
         c = MemprofilerPprof::Collector.new(sample_rate: 1.0)
         c.start!
         kept = Array.new(30_000) { |i| "live \#{i}" }
+        GC.start # in use from now on (see Collector::INUSE_AS_OF)
         results = []
         restart = true # only while idle: start! clears the live samples
         Signal.trap("USR1") do
@@ -430,6 +432,7 @@ RSpec.describe "Hostile and careless use" do
         idle = results.dup
         restart = false
         kept += Array.new(30_000) { |i| "live again \#{i}" }
+        GC.start
         signaller = Thread.new { 30.times { sleep 0.003; Process.kill("USR1", Process.pid) } }
         flushes = Array.new(8) { c.flush(proactively_yield_gvl: true) }
         signaller.join

@@ -169,6 +169,7 @@ RSpec.describe "MemprofilerPprof.with_labels" do
         collector = MemprofilerPprof::Collector.new(mode: mode, sample_rate: 1.0)
         collector.start!
         kept = MemprofilerPprof.with_labels(endpoint: "GET /leaky") { Array.new(300) { "k" * 80 } }
+        GC.start # in use from now on (see Collector::INUSE_AS_OF)
         data = %i[class_frame drop].map { |shape| collector.flush(sample_labels: shape) }
         collector.stop!
         data.each do |flushed|

@@ -35,6 +35,7 @@ RSpec.describe MemprofilerPprof::Collector, "releasing what no sample needs" do
     kept = modules.map { |mod| mod.deeper(20) }
     weak = modules.map { |mod| WeakRef.new(mod) }
     modules = nil
+    GC.start # in use from now on (see Collector::INUSE_AS_OF)
     first = collector.flush
     _stacks, ruby_frames, named_frames = table_sizes(collector)
     3.times { GC.start }

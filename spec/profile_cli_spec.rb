@@ -232,6 +232,7 @@ RSpec.describe "memprofiler_pprof_rs executable" do
         3.times do |i|
           cache.remember(3_000)
           noise
+          GC.start # (a busy process's GCs): in-use is as of the last one
           collector.flush.write(File.join(ARGV[0], "real-\#{i}.pprof"))
           sleep 0.01
         end
@@ -525,6 +526,7 @@ RSpec.describe MemprofilerPprof::Profile do
     collector = MemprofilerPprof::Collector.new(sample_rate: 1.0)
     collector.start!
     kept = Array.new(2_000) { "k" * 100 }
+    GC.start # in use from now on (see Collector::INUSE_AS_OF)
     data = collector.flush
     collector.stop!
     profile = described_class.parse(data)

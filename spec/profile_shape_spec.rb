@@ -64,9 +64,12 @@ RSpec.describe "profile shape" do
   it "is read by go tool pprof: -tags, -tagfocus, every -sample_index, and -base" do
     collector = MemprofilerPprof::Collector.new(sample_rate: 1.0, **unlimited)
     collector.start!
+    # (A GC after each: in-use counts what a GC has seen alive.)
     @first = Array.new(20) { |i| ShapeWidget.new(i.to_s) }
+    GC.start
     first = collector.flush
     @second = Array.new(40) { |i| ShapeWidget.new(i.to_s) }
+    GC.start
     second = collector.flush
     collector.stop!
 
@@ -128,6 +131,7 @@ RSpec.describe "profile shape" do
                                                 max_heap_samples: 100_000)
     collector.start!
     @kept = Array.new(50_000) { |i| methods[i % 2_000].call(i) }
+    GC.start # in use from now on (see Collector::INUSE_AS_OF)
     data = collector.flush
     collector.stop!
     expect(data.heap_samples_count).to be >= 50_000

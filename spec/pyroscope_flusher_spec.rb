@@ -34,8 +34,9 @@ RSpec.describe MemprofilerPprof::PyroscopeFlusher do
   it "sends each interval's allocations once (deltas) and what is alive in every upload (absolute)" do
     f = flusher(interval: 30)
     collector.start!
-    first = f.run(flush: true) { PyroscopePhases.first }
-    second = f.run(flush: true) { PyroscopePhases.second }
+    # (A GC after each phase: in-use counts what a GC has seen alive.)
+    first = f.run(flush: true) { PyroscopePhases.first.tap { GC.start } }
+    second = f.run(flush: true) { PyroscopePhases.second.tap { GC.start } }
     f.run(flush: true) { nil }
     collector.stop!
 
@@ -89,7 +90,7 @@ RSpec.describe MemprofilerPprof::PyroscopeFlusher do
     end
     f = flusher(interval: 30, max_profile_bytes: 15_000)
     collector.start!
-    kept = f.run(flush: true) { Array.new(300) { |i| holder.public_send(:"keep#{i}", 30) } }
+    kept = f.run(flush: true) { Array.new(300) { |i| holder.public_send(:"keep#{i}", 30) }.tap { GC.start } }
     collector.stop!
     request = @server.all_requests.last
     expect(request.status).to eq(200)

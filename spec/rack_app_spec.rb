@@ -354,7 +354,8 @@ RSpec.describe MemprofilerPprof::RackApp do
     it "serves /heap: flushes and returns the gzipped pprof, default sample type inuse_space" do
       collector.start!
       kept = Workload::Allocator.new.outer(300)
-      response = get("/debug/pprof/heap?#{token_query}")
+      # gc=1: in-use counts what a GC has seen alive (Collector::INUSE_AS_OF).
+      response = get("/debug/pprof/heap?gc=1&#{token_query}")
       expect(response.status).to eq(200)
       expect(response.content_type).to eq("application/octet-stream")
       expect(response.headers["Content-Disposition"]).to eq('attachment; filename="heap"')
@@ -421,7 +422,7 @@ RSpec.describe MemprofilerPprof::RackApp do
       collector.start!
       kept = Workload::Allocator.new.outer(300)
       %w[heap allocs].each do |name|
-        response = get("/debug/pprof/#{name}?debug=1&#{token_query}")
+        response = get("/debug/pprof/#{name}?debug=1&gc=1&#{token_query}")
         expect(response.status).to eq(200), response.body
         expect(response.content_type).to eq("text/plain; charset=utf-8")
         expect(response.headers["Content-Disposition"]).to be_nil

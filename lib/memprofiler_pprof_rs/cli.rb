@@ -220,6 +220,10 @@ module MemprofilerPprof
       opts.on("--keep-order", "compare in the order given (default: sort by the time in each profile)") do
         options[:keep_order] = true
       end
+      opts.on("--across-processes", "compare profiles of different processes as one series (default: each " \
+                                    "process's profiles on their own, as a preforking server writes them)") do
+        options[:across_processes] = true
+      end
     end
 
     def flamegraph_options(opts, options)
@@ -374,6 +378,7 @@ module MemprofilerPprof
         limit: options.fetch(:limit, 20), focus: focus, cum: options[:cum],
         base_dir: Dir.pwd, title: file
       )
+      note_merged_processes(profile, @stdout)
       @stdout.print(report)
       0
     end
@@ -385,10 +390,60 @@ module MemprofilerPprof
       unless options[:keep_order]
         loaded = loaded.each_with_index.sort_by { |(_, profile), index| [profile.time || Time.at(0), index] }.map(&:first)
       end
-      report = Profile.diff(loaded.map(&:last), sample_index: options[:sample_index], limit: options.fetch(:limit, 10),
-                                                base_dir: Dir.pwd, titles: loaded.map(&:first), by: options[:by])
-      @stdout.print(report)
+      groups = loaded.group_by { |(_, profile)| process_key(profile) }
+      if groups.size > 1 && !options[:across_processes]
+        diff_per_process(loaded.size, groups, options)
+      else
+        @stdout.print(diff_report(loaded, options))
+      end
       0
+    end
+
+    def diff_report(loaded, options)
+      Profile.diff(loaded.map(&:last), sample_index: options[:sample_index], limit: options.fetch(:limit, 10),
+                                       base_dir: Dir.pwd, titles: loaded.map(&:first), by: options[:by])
+    end
+
+    # What tells the profiles of one process from another's: the processes
+    # each names (a merged profile names several; a profile from elsewhere
+    # none).
+    def process_key(profile)
+      profile.processes.map { |process| [process.pid, process.started_at] }
+    end
+
+    # The profiles of a preforking server's master and workers (tmp/profiles/*.pprof)
+    # are different heaps: one verdict per process, never one over them all.
+    def diff_per_process(count, groups, options)
+      @stdout.puts("These #{count} profiles come from #{groups.size} processes: each process's profiles are " \
+                   "compared with each other (--across-processes compares them as one series).")
+      groups.each do |_key, loaded|
+        @stdout.puts
+        describe = process_description(loaded.first.last)
+        if loaded.size < 2
+          @stdout.puts("== #{describe}: one profile (#{loaded.first.first}), nothing to compare it with ==")
+        else
+          @stdout.puts("== #{describe}: #{loaded.size} profiles ==")
+          @stdout.print(diff_report(loaded, options))
+        end
+      end
+    end
+
+    def process_description(profile)
+      processes = profile.processes
+      case processes.size
+      when 0 then "profiles that name no process"
+      when 1 then processes.first.to_s
+      else "a merge of #{processes.size} processes (#{processes.map { |p| "pid #{p.pid}" }.join(', ')})"
+      end
+    end
+
+    # A one-line note when one profile holds several processes' values.
+    def note_merged_processes(profile, output)
+      processes = profile.processes
+      return if processes.size < 2
+
+      output.puts("note: this profile merges #{processes.size} processes' profiles " \
+                  "(#{processes.map { |p| "pid #{p.pid}" }.join(', ')}): its values are their sums")
     end
 
     def flamegraph(files, options)
@@ -399,6 +454,7 @@ module MemprofilerPprof
       format = (options[:format] || (output.end_with?(".svg") ? "svg" : "html")).to_sym
       (file, profile), = read_profiles(files, "flamegraph", minimum: 1)
       document = profile.flamegraph(sample_index: options[:sample_index], format: format, title: File.basename(file))
+      note_merged_processes(profile, @stderr)
       write_output(output, document)
       @stderr.puts("#{PROGRAM}: wrote #{output} (#{format}, #{document.bytesize} bytes)") unless output == "-"
       0

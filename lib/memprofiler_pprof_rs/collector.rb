@@ -34,10 +34,20 @@ module MemprofilerPprof
     # (see docs/performance.md); the profile's numbers are the same kind.
     MODES = { exact: 0, light: 1 }.freeze
 
+    # What inuse_* counts. :last_gc (default): the sampled objects alive at
+    # the last completed GC, as Go's heap profile does: an object allocated
+    # since is not known to be alive yet (most are garbage not collected
+    # yet), so it counts in inuse_* once a GC has run after its allocation
+    # (alloc_* counts it at once). :flush: every sampled object not freed
+    # at the flush, garbage included (what a script that calls GC.start
+    # before flushing sees either way).
+    INUSE_AS_OF = { last_gc: 0, flush: 1 }.freeze
+
     # flush's sample_labels choices, in the native code's order.
     SAMPLE_LABELS = %i[keep class_frame drop].freeze
 
-    attr_reader :bt_method, :size_measurement, :mode, :window_probability, :window_budget, :window_warm_up
+    attr_reader :bt_method, :size_measurement, :mode, :window_probability, :window_budget, :window_warm_up,
+                :inuse_as_of
 
     private_class_method :_native_pause_all_for_ractors
 
@@ -51,7 +61,8 @@ module MemprofilerPprof
     def initialize(sample_rate: DEFAULTS[:sample_rate], max_allocation_samples: DEFAULTS[:max_allocation_samples],
                    max_heap_samples: DEFAULTS[:max_heap_samples], bt_method: :cfp, allocation_retain_rate: 1.0,
                    size_measurement: :postponed_job, mode: DEFAULTS[:mode], window_probability: 1.0,
-                   window_budget: :auto, window_warm_up: DEFAULTS[:window_warm_up], seed: nil)
+                   window_budget: :auto, window_warm_up: DEFAULTS[:window_warm_up], inuse_as_of: :last_gc,
+                   seed: nil)
       _native_configure(
         self.class.validate_fraction(sample_rate, :sample_rate),
         self.class.validate_count(max_allocation_samples, :max_allocation_samples),
@@ -64,6 +75,7 @@ module MemprofilerPprof
       self.window_probability = window_probability
       self.window_budget = window_budget
       self.window_warm_up = window_warm_up
+      self.inuse_as_of = inuse_as_of
       _native_set_seed(self.class.validate_seed(seed)) unless seed.nil?
       @flush_lock = Mutex.new
     end
@@ -101,6 +113,13 @@ module MemprofilerPprof
       Validation.one_of(mode, SIZE_MEASUREMENTS.keys, :size_measurement)
       _native_set_size_measurement(SIZE_MEASUREMENTS.fetch(mode))
       @size_measurement = mode
+    end
+
+    # See INUSE_AS_OF; also while running (from the next flush).
+    def inuse_as_of=(choice)
+      Validation.one_of(choice, INUSE_AS_OF.keys, :inuse_as_of)
+      _native_set_inuse_as_of(INUSE_AS_OF.fetch(choice))
+      @inuse_as_of = choice
     end
 
     # Only while stopped; forgets what was sampled (see MODES). :light is
@@ -270,13 +289,16 @@ module MemprofilerPprof
     end
 
     # start!, run the block, flush, stop!; returns the ProfileData. The hooks
-    # are off again even if the block raises.
+    # are off again even if the block raises. alloc_* is what the block
+    # allocated; with inuse_as_of :last_gc, inuse_* is what it left alive
+    # (a full GC runs after the block, as memory_profiler's "retained" does).
     def profile(**flush_options)
       raise ArgumentError, "#{self.class}#profile needs a block" unless block_given?
 
       start!
       begin
         yield
+        GC.start if @inuse_as_of == :last_gc
         # flush(**{}) allocates a Hash on Ruby 3.3+, inside the interval
         # the profile covers.
         flush_options.empty? ? flush : flush(**flush_options)

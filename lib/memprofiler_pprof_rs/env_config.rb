@@ -30,6 +30,7 @@ module MemprofilerPprof
       window_probability: [1.0, :window_probability, "a number above 0, up to 1"],
       window_budget: [:auto, :window_budget, "a whole number >= 1, auto or none"],
       window_warm_up: [DEFAULTS[:window_warm_up], :count, "a whole number >= 0"],
+      inuse_as_of: [:last_gc, :inuse_as_of, "last_gc or flush"],
       pyroscope_sample_labels: [:class_frame, :sample_labels, "keep, class_frame or drop"]
     }.freeze
 
@@ -52,6 +53,8 @@ module MemprofilerPprof
       window_budget: "allocations a second the hook sees once warmed up (a number, auto or none: " \
                      "every allocation)",
       window_warm_up: "allocations hooked in full first",
+      inuse_as_of: "what inuse_* counts: objects alive at the last completed GC (last_gc), or every one not " \
+                   "freed at the flush, garbage included (flush)",
       pyroscope_sample_labels: "what Pyroscope profiles carry of each sample's class (keep, class_frame or drop)"
     }.freeze
 
@@ -146,7 +149,7 @@ module MemprofilerPprof
         sample_rate: sample_rate, allocation_retain_rate: alloc_retain_rate,
         max_allocation_samples: max_alloc_samples, max_heap_samples: max_heap_samples,
         mode: mode, window_probability: window_probability, window_budget: window_budget,
-        window_warm_up: window_warm_up
+        window_warm_up: window_warm_up, inuse_as_of: inuse_as_of
       }
       options[:seed] = seed unless seed.nil?
       options
@@ -219,6 +222,10 @@ module MemprofilerPprof
     def parse_mode(raw)
       modes = LIGHT_MODE_SUPPORTED ? Collector::MODES.keys : [:exact]
       Validation.one_of(raw.to_sym, modes, :value)
+    end
+
+    def parse_inuse_as_of(raw)
+      Validation.one_of(raw.to_sym, Collector::INUSE_AS_OF.keys, :value)
     end
 
     def parse_sample_labels(raw)

@@ -10,8 +10,14 @@ module MemprofilerPprof
       attr_reader :collector, :flusher
 
       # Starts them, unless already started; true if this call did.
-      def start(env = ENV)
+      # flusher: :now starts the flusher's thread at once; :when_serving
+      # waits for `serving!` (a first request or job) or a fork (in the
+      # child), so that a preforking server's master holds no profiler
+      # thread when it forks, and writes no profiles of its own.
+      def start(env = ENV, flusher: :now)
         return false if @collector # loaded twice (e.g. -r and require): one profiler
+
+        Validation.one_of(flusher, %i[now when_serving], :flusher)
 
         config = EnvConfig.new(env)
         pyroscope = config.pyroscope_options
@@ -26,11 +32,46 @@ module MemprofilerPprof
                      FileFlusher.new(@collector, **config.file_flusher_options)
                    end
         @collector.start!
-        @flusher.start!
+        if flusher == :now
+          serving!
+        else
+          @serving = false
+          Atfork.at_fork(:child) do
+            @serving = false
+            serving!
+          end
+        end
         # at_exit handlers run last-registered first: registered at boot, this
         # one runs after the program's own, so their allocations count too.
-        at_exit { @flusher.stop! }
+        # The last profile, at exit, follows a full GC: its in-use is what
+        # the program left alive (in-use counts what a GC has seen live).
+        at_exit do
+          GC.start if @serving && !@stopped && @flusher.flush_on_stop && @collector.inuse_as_of == :last_gc
+          @flusher.stop!
+        end
         true
+      end
+
+      # This process serves (a request, a job): its flusher starts if it
+      # waits. Cheap enough for every request.
+      def serving!
+        return if @serving || @flusher.nil? || @stopped
+
+        @serving = true
+        @flusher.start!
+      end
+
+      # Whether the flusher's thread has been started in this process.
+      def serving?
+        @serving == true
+      end
+
+      # Stops profiling this process (the collector and a started flusher,
+      # without a last profile).
+      def stop
+        @stopped = true
+        @flusher&.stop!(flush: false)
+        @collector&.stop!
       end
 
       # An on_flush that also writes each profile to the configured files.

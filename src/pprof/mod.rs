@@ -4,6 +4,7 @@
 
 pub mod gzip;
 pub mod heap_profile;
+pub mod process_comment;
 mod proto;
 pub mod spread_comment;
 pub mod string_table;

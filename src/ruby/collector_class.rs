@@ -265,6 +265,19 @@ unsafe extern "C" fn native_set_size_measurement(rb_self: VALUE, code: VALUE) ->
     })
 }
 
+/// inuse_as_of as a small integer: 0 = :last_gc, 1 = :flush.
+unsafe extern "C" fn native_set_inuse_as_of(rb_self: VALUE, code: VALUE) -> VALUE {
+    method_entry(|| {
+        let at_flush = match count_arg(code, "inuse_as_of code")? {
+            0 => false,
+            1 => true,
+            n => return Err(RbError::argument(format!("unknown inuse_as_of code {n}"))),
+        };
+        collector_of(rb_self)?.set_inuse_at_flush(at_flush);
+        Ok(code)
+    })
+}
+
 unsafe extern "C" fn native_set_window_probability(rb_self: VALUE, probability: VALUE) -> VALUE {
     method_entry(|| {
         let q = fraction_arg(probability, "window_probability")?;
@@ -553,6 +566,12 @@ pub fn methods() -> Vec<MethodDef> {
             MethodKind::Private
         ),
         method_def!(c"_native_set_mode", native_set_mode, 1, MethodKind::Private),
+        method_def!(
+            c"_native_set_inuse_as_of",
+            native_set_inuse_as_of,
+            1,
+            MethodKind::Private
+        ),
         method_def!(
             c"_native_set_window_probability",
             native_set_window_probability,

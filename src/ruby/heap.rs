@@ -14,7 +14,7 @@ use std::ffi::{c_int, c_void, CStr};
 use std::sync::OnceLock;
 
 use rb_sys::{
-    rb_gc_latest_gc_info, rb_gc_stat, rb_id2sym, rb_intern, rb_obj_id, ruby_fl_type,
+    rb_gc_count, rb_gc_latest_gc_info, rb_gc_stat, rb_id2sym, rb_intern, rb_obj_id, ruby_fl_type,
     ruby_value_type, Qnil, VALUE,
 };
 
@@ -73,6 +73,7 @@ pub fn init() {
     // forever): here, at load, not from a sampling collector's job, where
     // they were sampled and blamed on the app's code that was running.
     gc_is_marking();
+    gc_count_and_under_way();
     allocation_counter();
 }
 
@@ -346,22 +347,48 @@ pub fn find_objects_by_id(ids: &FastHashMap<u64, usize>) -> RbResult<FastHashMap
     Ok(search.found)
 }
 
-/// True while a GC is between its start and the end of its marking
-/// (`GC.latest_gc_info(:state) == :marking`: an incremental GC lets Ruby run
-/// between its marking steps). GVL held; allocates nothing.
-pub fn gc_is_marking() -> bool {
-    static KEYS: OnceLock<(VALUE, VALUE)> = OnceLock::new();
-    // SAFETY: interning static names gives static Symbols, never collected,
-    // so caching the VALUEs is fine; GVL held.
-    let (state, marking) = *KEYS.get_or_init(|| unsafe {
-        (
-            rb_id2sym(rb_intern(c"state".as_ptr())),
-            rb_id2sym(rb_intern(c"marking".as_ptr())),
-        )
-    });
+/// GC.latest_gc_info(:state): :none, :marking or :sweeping. GVL held;
+/// allocates nothing.
+fn gc_state() -> VALUE {
+    static KEY: OnceLock<VALUE> = OnceLock::new();
+    // SAFETY: interning a static name gives a static Symbol, never
+    // collected, so caching the VALUE is fine; GVL held.
+    let key = *KEY.get_or_init(|| unsafe { rb_id2sym(rb_intern(c"state".as_ptr())) });
     // SAFETY: a Symbol key makes rb_gc_latest_gc_info return that one
     // value (a static Symbol), without allocating.
-    (unsafe { rb_gc_latest_gc_info(state) }) == marking
+    unsafe { rb_gc_latest_gc_info(key) }
+}
+
+/// A static Symbol, interned once.
+fn symbol(cell: &'static OnceLock<VALUE>, name: &'static CStr) -> VALUE {
+    // SAFETY: interning a static name gives a static Symbol, never
+    // collected; GVL held.
+    *cell.get_or_init(|| unsafe { rb_id2sym(rb_intern(name.as_ptr())) })
+}
+
+/// True while a GC is between its start and the end of its marking
+/// (an incremental GC lets Ruby run between its marking steps). GVL held;
+/// allocates nothing.
+pub fn gc_is_marking() -> bool {
+    static MARKING: OnceLock<VALUE> = OnceLock::new();
+    gc_state() == symbol(&MARKING, c"marking")
+}
+
+/// Ruby's GC count and whether that GC is still under way (marking, or
+/// sweeping lazily): read so that no GC can start in between. GVL held;
+/// allocates nothing.
+pub fn gc_count_and_under_way() -> (u32, bool) {
+    static NONE: OnceLock<VALUE> = OnceLock::new();
+    let none = symbol(&NONE, c"none");
+    loop {
+        // SAFETY: reads a counter; GVL held.
+        let before = unsafe { rb_gc_count() } as u32;
+        let under_way = gc_state() != none;
+        // SAFETY: as above.
+        if unsafe { rb_gc_count() } as u32 == before {
+            return (before, under_way);
+        }
+    }
 }
 
 /// Ruby's count of objects allocated so far (GC.stat's

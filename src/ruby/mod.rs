@@ -17,6 +17,7 @@ mod labels;
 mod merger_class;
 mod method_blocks;
 mod method_table;
+mod process_identity;
 mod profile_class;
 mod registry;
 #[cfg(test)]
@@ -38,6 +39,7 @@ pub unsafe extern "C" fn Init_memprofiler_pprof_rs() {
     method_entry(|| {
         errors::install_quiet_panic_hook();
         heap::init();
+        process_identity::init();
         registry::init();
         labels::init();
         #[cfg(feature = "bench-hooks")]

@@ -9,9 +9,9 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use rb_sys::{
     rb_ary_new_capa, rb_ary_push, rb_data_type_struct, rb_data_type_struct__bindgen_ty_1,
-    rb_data_type_t, rb_data_typed_object_wrap, rb_str_new, rb_ull2inum, rb_utf8_str_new,
-    ruby_value_type, Qfalse, Qnil, Qtrue, NIL_P, RB_TYPE_P, RSTRING_LEN, RSTRING_PTR,
-    RTYPEDDATA_GET_DATA, RTYPEDDATA_P, RTYPEDDATA_TYPE, TEST, VALUE,
+    rb_data_type_t, rb_data_typed_object_wrap, rb_ll2inum, rb_str_new, rb_ull2inum,
+    rb_utf8_str_new, ruby_value_type, Qfalse, Qnil, Qtrue, NIL_P, RB_TYPE_P, RSTRING_LEN,
+    RSTRING_PTR, RTYPEDDATA_GET_DATA, RTYPEDDATA_P, RTYPEDDATA_TYPE, TEST, VALUE,
 };
 
 use super::convert::{array_elements, count_arg, fixnum, is_string, rust_string};
@@ -29,6 +29,7 @@ use crate::analysis::merge::merge_within;
 use crate::analysis::read_budget::READ_BUDGET;
 use crate::analysis::top::{render_top, TopOptions};
 use crate::analysis::InputSet;
+use crate::pprof::process_comment::processes_named;
 
 struct DataType(rb_data_type_t);
 
@@ -314,6 +315,40 @@ unsafe extern "C" fn native_comments(rb_self: VALUE) -> VALUE {
                 rb_ary_push(
                     array,
                     rb_utf8_str_new(comment.as_ptr().cast(), comment.len() as c_long),
+                );
+            }
+            array
+        })
+    })
+}
+
+/// `[[pid, started_millis, forked_from or nil, program], ...]`: the
+/// processes the profile's comments name.
+unsafe extern "C" fn native_processes(rb_self: VALUE) -> VALUE {
+    method_entry(|| {
+        let processes = processes_named(profile_of(rb_self)?.comments());
+        // SAFETY: plain allocations with valid pointers and lengths, each
+        // pushed at once into an Array held by a local (seen by the GC's
+        // stack scan).
+        protect(|| unsafe {
+            let array = rb_ary_new_capa(processes.len() as c_long);
+            for process in &processes {
+                let entry = rb_ary_new_capa(4);
+                rb_ary_push(array, entry);
+                rb_ary_push(entry, rb_ull2inum(u64::from(process.pid)));
+                rb_ary_push(entry, rb_ll2inum(process.started_millis));
+                rb_ary_push(
+                    entry,
+                    process
+                        .forked_from
+                        .map_or(Qnil as VALUE, |parent| rb_ull2inum(u64::from(parent))),
+                );
+                rb_ary_push(
+                    entry,
+                    rb_utf8_str_new(
+                        process.program.as_ptr().cast(),
+                        process.program.len() as c_long,
+                    ),
                 );
             }
             array
@@ -621,6 +656,12 @@ pub fn methods() -> Vec<MethodDef> {
         ),
         method_def!(c"_native_summary", native_summary, 0, MethodKind::Private),
         method_def!(c"_native_comments", native_comments, 0, MethodKind::Private),
+        method_def!(
+            c"_native_processes",
+            native_processes,
+            0,
+            MethodKind::Private
+        ),
         method_def!(c"_native_totals", native_totals, 0, MethodKind::Private),
         method_def!(c"_native_shape", native_shape, 0, MethodKind::Private),
         method_def!(

@@ -209,6 +209,7 @@ unsafe extern "C" fn after_fork_in_child() {
     // A flush another thread was running will never finish in the child.
     unsafe { collectors_while_forking() }.for_each(|c| c.reset_after_fork_in_child());
     ACTIVE.reinit_in_child();
+    super::process_identity::after_fork_in_child();
 }
 
 pub fn init() {

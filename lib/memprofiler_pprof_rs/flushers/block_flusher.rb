@@ -16,7 +16,7 @@ module MemprofilerPprof
   # keeps flushing. After fork the thread is restarted in the child (see
   # Atfork); the parent's flusher is unaffected.
   class BlockFlusher
-    attr_reader :collector, :interval, :logger, :on_flush, :priority
+    attr_reader :collector, :interval, :logger, :on_flush, :priority, :flush_on_stop
     # Flushes done (including a final one), and errors logged.
     attr_reader :flush_count, :error_count
     # The last error caught (flush or on_flush), or nil.

@@ -245,6 +245,29 @@ module MemprofilerPprof
       @comments ||= _native_comments.freeze
     end
 
+    # A process a profile names (see #processes). started_at: its start,
+    # or for a forked child its fork; with the pid, what tells it from a
+    # later process that got the same pid.
+    ProcessInfo = Struct.new(:pid, :started_at, :forked_from, :program) do
+      # "pid 1234 (puma: cluster worker 0), forked from pid 1200"
+      def to_s
+        text = "pid #{pid}"
+        text += " (#{program})" unless program.empty?
+        text += ", forked from pid #{forked_from}" if forked_from
+        text
+      end
+    end
+
+    # The processes this profile's values come from, as the gem's flushes
+    # record them: one ProcessInfo for a flushed profile, several for a
+    # merge of several processes' profiles, none for a profile written
+    # elsewhere.
+    def processes
+      @processes ||= _native_processes.map do |pid, started_millis, forked_from, program|
+        ProcessInfo.new(pid, Time.at(started_millis / 1000r).utc, forked_from, program).freeze
+      end.freeze
+    end
+
     # {"alloc_objects" => 1234, ...}: each sample type summed over samples.
     def totals
       sample_type_names.zip(_native_totals).to_h

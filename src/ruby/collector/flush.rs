@@ -10,7 +10,7 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use rb_sys::{rb_gc_count, VALUE};
+use rb_sys::VALUE;
 
 use crate::pprof::heap_profile::{build_profile_gzipped, ProfileMeta, SampleLabels, MISSED_FRAME};
 use crate::pprof::spread_comment::{format_spread_comment, total_spreads, TotalSpread};
@@ -20,10 +20,11 @@ use crate::ruby::frames::resolve_frames;
 use crate::ruby::gvl::{current_thread, GvlHolds};
 use crate::ruby::heap;
 use crate::ruby::labels;
+use crate::ruby::process_identity;
 use crate::ruby::registry;
 use crate::sampler::gaps::mix_seed;
 use crate::sampler::spread::{spreads, widen_for_unobserved, UnseenWeights};
-use crate::sampler::state::DropCounters;
+use crate::sampler::state::{DropCounters, InuseCutoff};
 use crate::sampler::windows::WindowPolicy;
 
 use super::{window_seed, Collector, Sampler};
@@ -186,8 +187,12 @@ impl Collector {
         if light {
             self.settle_light()?;
         }
-        // SAFETY: reads a counter; no allocation, no raise.
-        let gc_count = unsafe { rb_gc_count() } as u32;
+        let (gc_count, gc_under_way) = heap::gc_count_and_under_way();
+        let cutoff = if self.inuse_at_flush.get() {
+            InuseCutoff::at_flush(gc_count)
+        } else {
+            InuseCutoff::last_completed_gc(gc_count, gc_under_way)
+        };
         // The steps and their order: sampler/state/flush.rs. On an error (the
         // thread killed while it let others run), the FlushEnd guard's
         // end_flush releases what the flush holds.
@@ -215,7 +220,7 @@ impl Collector {
                         });
                 }
                 s.state
-                    .measure_live(&measuring, gc_count, LIVE_CHUNK, &mut measure)
+                    .measure_live(&measuring, cutoff, LIVE_CHUNK, &mut measure)
             })?;
             if done {
                 break;
@@ -307,6 +312,7 @@ impl Collector {
         let yield_after = options.proactively_yield_gvl.then_some(YIELD_AFTER);
         let ruby_frames = resolve_frames(&snapshot.stacks, yield_after, &mut holds)?;
         let ruby_classes = resolve_classes(&classes)?;
+        let process_identity = process_identity::current()?;
         let mut frames = std::mem::take(&mut snapshot.resolved_frames);
         frames.extend(ruby_frames.iter().map(|(&f, info)| (f, info.clone())));
         let mut class_names = std::mem::take(&mut snapshot.resolved_classes);
@@ -326,7 +332,10 @@ impl Collector {
             sample_rate,
             program: program_path(),
             comments: {
-                let mut comments = Vec::new();
+                let mut comments = vec![
+                    process_identity.comment(),
+                    inuse_comment(cutoff, snapshot.too_young),
+                ];
                 if !heap::can_measure_sizes() {
                     comments.push(
                         "object sizes unavailable on this Ruby (no rb_obj_memsize_of)".into(),
@@ -444,6 +453,25 @@ impl Drop for FlushEnd<'_> {
         self.0.end_flush();
     }
 }
+/// What inuse_* counts, said in the profile.
+fn inuse_comment(cutoff: InuseCutoff, too_young: usize) -> String {
+    if cutoff.min_age == 0 {
+        return "inuse_*: sampled objects not freed at the flush, garbage not collected yet included \
+                (inuse_as_of: :flush)"
+            .into();
+    }
+    let last = cutoff.gc_count.wrapping_sub(cutoff.min_age - 1);
+    let gc = if last == 0 {
+        "no GC has completed yet".to_string()
+    } else {
+        format!("the last completed GC (GC {last})")
+    };
+    format!(
+        "inuse_*: sampled objects alive at {gc}; {too_young} sampled since are left out until a GC \
+         has run since their allocation (alloc_* counts them)"
+    )
+}
+
 fn unix_nanos(time: SystemTime) -> i64 {
     time.duration_since(UNIX_EPOCH)
         .map(|d| d.as_nanos() as i64)

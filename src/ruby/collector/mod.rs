@@ -119,6 +119,9 @@ pub struct Collector {
     marked_at_gc: AtomicU32,
     size_measurement: Cell<SizeMeasurement>,
     mode: Cell<Mode>,
+    /// inuse_* counts every live sample at the flush (true), or only those
+    /// alive at the last completed GC (false, the default).
+    inuse_at_flush: Cell<bool>,
     flushing: AtomicBool,
     /// The process whose thread set `flushing` (see `flush`).
     flushing_pid: AtomicU32,
@@ -171,6 +174,7 @@ impl Collector {
             marked_at_gc: AtomicU32::new(unsafe { rb_gc_count() } as u32),
             size_measurement: Cell::new(SizeMeasurement::PostponedJob),
             mode: Cell::new(Mode::Exact),
+            inuse_at_flush: Cell::new(false),
             flushing: AtomicBool::new(false),
             flushing_pid: AtomicU32::new(0),
             running: AtomicBool::new(false),
@@ -228,6 +232,11 @@ impl Collector {
         self.with_sampler(|s| s.state.set_lazy_liveness(mode == Mode::Light))?;
         self.mode.set(mode);
         self.apply_hooks()
+    }
+
+    /// What inuse_* counts (see the field); also while running.
+    pub fn set_inuse_at_flush(&self, at_flush: bool) {
+        self.inuse_at_flush.set(at_flush);
     }
 
     fn is_light(&self) -> bool {

@@ -108,7 +108,7 @@ fn records_remapped_in_chunks_with_frees_and_new_samples() {
     again.insert(FrameRef(16), info("<main>"));
     st.measure_pending(|_| Some(40));
     let measuring = st.begin_flush();
-    while !st.measure_live(&measuring, 0, 7, &mut |_| Some(40)) {}
+    while !st.measure_live(&measuring, InuseCutoff::at_flush(0), 7, &mut |_| Some(40)) {}
     while !st.read_allocations(&measuring, 13, &mut |_| Some(40)) {}
     let (mut snap, naming) = st.end_snapshot_samples(measuring, &mut |_| Some(40));
     while !st.copy_stacks(&naming, &mut snap, 11) {}
@@ -207,7 +207,7 @@ fn end_flush_at_every_step() {
         };
         'flush: {
             let measuring = st.begin_flush();
-            while !st.measure_live(&measuring, 0, 17, &mut |_| Some(40)) {
+            while !st.measure_live(&measuring, InuseCutoff::at_flush(0), 17, &mut |_| Some(40)) {
                 step += 1;
                 churn(&mut st, &mut objects, &mut next);
                 if step == stop_at {
@@ -308,7 +308,12 @@ fn random_chunked_flushes_with_churn_and_early_ends() {
             };
             'flush: {
                 let measuring = st.begin_flush();
-                while !st.measure_live(&measuring, 0, rng.random_range(1..5), &mut |_| Some(8)) {
+                while !st.measure_live(
+                    &measuring,
+                    InuseCutoff::at_flush(0),
+                    rng.random_range(1..5),
+                    &mut |_| Some(8),
+                ) {
                     churn(&mut st, &mut rng, &mut objects, &mut next);
                     if stop_now(&mut step) {
                         st.end_flush();

@@ -78,6 +78,41 @@ pub(super) enum FlushPhase {
     Detaching,
 }
 
+/// Which live samples a flush counts in use: those whose object has been
+/// through `min_age` GCs since its allocation (`gc_count` is Ruby's GC
+/// count now). 1 (no GC under way) or 2 (one marking or sweeping) counts
+/// what was alive at the last completed GC: an object allocated since is
+/// not known to be alive yet, and most of those are garbage. 0 counts every
+/// sample still tracked at the flush.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InuseCutoff {
+    pub gc_count: u32,
+    pub min_age: u32,
+}
+
+impl InuseCutoff {
+    /// Every sample still tracked.
+    pub fn at_flush(gc_count: u32) -> Self {
+        InuseCutoff {
+            gc_count,
+            min_age: 0,
+        }
+    }
+
+    /// What survived the last completed GC: `gc_under_way` when a GC has
+    /// started (counted) and not finished marking and sweeping.
+    pub fn last_completed_gc(gc_count: u32, gc_under_way: bool) -> Self {
+        InuseCutoff {
+            gc_count,
+            min_age: if gc_under_way { 2 } else { 1 },
+        }
+    }
+
+    fn age(self, allocated_at: u32) -> u32 {
+        self.gc_count.wrapping_sub(allocated_at)
+    }
+}
+
 /// One sample's contribution to a flushed profile, already weighted:
 /// [alloc_objects, alloc_space, inuse_objects, inuse_space].
 #[derive(Debug, Clone, PartialEq)]
@@ -117,6 +152,8 @@ pub(super) struct FlushInProgress {
     /// The classes `samples` refer to.
     classes: FastHashSet<ClassRef>,
     drops: DropCounters,
+    /// Live samples left out by the flush's `InuseCutoff`.
+    too_young: usize,
 }
 
 /// What one flush reads out of the state, detached from it so the profile
@@ -135,6 +172,9 @@ pub struct FlushSnapshot {
     pub allocation_samples: usize,
     pub heap_samples: usize,
     pub drops: DropCounters,
+    /// Live samples left out of in-use: allocated since the last completed
+    /// GC (see `InuseCutoff`).
+    pub too_young: usize,
 }
 
 impl SamplerState {
@@ -165,6 +205,7 @@ impl SamplerState {
             allocation_samples: 0,
             classes: FastHashSet::default(),
             drops: std::mem::take(&mut self.drops),
+            too_young: 0,
         });
         Measuring(())
     }
@@ -185,11 +226,12 @@ impl SamplerState {
 
     /// Measures up to `max` of the flush's live objects (those freed since
     /// `begin_flush` are skipped; those `measure` finds invalid are counted
-    /// as freed). Returns true when all are done (or no flush is begun).
+    /// as freed; those younger than `cutoff` are left out, still tracked).
+    /// Returns true when all are done (or no flush is begun).
     pub fn measure_live(
         &mut self,
         _measuring: &Measuring,
-        gc_count: u32,
+        cutoff: InuseCutoff,
         max: usize,
         measure: &mut impl FnMut(ObjectAddress) -> Option<u64>,
     ) -> bool {
@@ -207,6 +249,11 @@ impl SamplerState {
                 continue;
             };
             let id = SampleId(index as u32);
+            let gc_age = cutoff.age(self.records[index].info().gc_count);
+            if gc_age < cutoff.min_age {
+                flush.too_young += 1;
+                continue;
+            }
             let Some(size) = measure(object) else {
                 self.record_free(object);
                 continue;
@@ -220,7 +267,7 @@ impl SamplerState {
             flush.samples.push(FlushedSample {
                 stack: self.stacks.forwarded(record.stack),
                 class,
-                gc_age: Some(gc_count.wrapping_sub(record.info().gc_count)),
+                gc_age: Some(gc_age),
                 values: [
                     0.0,
                     0.0,
@@ -356,6 +403,7 @@ impl SamplerState {
             allocation_samples,
             classes,
             drops,
+            too_young,
             ..
         } = flush;
         let mut snapshot = FlushSnapshot {
@@ -369,6 +417,7 @@ impl SamplerState {
             ),
             samples,
             drops,
+            too_young,
             ..FlushSnapshot::default()
         };
         // All of them (per distinct frame, not per stack position; the
@@ -476,10 +525,20 @@ impl SamplerState {
     pub fn take_snapshot(
         &mut self,
         gc_count: u32,
+        measure: impl FnMut(ObjectAddress) -> Option<u64>,
+    ) -> FlushSnapshot {
+        self.take_snapshot_with(InuseCutoff::at_flush(gc_count), measure)
+    }
+
+    /// `take_snapshot` counting in use what `cutoff` counts.
+    #[cfg(test)]
+    pub fn take_snapshot_with(
+        &mut self,
+        cutoff: InuseCutoff,
         mut measure: impl FnMut(ObjectAddress) -> Option<u64>,
     ) -> FlushSnapshot {
         let measuring = self.begin_flush();
-        while !self.measure_live(&measuring, gc_count, usize::MAX, &mut measure) {}
+        while !self.measure_live(&measuring, cutoff, usize::MAX, &mut measure) {}
         self.end_snapshot(measuring, &mut measure).0
     }
 }

@@ -276,10 +276,15 @@ fn a_flush_skips_samples_whose_address_is_unknown_and_measures_them_once_found()
     st.resolve(&[(first, Some(0x5000))]);
     let mut measured = Vec::new();
     st.forget_dead_in_flush(&measuring, usize::MAX, |_, _| true);
-    while !st.measure_live(&measuring, 9, usize::MAX, &mut |object| {
-        measured.push(object);
-        Some(40)
-    }) {}
+    while !st.measure_live(
+        &measuring,
+        InuseCutoff::at_flush(9),
+        usize::MAX,
+        &mut |object| {
+            measured.push(object);
+            Some(40)
+        },
+    ) {}
     assert_eq!(
         measured,
         vec![0x5000],

@@ -46,7 +46,7 @@ mod measure;
 mod tests;
 
 pub use admission::{Admission, AllocationSlot};
-pub use flush::{Detaching, FlushSnapshot, FlushedSample, Measuring, Naming};
+pub use flush::{Detaching, FlushSnapshot, FlushedSample, InuseCutoff, Measuring, Naming};
 
 use flush::FlushPhase;
 

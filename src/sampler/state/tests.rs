@@ -560,6 +560,78 @@ fn live_samples_carry_their_gc_age() {
     assert_eq!(ages, vec![Some(7), None]);
 }
 
+/// Records one sample per GC count in `counts` (object 0x1000 + count x
+/// 0x100), flushes with `cutoff`, and returns the GC counts of the samples
+/// counted in use, and how many were left out.
+fn inuse_under(counts: &[u32], cutoff: InuseCutoff) -> (Vec<u32>, usize) {
+    let mut st = state(100, 100);
+    for &count in counts {
+        let admission = st.admission(1.0);
+        let info = ObjectInfo {
+            gc_count: count,
+            ..ObjectInfo::default()
+        };
+        let object = 0x1000 + count as usize * 0x100;
+        st.record_allocation(object, info, &frames(&[8]), admission);
+    }
+    let measuring = st.begin_flush();
+    let mut measured = Vec::new();
+    while !st.measure_live(&measuring, cutoff, 2, &mut |object| {
+        measured.push(((object - 0x1000) / 0x100) as u32);
+        Some(40)
+    }) {}
+    let (snap, _) = st.end_snapshot(measuring, &mut |_| Some(40));
+    let inuse: f64 = snap.samples.iter().map(|s| s.values[2]).sum();
+    assert_eq!(
+        inuse as usize,
+        measured.len(),
+        "each counted sample measured once"
+    );
+    // Every allocation is in alloc_*, whatever its age.
+    let allocated: f64 = snap.samples.iter().map(|s| s.values[0]).sum();
+    assert_eq!(allocated as usize, counts.len());
+    (measured, snap.too_young)
+}
+
+#[test]
+fn in_use_counts_what_lived_through_the_last_completed_gc() {
+    let counts = [3, 8, 9, 10];
+    // GC 10 done: objects allocated before it started (count 9 and less).
+    assert_eq!(
+        inuse_under(&counts, InuseCutoff::last_completed_gc(10, false)),
+        (vec![3, 8, 9], 1)
+    );
+    // GC 10 marking or sweeping: the last completed one is GC 9.
+    assert_eq!(
+        inuse_under(&counts, InuseCutoff::last_completed_gc(10, true)),
+        (vec![3, 8], 2)
+    );
+    // At the flush: everything still tracked.
+    assert_eq!(
+        inuse_under(&counts, InuseCutoff::at_flush(10)),
+        (vec![3, 8, 9, 10], 0)
+    );
+}
+
+#[test]
+fn a_sample_left_out_as_too_young_counts_at_a_later_flush() {
+    let mut st = state(100, 100);
+    let admission = st.admission(1.0);
+    let info = ObjectInfo {
+        gc_count: u32::MAX,
+        ..ObjectInfo::default()
+    };
+    st.record_allocation(0x1000, info, &frames(&[8]), admission);
+    let cutoff = InuseCutoff::last_completed_gc(u32::MAX, false);
+    let first = st.take_snapshot_with(cutoff, |_| Some(40));
+    assert_eq!((totals(&first)[2], first.too_young), (0.0, 1));
+    st.end_flush();
+    // The GC count wraps: one GC later it is 0.
+    let second = st.take_snapshot_with(InuseCutoff::last_completed_gc(0, false), |_| Some(40));
+    assert_eq!((totals(&second)[2], second.too_young), (1.0, 0));
+    assert_eq!(second.samples[0].gc_age, Some(1));
+}
+
 #[test]
 fn weights_scale_values() {
     let mut st = SamplerState::new(GapSampler::new(0.5, 1), 10, 10);
@@ -655,7 +727,7 @@ fn classes_of_live_samples_stay_held_while_a_flush_walks() {
     st.record_allocation(0x1000, info, &frames(&[1]), admission);
     st.measure_pending(|_| Some(40));
     let measuring = st.begin_flush();
-    assert!(st.measure_live(&measuring, 0, 10, &mut |_| Some(40)));
+    assert!(st.measure_live(&measuring, InuseCutoff::at_flush(0), 10, &mut |_| Some(40)));
     // The object dies before the flush names its class.
     st.record_free(0x1000);
     assert!(st.held_classes().any(|c| c == 0x5550));
@@ -726,13 +798,13 @@ fn a_flush_measured_in_chunks_sees_what_was_live_when_it_began() {
     st.measure_pending(|_| Some(40));
     let measuring = st.begin_flush();
     let mut measure = |_| Some(40);
-    assert!(!st.measure_live(&measuring, 0, 4, &mut measure));
+    assert!(!st.measure_live(&measuring, InuseCutoff::at_flush(0), 4, &mut measure));
     // Between chunks: one object freed, one new allocation, and a
     // compaction that moves every object.
     st.record_free(0x1000 + 9 * 0x100);
     record(&mut st, 0x9000, &[99]);
     st.relocate_objects(|a| a + 8);
-    while !st.measure_live(&measuring, 0, 4, &mut measure) {}
+    while !st.measure_live(&measuring, InuseCutoff::at_flush(0), 4, &mut measure) {}
     let (snapshot, _naming) = st.end_snapshot(measuring, &mut measure);
     st.end_flush();
     // 10 allocations of the interval; 9 or 10 live (the freed one may
@@ -761,12 +833,12 @@ fn a_flush_measured_in_chunks_measures_the_samples_taken_before_it_began() {
     st.end_flush();
     let measuring = st.begin_flush();
     let mut measure = |_| Some(40);
-    assert!(!st.measure_live(&measuring, 0, 4, &mut measure));
+    assert!(!st.measure_live(&measuring, InuseCutoff::at_flush(0), 4, &mut measure));
     st.record_free(0x1000 + 2 * 0x100); // measured already
     st.record_free(0x1000 + 7 * 0x100); // not yet: its slot is free
     let new = record(&mut st, 0x9000, &[99]).unwrap();
     assert_eq!(new, SampleId(7), "the freed record's slot, not yet walked");
-    while !st.measure_live(&measuring, 0, 4, &mut measure) {}
+    while !st.measure_live(&measuring, InuseCutoff::at_flush(0), 4, &mut measure) {}
     let (snapshot, _naming) = st.end_snapshot(measuring, &mut measure);
     st.end_flush();
     assert_eq!(snapshot.heap_samples, 9);
@@ -889,7 +961,7 @@ fn named_class_of_a_live_sample_freed_mid_flush_keeps_its_name() {
     st.end_flush();
     let measuring = st.begin_flush();
     let mut m = |_: ObjectAddress| Some(40u64);
-    while !st.measure_live(&measuring, 0, 1, &mut m) {}
+    while !st.measure_live(&measuring, InuseCutoff::at_flush(0), 1, &mut m) {}
     assert!(st.record_free(0x1000)); // freed while the flush yielded
     let (snap, _naming) = st.end_snapshot(measuring, &mut m);
     st.end_flush();
@@ -993,7 +1065,7 @@ fn detach_cost_on_a_large_heap() {
     st.measure_pending(|_| Some(40));
     let measuring = st.begin_flush();
     let mut m = |_: ObjectAddress| Some(40u64);
-    while !st.measure_live(&measuring, 0, usize::MAX, &mut m) {}
+    while !st.measure_live(&measuring, InuseCutoff::at_flush(0), usize::MAX, &mut m) {}
     let t = std::time::Instant::now();
     let (snap, _naming) = st.end_snapshot(measuring, &mut m);
     eprintln!(
@@ -1076,7 +1148,12 @@ fn random_flushes_and_detaches_keep_names_and_refcounts() {
                 }
             }
             let measuring = st.begin_flush();
-            while !st.measure_live(&measuring, 0, usize::MAX, &mut |_| Some(8)) {}
+            while !st.measure_live(
+                &measuring,
+                InuseCutoff::at_flush(0),
+                usize::MAX,
+                &mut |_| Some(8),
+            ) {}
             while !st.read_allocations(&measuring, 3, &mut |_| Some(8)) {}
             let (mut snap, naming) = st.end_snapshot_samples(measuring, &mut |_| Some(8));
             while !st.copy_stacks(&naming, &mut snap, 2) {}
@@ -1215,7 +1292,7 @@ fn a_flush_read_in_chunks_is_the_flush_read_at_once() {
     let mut st = state(100, 100);
     fill(&mut st);
     let measuring = st.begin_flush();
-    while !st.measure_live(&measuring, 0, 3, &mut |_| Some(40)) {}
+    while !st.measure_live(&measuring, InuseCutoff::at_flush(0), 3, &mut |_| Some(40)) {}
     let mut reads = 0;
     while !st.read_allocations(&measuring, 7, &mut |_| Some(40)) {
         reads += 1;
@@ -1282,7 +1359,12 @@ fn the_named_path_again(
     again.push((16, "<main>"));
     st.measure_pending(|_| Some(40));
     let measuring = st.begin_flush();
-    while !st.measure_live(&measuring, 0, usize::MAX, &mut |_| Some(40)) {}
+    while !st.measure_live(
+        &measuring,
+        InuseCutoff::at_flush(0),
+        usize::MAX,
+        &mut |_| Some(40),
+    ) {}
     let (_snapshot, naming) = st.end_snapshot(measuring, &mut |_| Some(40));
     let detaching = st.begin_detach(naming, &FastHashMap::default());
     (detaching, names(&again))
@@ -1380,7 +1462,12 @@ fn a_detach_cut_short_leaves_merged_stacks_to_the_next_flush() {
     assert_eq!(st.stacks().len(), 1);
     // The next flush: one path, with all 40 samples.
     let measuring = st.begin_flush();
-    while !st.measure_live(&measuring, 0, usize::MAX, &mut |_| Some(40)) {}
+    while !st.measure_live(
+        &measuring,
+        InuseCutoff::at_flush(0),
+        usize::MAX,
+        &mut |_| Some(40),
+    ) {}
     let (snapshot, naming) = st.end_snapshot(measuring, &mut |_| Some(40));
     assert_eq!(snapshot.heap_samples, 240);
     assert_eq!(snapshot.stacks.len(), 1, "each path once");
@@ -1418,7 +1505,12 @@ fn an_allocation_on_a_merged_stack_is_read_through_the_forwarding() {
     record(&mut st, 0x2000, &[24, 32]);
     st.measure_pending(|_| Some(40));
     let measuring = st.begin_flush();
-    while !st.measure_live(&measuring, 0, usize::MAX, &mut |_| Some(40)) {}
+    while !st.measure_live(
+        &measuring,
+        InuseCutoff::at_flush(0),
+        usize::MAX,
+        &mut |_| Some(40),
+    ) {}
     let (_snapshot, naming) = st.end_snapshot(measuring, &mut |_| Some(40));
     // In the next interval's allocation list, on the stack merged below.
     record(&mut st, 0x3000, &[24, 32]);
