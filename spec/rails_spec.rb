@@ -144,6 +144,95 @@ RSpec.describe "MemprofilerPprof::Railtie in a Rails app" do
     end
   end
 
+  # A Rails app's directory as `rails new` lays it out (bin/rails,
+  # config/environment.rb, Rakefile), for the commands that do not serve.
+  def rails_commands_dir(dir)
+    FileUtils.mkdir_p([File.join(dir, "bin"), File.join(dir, "config")])
+    File.write(File.join(dir, "config", "application.rb"), <<~RUBY)
+      $LOAD_PATH.unshift(#{File.expand_path('../lib', __dir__).inspect})
+      require "rails"
+      require "action_controller/railtie"
+      require "logger"
+      require "memprofiler_pprof_rs"
+      class CommandsApp < Rails::Application
+        config.root = File.expand_path("..", __dir__)
+        config.eager_load = false
+        config.logger = Logger.new(nil)
+        config.secret_key_base = "spec" * 16
+        config.hosts.clear
+        config.memprofiler_pprof.enabled = true
+        config.memprofiler_pprof.file_pattern = File.join(config.root, "heap-%{pid}-%{index}.pprof")
+        config.memprofiler_pprof.flush_at_exit = false
+        routes.append { get "/ok" => proc { [200, {}, ["ok"]] } }
+      end
+    RUBY
+    File.write(File.join(dir, "config", "environment.rb"),
+               %(require_relative "application"\nRails.application.initialize!\n))
+    File.write(File.join(dir, "bin", "rails"), <<~RUBY)
+      APP_PATH = File.expand_path("../config/application", __dir__)
+      require "rails/commands"
+    RUBY
+    File.write(File.join(dir, "Rakefile"), <<~RUBY)
+      require_relative "config/application"
+      Rails.application.load_tasks
+      task(probe: :environment) { print MemprofilerPprof::EnvProfiler.collector.class }
+    RUBY
+  end
+
+  it "profiles servers and workers, not rails runner, rails console or rake tasks, unless processes is :all" do
+    Dir.mktmpdir("rails-commands") do |dir|
+      rails_commands_dir(dir)
+      run = lambda do |*command, env: {}, stdin: ""|
+        out, err, status = Open3.capture3(env, RbConfig.ruby, *command, chdir: dir, stdin_data: stdin)
+        expect(status).to be_success, err
+        out
+      end
+      probe = "print MemprofilerPprof::EnvProfiler.collector.class"
+      expect(run.call("bin/rails", "runner", probe)).to eq("NilClass")
+      expect(run.call("-S", "rake", "probe")).to eq("NilClass")
+      console = run.call("bin/rails", "console", stdin: "puts \"probe=\#{MemprofilerPprof::EnvProfiler.collector.inspect}\"\n")
+      expect(console).to include("probe=nil")
+      all = { "MEMPROFILER_PPROF_RS_PROCESSES" => "all" }
+      expect(run.call("bin/rails", "runner", probe, env: all)).to eq("MemprofilerPprof::Collector")
+      expect(run.call("-S", "rake", "probe", env: all)).to eq("MemprofilerPprof::Collector")
+      # A process that is none of these (a job worker, a script) profiles,
+      # its flusher running at once.
+      script = <<~RUBY
+        require "./config/environment"
+        print [MemprofilerPprof::EnvProfiler.collector.class, MemprofilerPprof::EnvProfiler.serving?].inspect
+      RUBY
+      expect(run.call("-e", script)).to eq("[MemprofilerPprof::Collector, true]")
+      expect(Dir[File.join(dir, "heap-*.pprof")]).to be_empty
+      out = run.call("-e", script, env: { "MEMPROFILER_PPROF_RS_PROCESSES" => "some" })
+      expect(out).to eq("[MemprofilerPprof::Collector, true]")
+    end
+  end
+
+  it "starts a Rack server's flusher thread with its first request, or in a forked child, never before" do
+    Dir.mktmpdir("rails-server") do |dir|
+      rails_commands_dir(dir)
+      script = <<~RUBY
+        $PROGRAM_NAME = "puma" # as puma's executable is named
+        require "./config/environment"
+        flusher_threads = -> { Thread.list.count { |t| t.name.to_s.include?("memprofiler_pprof_rs") } }
+        before = [MemprofilerPprof::EnvProfiler.serving?, flusher_threads.call]
+        reader, writer = IO.pipe
+        child = fork do
+          writer.puts([MemprofilerPprof::EnvProfiler.serving?, flusher_threads.call].inspect)
+          exit!(0)
+        end
+        Process.wait(child)
+        in_child = reader.gets.chomp
+        after_fork = [MemprofilerPprof::EnvProfiler.serving?, flusher_threads.call]
+        status = Rack::MockRequest.new(Rails.application).get("/ok").status
+        print [before, in_child, after_fork, status, [MemprofilerPprof::EnvProfiler.serving?, flusher_threads.call]].inspect
+      RUBY
+      out, err, status = Open3.capture3(RbConfig.ruby, "-e", script, chdir: dir)
+      expect(status).to be_success, err
+      expect(out).to eq('[[false, 0], "[true, 1]", [false, 0], 200, [true, 1]]')
+    end
+  end
+
   it "loads nothing of Rails' unless the app uses Rails" do
     out, err, status = run_ruby('require "memprofiler_pprof_rs"; p [defined?(Rails), defined?(MemprofilerPprof::Railtie)]')
     expect(status).to be_success, err

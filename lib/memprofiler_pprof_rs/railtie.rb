@@ -22,6 +22,20 @@ module MemprofilerPprof
   # labels off; labels alone (`enabled = false, labels = true`) suit an app
   # profiled by the wrapper or its own collector.
   #
+  # Which processes: those that serve. A server (puma, unicorn, Passenger,
+  # `rails server`) and a job worker (Sidekiq, or any process not listed
+  # next) profile; `rails console`, `rails runner`, generators and rake
+  # tasks (`db:migrate`, `assets:precompile`) do not, unless
+  # `config.memprofiler_pprof.processes = :all` (or
+  # MEMPROFILER_PPROF_RS_PROCESSES=all).
+  #
+  # No thread before fork: in a Rack server the flusher's thread starts with
+  # the process's first request, or right after a fork in the child; so a
+  # preforking master (puma's cluster mode with preload_app!, unicorn)
+  # forks with no profiler thread (puma's "Thread(s) started in app boot"
+  # warning names none) and writes no profiles of its own, while each worker
+  # profiles from the fork on, the preloaded app's objects included.
+  #
   # Loaded by `require "memprofiler_pprof_rs"` when Rails is loaded first
   # (as Bundler.require does after `require "rails"`), or required as
   # "memprofiler_pprof_rs/railtie".
@@ -35,6 +49,7 @@ module MemprofilerPprof
       settings.enabled = Railtie.flag(settings, :enabled) { ENV.fetch("MEMPROFILER_PPROF_RS_ENABLED", nil) }
       settings.labels = Railtie.flag(settings, :labels) { settings.enabled }
       app.middleware.insert(0, RackLabels) if settings.labels
+      app.middleware.insert(0, FirstRequest) if settings.enabled
     end
 
     initializer "memprofiler_pprof_rs.labels", after: "memprofiler_pprof_rs.settings" do |app|
@@ -56,6 +71,41 @@ module MemprofilerPprof
     config.after_initialize do |app|
       Railtie.start(app.config.memprofiler_pprof) if app.config.memprofiler_pprof.enabled
     end
+
+    # The commands that do not serve (run after after_initialize, or, for
+    # rake, before it): a backstop to `Railtie.not_serving`.
+    console { Railtie.not_serving!("rails console") }
+    runner { Railtie.not_serving!("rails runner") }
+    generators { Railtie.not_serving!("a generator") }
+    rake_tasks { Railtie.not_serving!("a rake task") }
+
+    # Starts the flusher with the process's first request (see above).
+    class FirstRequest
+      def initialize(app)
+        @app = app
+      end
+
+      def call(env)
+        EnvProfiler.serving! unless EnvProfiler.serving?
+        @app.call(env)
+      end
+    end
+
+    # Commands loaded before the app boots, which say the process will not
+    # serve.
+    NOT_SERVING = {
+      "Rails::Console" => "rails console",
+      "Rails::Command::RunnerCommand" => "rails runner",
+      "Rails::Command::GenerateCommand" => "a generator",
+      "Rails::Command::DestroyCommand" => "a generator",
+      "Rails::Command::RakeCommand" => "a rake task",
+      "Rails::DBConsole" => "rails dbconsole"
+    }.freeze
+
+    # Rack servers whose code is loaded before the app boots: their flusher
+    # waits for a request or a fork.
+    RACK_SERVERS = %w[Puma::Launcher Rails::Server PhusionPassenger].freeze
+    RACK_SERVER_PROGRAMS = /\A(?:puma|unicorn|unicorn_rails|pitchfork|falcon|rackup|thin|passenger)\z/
 
     class << self
       def label_action(controller, &action)
@@ -86,6 +136,64 @@ module MemprofilerPprof
         end
       end
 
+      # :servers (default) or :all, from the config or
+      # MEMPROFILER_PPROF_RS_PROCESSES; anything else is reported and reads
+      # :servers.
+      def processes(settings)
+        value = settings.key?(:processes) ? settings[:processes] : ENV.fetch("MEMPROFILER_PPROF_RS_PROCESSES", nil)
+        return :servers if value.nil? || value.to_s.strip.empty?
+
+        choice = value.to_s.strip.downcase.to_sym
+        return choice if %i[servers all].include?(choice)
+
+        EnvProfiler.report("config.memprofiler_pprof.processes must be :servers or :all, got " \
+                           "#{Validation.show(value)}: taken as :servers")
+        :servers
+      end
+
+      def profile_this_process?(settings)
+        @processes = processes(settings)
+        @processes == :all || not_serving.nil?
+      end
+
+      # What this process is, if it is a command that does not serve; nil
+      # for a server, a worker, or anything else.
+      def not_serving
+        @not_serving || NOT_SERVING.find { |name, _| loaded?(name) }&.last ||
+          (defined?(::Rake.application) && !::Rake.application.top_level_tasks.empty? ? "a rake task" : nil)
+      end
+
+      # Called when Rails runs a command's blocks: a profiler this Railtie
+      # started in such a process stops (unless processes is :all).
+      def not_serving!(what)
+        @not_serving ||= what
+        EnvProfiler.stop if @started && @processes != :all
+      end
+
+      def rack_server?
+        RACK_SERVERS.any? { |name| loaded?(name) } || File.basename($PROGRAM_NAME.to_s).match?(RACK_SERVER_PROGRAMS)
+      end
+
+      # A constant defined and loaded (an autoload not yet triggered, as
+      # `require "puma"` leaves Puma::Launcher, is not loaded).
+      def loaded?(path)
+        path.split("::").reduce(Object) do |scope, name|
+          return false unless scope.const_defined?(name, false) && scope.autoload?(name).nil?
+
+          scope.const_get(name, false)
+        end
+        true
+      end
+
+      # Sidekiq's server process starts its flusher when Sidekiq starts.
+      def start_with_sidekiq
+        return unless defined?(::Sidekiq) && ::Sidekiq.respond_to?(:configure_server)
+
+        ::Sidekiq.configure_server do |sidekiq|
+          sidekiq.on(:startup) { EnvProfiler.serving! }
+        end
+      end
+
       # A setting as its variable would read (a file mode as octal digits).
       def variable(name, value)
         name.to_sym == :file_mode && value.is_a?(Integer) ? value.to_s(8) : value.to_s
@@ -95,7 +203,9 @@ module MemprofilerPprof
       # settings in place of the variables they name. Problems are reported
       # and the app boots unprofiled.
       def start(settings)
-        overrides = settings.to_h.except(:enabled, :labels)
+        return unless profile_this_process?(settings)
+
+        overrides = settings.to_h.except(:enabled, :labels, :processes)
         unknown = overrides.keys - EnvConfig::SETTINGS.keys
         unless unknown.empty?
           raise ArgumentError, "config.memprofiler_pprof.#{unknown.first} is not a setting " \
@@ -103,7 +213,8 @@ module MemprofilerPprof
         end
 
         env = ENV.to_h.merge(overrides.to_h { |name, value| ["MEMPROFILER_PPROF_RS_#{name.upcase}", variable(name, value)] })
-        EnvProfiler.start(env)
+        @started = EnvProfiler.start(env, flusher: rack_server? ? :when_serving : :now)
+        start_with_sidekiq if @started
       rescue StandardError => e
         EnvProfiler.report("profiling is off for this process: #{e.class}: #{e.message}")
       end

@@ -14,6 +14,7 @@ use super::top::class_label;
 use super::units::{format_percent, format_signed, format_value};
 use crate::analysis::InputMap;
 use crate::fast_hash::FastHashMap;
+use crate::pprof::inuse_comment::last_completed_gc;
 
 #[derive(Debug, Clone)]
 pub struct DiffOptions {
@@ -636,7 +637,74 @@ fn render_section(out: &mut String, title: &str, section: &Section, unit: &str, 
     }
 }
 
+/// The positions of the profiles worth comparing by `sample_type`: for
+/// in-use, a profile whose in-use is as of the same GC as the one before it
+/// repeats it (pprof/inuse_comment.rs), and would read as an interval
+/// without growth; it is left out. All of them otherwise, or if fewer than
+/// two would be left.
+fn informative(profiles: &[&DecodedProfile], sample_type: &str) -> Vec<usize> {
+    let all: Vec<usize> = (0..profiles.len()).collect();
+    if !sample_type.starts_with("inuse_") {
+        return all;
+    }
+    let gcs: Option<Vec<u32>> = profiles
+        .iter()
+        .map(|p| last_completed_gc(p.comments()))
+        .collect();
+    let Some(gcs) = gcs else {
+        return all;
+    };
+    let kept: Vec<usize> = all
+        .iter()
+        .copied()
+        .filter(|&i| i == 0 || gcs[i] != gcs[i - 1])
+        .collect();
+    if kept.len() < 2 {
+        all
+    } else {
+        kept
+    }
+}
+
 pub fn render_diff(profiles: &[&DecodedProfile], options: &DiffOptions) -> Result<String, String> {
+    let sample_type = pick_sample_type(profiles, options.sample_type.as_deref(), &options.titles)?;
+    let kept = informative(profiles, &sample_type);
+    if kept.len() == profiles.len() {
+        return render_all(profiles, options);
+    }
+    let title = |i: usize| {
+        options
+            .titles
+            .get(i)
+            .map(|t| shown(t).into_owned())
+            .unwrap_or_else(|| format!("profile {}", i + 1))
+    };
+    let left_out: Vec<String> = (0..profiles.len())
+        .filter(|i| !kept.contains(i))
+        .map(title)
+        .collect();
+    let kept_profiles: Vec<&DecodedProfile> = kept.iter().map(|&i| profiles[i]).collect();
+    let options = DiffOptions {
+        sample_type: Some(sample_type.clone()),
+        titles: kept
+            .iter()
+            .filter_map(|&i| options.titles.get(i).cloned())
+            .collect(),
+        ..options.clone()
+    };
+    let mut out = format!(
+        "Left out: {} profile{} taken with no GC since the one before (their {}, as of the last \
+         completed GC, repeats it): {}.\n",
+        left_out.len(),
+        if left_out.len() == 1 { "" } else { "s" },
+        shown(&sample_type),
+        left_out.join(", ")
+    );
+    out.push_str(&render_all(&kept_profiles, &options)?);
+    Ok(out)
+}
+
+fn render_all(profiles: &[&DecodedProfile], options: &DiffOptions) -> Result<String, String> {
     let diff = diff(profiles, options)?;
     let n = profiles.len();
     let unit = &diff.unit;
@@ -750,6 +818,65 @@ mod tests {
         raw.string_table.push(comment);
         raw.comment.push(raw.string_table.len() as i64 - 1);
         DecodedProfile::from_raw(raw).unwrap()
+    }
+
+    /// `snapshot`, with its in-use as of GC `gc` (pprof/inuse_comment.rs).
+    fn as_of_gc(cached: i64, gc: u32) -> DecodedProfile {
+        let mut raw = snapshot(cached, 500).raw.clone();
+        let cutoff = crate::sampler::state::InuseCutoff::last_completed_gc(gc, false);
+        raw.string_table
+            .push(crate::pprof::inuse_comment::format_inuse_comment(cutoff, 0));
+        raw.comment.push(raw.string_table.len() as i64 - 1);
+        DecodedProfile::from_raw(raw).unwrap()
+    }
+
+    /// In-use is as of the last completed GC: a profile with no GC since
+    /// the one before repeats its in-use, and an interval with no growth
+    /// must not hide a leak that grows at every GC.
+    #[test]
+    fn profiles_with_no_gc_between_them_count_as_one() {
+        let profiles = [
+            as_of_gc(1_000, 5),
+            as_of_gc(1_000, 5),
+            as_of_gc(2_000, 9),
+            as_of_gc(3_000, 12),
+            as_of_gc(3_000, 12),
+            as_of_gc(4_000, 13),
+        ];
+        let refs: Vec<&DecodedProfile> = profiles.iter().collect();
+        let titles: Vec<String> = (1..=6).map(|i| format!("heap-{i}.pprof")).collect();
+        let text = render_diff(
+            &refs,
+            &DiffOptions {
+                titles,
+                ..options()
+            },
+        )
+        .unwrap();
+        assert!(
+            text.starts_with(
+                "Left out: 2 profiles taken with no GC since the one before (their inuse_space, as \
+                 of the last completed GC, repeats it): heap-2.pprof, heap-5.pprof.\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("Verdict: likely leak: String#* in Cache#fetch at cache.rb:12 grew in all 3 intervals"),
+            "{text}"
+        );
+        // alloc_* is per interval: every profile counts.
+        let alloc = render_diff(
+            &refs,
+            &DiffOptions {
+                sample_type: Some("alloc_space".into()),
+                ..options()
+            },
+        )
+        .unwrap();
+        assert!(!alloc.contains("Left out"), "{alloc}");
+        // Fewer than two left: every profile is compared.
+        let same = render_diff(&refs[..2], &options()).unwrap();
+        assert!(!same.contains("Left out"), "{same}");
     }
 
     /// Sampled profiles of a leak: noisy, not up in every interval, but a

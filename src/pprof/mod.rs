@@ -4,6 +4,7 @@
 
 pub mod gzip;
 pub mod heap_profile;
+pub mod inuse_comment;
 pub mod process_comment;
 mod proto;
 pub mod spread_comment;

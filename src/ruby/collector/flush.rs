@@ -13,6 +13,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use rb_sys::VALUE;
 
 use crate::pprof::heap_profile::{build_profile_gzipped, ProfileMeta, SampleLabels, MISSED_FRAME};
+use crate::pprof::inuse_comment::format_inuse_comment;
 use crate::pprof::spread_comment::{format_spread_comment, total_spreads, TotalSpread};
 use crate::ruby::classes::resolve_classes;
 use crate::ruby::errors::{RbError, RbResult};
@@ -334,7 +335,7 @@ impl Collector {
             comments: {
                 let mut comments = vec![
                     process_identity.comment(),
-                    inuse_comment(cutoff, snapshot.too_young),
+                    format_inuse_comment(cutoff, snapshot.too_young),
                 ];
                 if !heap::can_measure_sizes() {
                     comments.push(
@@ -453,25 +454,6 @@ impl Drop for FlushEnd<'_> {
         self.0.end_flush();
     }
 }
-/// What inuse_* counts, said in the profile.
-fn inuse_comment(cutoff: InuseCutoff, too_young: usize) -> String {
-    if cutoff.min_age == 0 {
-        return "inuse_*: sampled objects not freed at the flush, garbage not collected yet included \
-                (inuse_as_of: :flush)"
-            .into();
-    }
-    let last = cutoff.gc_count.wrapping_sub(cutoff.min_age - 1);
-    let gc = if last == 0 {
-        "no GC has completed yet".to_string()
-    } else {
-        format!("the last completed GC (GC {last})")
-    };
-    format!(
-        "inuse_*: sampled objects alive at {gc}; {too_young} sampled since are left out until a GC \
-         has run since their allocation (alloc_* counts them)"
-    )
-}
-
 fn unix_nanos(time: SystemTime) -> i64 {
     time.duration_since(UNIX_EPOCH)
         .map(|d| d.as_nanos() as i64)

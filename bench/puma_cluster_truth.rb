@@ -1,0 +1,62 @@
+# frozen_string_literal: true
+
+# How true a Rails app's profiles are under puma's cluster mode (2 workers,
+# preload_app!, production), profiled through the Railtie: the scenario of
+# spec/puma_cluster_spec.rb (spec/support/puma_cluster.rb), run --runs
+# times per configuration, each worker's profiles checked against the bytes
+# it really kept. Per configuration:
+# - the leak line's in-use in each worker's last profile / the truth;
+# - how often that line tops the whole profile (not only the app's lines);
+# - the garbage-only action's in-use over the leak's in a worker's last
+#   profile (which follows a GC at exit), and the largest in its earlier
+#   ones with 10 MB of leak or more (as of the GCs the requests caused);
+# - how often `diff` over a worker's profiles calls the leak a likely leak.
+# Needs Debian's puma and ruby-rails (script/bootstrap).
+#
+#   ruby -Ilib bench/puma_cluster_truth.rb [--runs 3]
+
+require "optparse"
+require "tmpdir"
+require "open3"
+require "memprofiler_pprof_rs"
+require_relative "../spec/support/puma_cluster"
+
+CONFIGS = {
+  "defaults" => {},
+  "defaults, inuse_as_of: :flush" => { "MEMPROFILER_PPROF_RS_INUSE_AS_OF" => "flush" },
+  "mode: :exact" => { "MEMPROFILER_PPROF_RS_MODE" => "exact" }
+}.freeze
+
+runs = 3
+OptionParser.new do |opts|
+  opts.on("--runs N", Integer, "runs per configuration (default 3)") { |n| runs = n }
+end.parse!
+
+def summary(values, digits = 2)
+  return "-" if values.empty?
+
+  sorted = values.sort
+  format("%.#{digits}f [%.#{digits}f-%.#{digits}f]", sorted.sum / sorted.size, sorted.first, sorted.last)
+end
+
+rows = CONFIGS.map do |name, env|
+  workers = []
+  verdicts = []
+  runs.times do
+    Dir.mktmpdir("puma-cluster") do |dir|
+      PumaCluster.serve_three_phases(dir, env)
+      workers.concat(PumaCluster.workers(dir))
+      verdicts.concat(PumaCluster.diff(dir).last)
+    end
+  end
+  on_top = workers.count { |w| w.top_line.include?("block in LeakController#leaky") }
+  [name, summary(workers.map { |w| w.leak.fdiv(w.truth) }), "#{on_top} of #{workers.size}",
+   summary(workers.map { |w| w.clean.fdiv(w.leak) }, 3), summary(workers.map { |w| w.garbage_shares.max || 0.0 }, 3),
+   "#{verdicts.count { |v| v.start_with?('Verdict: likely leak: block in LeakController#leaky') }} of #{verdicts.size}"]
+end
+
+header = ["configuration", "leak in-use / truth, mean [min-max]", "leak on top", "garbage / leak, last profile",
+          "garbage / leak, worst earlier profile", "diff: likely leak"]
+puts "| #{header.join(' | ')} |"
+puts "|#{header.map { '---' }.join('|')}|"
+rows.each { |row| puts "| #{row.join(' | ')} |" }
