@@ -88,6 +88,12 @@ RSpec.describe "The process a profile came from" do
                            "nothing to compare it with ==")
     expect(out.lines.grep(/^Verdict:/).size).to eq(1)
 
+    # One profile of each process: compared as one series, and said.
+    out, err, status = cli("diff", "heap-#{parent}-2.pprof", "heap-#{child}-2.pprof")
+    expect([err, status]).to eq(["", 0])
+    expect(out.lines.first).to eq("Note: these 2 profiles come from 2 processes, one each: compared as one series.\n")
+    expect(out.lines.grep(/^Verdict:/).size).to eq(1)
+
     _out, err, status = cli("merge", "heap-#{parent}-2.pprof", "heap-#{child}-2.pprof", "-o", "both.pprof")
     expect(status).to eq(0), err
     expect(MemprofilerPprof::Profile.read(File.join(@dir, "both.pprof")).processes.map(&:pid)).to eq([parent, child])

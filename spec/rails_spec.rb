@@ -176,6 +176,8 @@ RSpec.describe "MemprofilerPprof::Railtie in a Rails app" do
       require_relative "config/application"
       Rails.application.load_tasks
       task(probe: :environment) { print MemprofilerPprof::EnvProfiler.collector.class }
+      # A job worker's task (Delayed Job's name): it serves.
+      namespace(:jobs) { task(work: :environment) { print MemprofilerPprof::EnvProfiler.collector.class } }
     RUBY
   end
 
@@ -185,34 +187,41 @@ RSpec.describe "MemprofilerPprof::Railtie in a Rails app" do
       run = lambda do |*command, env: {}, stdin: ""|
         out, err, status = Open3.capture3(env, RbConfig.ruby, *command, chdir: dir, stdin_data: stdin)
         expect(status).to be_success, err
-        out
+        [out, err]
       end
       probe = "print MemprofilerPprof::EnvProfiler.collector.class"
-      expect(run.call("bin/rails", "runner", probe)).to eq("NilClass")
-      expect(run.call("-S", "rake", "probe")).to eq("NilClass")
-      console = run.call("bin/rails", "console", stdin: "puts \"probe=\#{MemprofilerPprof::EnvProfiler.collector.inspect}\"\n")
+      hint = "(config.memprofiler_pprof.processes = :all profiles every process)"
+      expect(run.call("bin/rails", "runner", probe))
+        .to eq(["NilClass", "memprofiler_pprof_rs: not profiling rails runner #{hint}\n"])
+      expect(run.call("-S", "rake", "probe")).to eq(["NilClass", "memprofiler_pprof_rs: not profiling rake probe #{hint}\n"])
+      expect(run.call("-S", "rake", "jobs:work")).to eq(["MemprofilerPprof::Collector", ""])
+      console_input = "puts \"probe=\#{MemprofilerPprof::EnvProfiler.collector.inspect}\"\n"
+      console, err = run.call("bin/rails", "console", stdin: console_input)
       expect(console).to include("probe=nil")
+      expect(err).to include("not profiling rails console")
+      _, err = run.call("bin/rails", "routes")
+      expect(err).to include("not profiling a rails command")
       all = { "MEMPROFILER_PPROF_RS_PROCESSES" => "all" }
-      expect(run.call("bin/rails", "runner", probe, env: all)).to eq("MemprofilerPprof::Collector")
-      expect(run.call("-S", "rake", "probe", env: all)).to eq("MemprofilerPprof::Collector")
+      expect(run.call("bin/rails", "runner", probe, env: all)).to eq(["MemprofilerPprof::Collector", ""])
+      expect(run.call("-S", "rake", "probe", env: all)).to eq(["MemprofilerPprof::Collector", ""])
       # A process that is none of these (a job worker, a script) profiles,
       # its flusher running at once.
       script = <<~RUBY
         require "./config/environment"
         print [MemprofilerPprof::EnvProfiler.collector.class, MemprofilerPprof::EnvProfiler.serving?].inspect
       RUBY
-      expect(run.call("-e", script)).to eq("[MemprofilerPprof::Collector, true]")
-      expect(Dir[File.join(dir, "heap-*.pprof")]).to be_empty
-      out = run.call("-e", script, env: { "MEMPROFILER_PPROF_RS_PROCESSES" => "some" })
+      expect(run.call("-e", script)).to eq(["[MemprofilerPprof::Collector, true]", ""])
+      out, err = run.call("-e", script, env: { "MEMPROFILER_PPROF_RS_PROCESSES" => "some" })
       expect(out).to eq("[MemprofilerPprof::Collector, true]")
+      expect(err).to include('config.memprofiler_pprof.processes must be :servers or :all, got "some"')
     end
   end
 
-  it "starts a Rack server's flusher thread with its first request, or in a forked child, never before" do
+  it "starts a forking server's flusher thread with its first request, or in a forked child, never before" do
     Dir.mktmpdir("rails-server") do |dir|
       rails_commands_dir(dir)
       script = <<~RUBY
-        $PROGRAM_NAME = "puma" # as puma's executable is named
+        $PROGRAM_NAME = "unicorn" # a server that forks its workers
         require "./config/environment"
         flusher_threads = -> { Thread.list.count { |t| t.name.to_s.include?("memprofiler_pprof_rs") } }
         before = [MemprofilerPprof::EnvProfiler.serving?, flusher_threads.call]

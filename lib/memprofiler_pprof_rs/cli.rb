@@ -391,9 +391,15 @@ module MemprofilerPprof
         loaded = loaded.each_with_index.sort_by { |(_, profile), index| [profile.time || Time.at(0), index] }.map(&:first)
       end
       groups = loaded.group_by { |(_, profile)| process_key(profile) }
-      if groups.size > 1 && !options[:across_processes]
+      if groups.size > 1 && !options[:across_processes] && groups.values.any? { |g| g.size > 1 }
         diff_per_process(loaded.size, groups, options)
       else
+        # (One profile of each process, as two requests to /debug/pprof/heap
+        # that reached two workers: compared as asked, and said.)
+        if groups.size > 1 && !options[:across_processes]
+          @stdout.puts("Note: these #{loaded.size} profiles come from #{groups.size} processes, one each: " \
+                       "compared as one series.")
+        end
         @stdout.print(diff_report(loaded, options))
       end
       0

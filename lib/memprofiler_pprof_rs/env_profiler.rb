@@ -32,12 +32,15 @@ module MemprofilerPprof
                      FileFlusher.new(@collector, **config.file_flusher_options)
                    end
         @collector.start!
+        @serving_lock = Mutex.new
+        @serving = false
         if flusher == :now
           serving!
         else
-          @serving = false
-          Atfork.at_fork(:child) do
-            @serving = false
+          # Until the flusher runs: once it does, it restarts itself in a
+          # forked child.
+          @waiting_for_fork = Atfork.at_fork(:child) do
+            @serving_lock = Mutex.new
             serving!
           end
         end
@@ -57,8 +60,17 @@ module MemprofilerPprof
       def serving!
         return if @serving || @flusher.nil? || @stopped
 
-        @serving = true
-        @flusher.start!
+        @serving_lock.synchronize do
+          next if @serving
+
+          @flusher.start!
+          @serving = true
+          @waiting_for_fork&.remove!
+          @waiting_for_fork = nil
+        end
+      rescue StandardError => e
+        # (From a request: the request goes on; the next one tries again.)
+        report("could not start the flusher: #{e.class}: #{e.message}")
       end
 
       # Whether the flusher's thread has been started in this process.

@@ -23,18 +23,20 @@ module MemprofilerPprof
   # profiled by the wrapper or its own collector.
   #
   # Which processes: those that serve. A server (puma, unicorn, Passenger,
-  # `rails server`) and a job worker (Sidekiq, or any process not listed
-  # next) profile; `rails console`, `rails runner`, generators and rake
-  # tasks (`db:migrate`, `assets:precompile`) do not, unless
-  # `config.memprofiler_pprof.processes = :all` (or
+  # `rails server`), a job worker (Sidekiq, `rake jobs:work` and the like:
+  # WORKER_TASKS) and any other process profile; `rails console`,
+  # `rails runner`, generators, other `bin/rails` commands and other rake
+  # tasks (`db:migrate`, `assets:precompile`) do not (one line on $stderr
+  # says so), unless `config.memprofiler_pprof.processes = :all` (or
   # MEMPROFILER_PPROF_RS_PROCESSES=all).
   #
-  # No thread before fork: in a Rack server the flusher's thread starts with
-  # the process's first request, or right after a fork in the child; so a
-  # preforking master (puma's cluster mode with preload_app!, unicorn)
-  # forks with no profiler thread (puma's "Thread(s) started in app boot"
-  # warning names none) and writes no profiles of its own, while each worker
-  # profiles from the fork on, the preloaded app's objects included.
+  # No thread before fork: in a server that forks its workers after the
+  # app boots (`rails server`, puma with workers, unicorn, Passenger) the
+  # flusher's thread starts with the process's first request, or right
+  # after a fork in the child; so a preforking master forks with no Ruby
+  # thread of the gem's (puma's "Thread(s) started in app boot" warning
+  # names none) and writes no profiles of its own, while each worker
+  # profiles from the fork on.
   #
   # Loaded by `require "memprofiler_pprof_rs"` when Rails is loaded first
   # (as Bundler.require does after `require "rails"`), or required as
@@ -72,12 +74,11 @@ module MemprofilerPprof
       Railtie.start(app.config.memprofiler_pprof) if app.config.memprofiler_pprof.enabled
     end
 
-    # The commands that do not serve (run after after_initialize, or, for
-    # rake, before it): a backstop to `Railtie.not_serving`.
+    # The commands that do not serve, which Rails runs after
+    # after_initialize: a backstop to `Railtie.not_serving`.
     console { Railtie.not_serving!("rails console") }
     runner { Railtie.not_serving!("rails runner") }
     generators { Railtie.not_serving!("a generator") }
-    rake_tasks { Railtie.not_serving!("a rake task") }
 
     # Starts the flusher with the process's first request (see above).
     class FirstRequest
@@ -86,26 +87,32 @@ module MemprofilerPprof
       end
 
       def call(env)
-        EnvProfiler.serving! unless EnvProfiler.serving?
+        EnvProfiler.serving! unless EnvProfiler.serving? # (never raises)
         @app.call(env)
       end
     end
 
     # Commands loaded before the app boots, which say the process will not
-    # serve.
+    # serve. (Any other `bin/rails` command but the server, too: see
+    # `not_serving`.)
     NOT_SERVING = {
       "Rails::Console" => "rails console",
+      "Rails::Command::ConsoleCommand" => "rails console",
       "Rails::Command::RunnerCommand" => "rails runner",
       "Rails::Command::GenerateCommand" => "a generator",
       "Rails::Command::DestroyCommand" => "a generator",
-      "Rails::Command::RakeCommand" => "a rake task",
-      "Rails::DBConsole" => "rails dbconsole"
+      "Rails::DBConsole" => "rails dbconsole",
+      "Rails::Command::DbconsoleCommand" => "rails dbconsole"
     }.freeze
 
-    # Rack servers whose code is loaded before the app boots: their flusher
-    # waits for a request or a fork.
-    RACK_SERVERS = %w[Puma::Launcher Rails::Server PhusionPassenger].freeze
-    RACK_SERVER_PROGRAMS = /\A(?:puma|unicorn|unicorn_rails|pitchfork|falcon|rackup|thin|passenger)\z/
+    # Rake tasks that run a job worker: they serve.
+    WORKER_TASKS = %w[jobs:work jobs:workoff resque:work resque:workers solid_queue:start sneakers:run
+                      qu:work que:work backburner:work].freeze
+
+    # Servers that fork their workers, where the flusher waits for the
+    # first request or the fork: `rails server` (requests go through the
+    # app), unicorn, Passenger, pitchfork; puma when it runs workers.
+    FORKING_SERVER_PROGRAMS = /\A(?:unicorn|unicorn_rails|pitchfork|passenger)\z/
 
     class << self
       def label_action(controller, &action)
@@ -153,25 +160,56 @@ module MemprofilerPprof
 
       def profile_this_process?(settings)
         @processes = processes(settings)
-        @processes == :all || not_serving.nil?
+        return true if @processes == :all
+
+        what = not_serving
+        EnvProfiler.report("not profiling #{what} (config.memprofiler_pprof.processes = :all profiles every process)") if what
+        what.nil?
       end
 
-      # What this process is, if it is a command that does not serve; nil
-      # for a server, a worker, or anything else.
+      # What this process is, if it does not serve; nil for a server, a
+      # worker, or anything else.
       def not_serving
-        @not_serving || NOT_SERVING.find { |name, _| loaded?(name) }&.last ||
-          (defined?(::Rake.application) && !::Rake.application.top_level_tasks.empty? ? "a rake task" : nil)
+        return @not_serving if @not_serving
+
+        tasks = defined?(::Rake.application) ? ::Rake.application.top_level_tasks : []
+        unless tasks.empty?
+          return (tasks & WORKER_TASKS).empty? ? "rake #{tasks.join(' ')}" : nil
+        end
+
+        NOT_SERVING.find { |name, _| loaded?(name) }&.last ||
+          (loaded?("Rails::Command::Base") && !loaded?("Rails::Command::ServerCommand") ? "a rails command" : nil)
       end
 
       # Called when Rails runs a command's blocks: a profiler this Railtie
       # started in such a process stops (unless processes is :all).
       def not_serving!(what)
         @not_serving ||= what
-        EnvProfiler.stop if @started && @processes != :all
+        return unless @started && @processes != :all
+
+        EnvProfiler.stop
+        EnvProfiler.report("not profiling #{what} (config.memprofiler_pprof.processes = :all profiles every process)")
       end
 
-      def rack_server?
-        RACK_SERVERS.any? { |name| loaded?(name) } || File.basename($PROGRAM_NAME.to_s).match?(RACK_SERVER_PROGRAMS)
+      # A server that forks its workers after the app boots: the flusher
+      # then waits for a request or the fork (the master never holds its
+      # thread). Other processes, puma in single mode included, start it at
+      # once: their requests may not all go through the Rails app.
+      def forking_server?
+        return true if loaded?("Rails::Server") || loaded?("PhusionPassenger")
+        return true if File.basename($PROGRAM_NAME.to_s).match?(FORKING_SERVER_PROGRAMS)
+
+        puma_workers.positive?
+      end
+
+      # puma's configured workers (0 in single mode, or when puma's CLI did
+      # not start this process).
+      def puma_workers
+        return 0 unless defined?(::Puma) && ::Puma.respond_to?(:cli_config) && ::Puma.cli_config
+
+        ::Puma.cli_config.options[:workers].to_i
+      rescue StandardError
+        0
       end
 
       # A constant defined and loaded (an autoload not yet triggered, as
@@ -183,15 +221,6 @@ module MemprofilerPprof
           scope.const_get(name, false)
         end
         true
-      end
-
-      # Sidekiq's server process starts its flusher when Sidekiq starts.
-      def start_with_sidekiq
-        return unless defined?(::Sidekiq) && ::Sidekiq.respond_to?(:configure_server)
-
-        ::Sidekiq.configure_server do |sidekiq|
-          sidekiq.on(:startup) { EnvProfiler.serving! }
-        end
       end
 
       # A setting as its variable would read (a file mode as octal digits).
@@ -213,8 +242,7 @@ module MemprofilerPprof
         end
 
         env = ENV.to_h.merge(overrides.to_h { |name, value| ["MEMPROFILER_PPROF_RS_#{name.upcase}", variable(name, value)] })
-        @started = EnvProfiler.start(env, flusher: rack_server? ? :when_serving : :now)
-        start_with_sidekiq if @started
+        @started = EnvProfiler.start(env, flusher: forking_server? ? :when_serving : :now)
       rescue StandardError => e
         EnvProfiler.report("profiling is off for this process: #{e.class}: #{e.message}")
       end

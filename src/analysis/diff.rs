@@ -14,7 +14,8 @@ use super::top::class_label;
 use super::units::{format_percent, format_signed, format_value};
 use crate::analysis::InputMap;
 use crate::fast_hash::FastHashMap;
-use crate::pprof::inuse_comment::last_completed_gc;
+use crate::pprof::inuse_comment::settled_gc;
+use crate::pprof::process_comment::processes_named;
 
 #[derive(Debug, Clone)]
 pub struct DiffOptions {
@@ -647,17 +648,17 @@ fn informative(profiles: &[&DecodedProfile], sample_type: &str) -> Vec<usize> {
     if !sample_type.starts_with("inuse_") {
         return all;
     }
-    let gcs: Option<Vec<u32>> = profiles
-        .iter()
-        .map(|p| last_completed_gc(p.comments()))
-        .collect();
-    let Some(gcs) = gcs else {
-        return all;
+    // (GC, process): the same GC number in two processes (forked workers
+    // count on from their master's) says nothing.
+    let key = |p: &DecodedProfile| {
+        let processes = processes_named(p.comments());
+        settled_gc(p.comments()).map(|gc| (gc, processes))
     };
+    let keys: Vec<_> = profiles.iter().map(|p| key(p)).collect();
     let kept: Vec<usize> = all
         .iter()
         .copied()
-        .filter(|&i| i == 0 || gcs[i] != gcs[i - 1])
+        .filter(|&i| i == 0 || keys[i].is_none() || keys[i] != keys[i - 1])
         .collect();
     if kept.len() < 2 {
         all
@@ -828,6 +829,27 @@ mod tests {
             .push(crate::pprof::inuse_comment::format_inuse_comment(cutoff, 0));
         raw.comment.push(raw.string_table.len() as i64 - 1);
         DecodedProfile::from_raw(raw).unwrap()
+    }
+
+    /// Forked workers count GCs on from their master's: the same number
+    /// in two processes' profiles says nothing, and both are compared.
+    #[test]
+    fn the_same_gc_in_two_processes_is_not_a_repeat() {
+        let of = |pid: u32, cached: i64| {
+            let mut raw = as_of_gc(cached, 7).raw.clone();
+            let identity = crate::pprof::process_comment::ProcessIdentity {
+                pid,
+                started_millis: 1,
+                forked_from: Some(1),
+                program: "worker".into(),
+            };
+            raw.string_table.push(identity.comment());
+            raw.comment.push(raw.string_table.len() as i64 - 1);
+            DecodedProfile::from_raw(raw).unwrap()
+        };
+        let profiles = [of(10, 1_000), of(11, 2_000), of(11, 3_000)];
+        let refs: Vec<&DecodedProfile> = profiles.iter().collect();
+        assert_eq!(informative(&refs, "inuse_space"), vec![0, 1]);
     }
 
     /// In-use is as of the last completed GC: a profile with no GC since

@@ -83,7 +83,11 @@ impl ProcessIdentity {
 pub fn processes_named<'a>(comments: impl IntoIterator<Item = &'a str>) -> Vec<ProcessIdentity> {
     let mut processes: Vec<ProcessIdentity> = Vec::new();
     for identity in comments.into_iter().filter_map(ProcessIdentity::parse) {
-        if !processes.contains(&identity) {
+        // One process, whatever its $0 said at each flush.
+        let same = |p: &ProcessIdentity| {
+            (p.pid, p.started_millis) == (identity.pid, identity.started_millis)
+        };
+        if !processes.iter().any(same) {
             processes.push(identity);
         }
     }

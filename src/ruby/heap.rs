@@ -347,15 +347,28 @@ pub fn find_objects_by_id(ids: &FastHashMap<u64, usize>) -> RbResult<FastHashMap
     Ok(search.found)
 }
 
-/// GC.latest_gc_info(:state): :none, :marking or :sweeping. GVL held;
-/// allocates nothing.
+/// Whether this Ruby's GC.latest_gc_info knows :state (every default GC
+/// from 3.1 does; another GC library might not, and an unknown key
+/// raises), probed once at load under protect.
+static HAS_GC_STATE: OnceLock<bool> = OnceLock::new();
+
+/// GC.latest_gc_info(:state): :none, :marking or :sweeping (:none where
+/// the GC does not say). GVL held; allocates nothing.
 fn gc_state() -> VALUE {
     static KEY: OnceLock<VALUE> = OnceLock::new();
+    static NONE: OnceLock<VALUE> = OnceLock::new();
     // SAFETY: interning a static name gives a static Symbol, never
     // collected, so caching the VALUE is fine; GVL held.
     let key = *KEY.get_or_init(|| unsafe { rb_id2sym(rb_intern(c"state".as_ptr())) });
-    // SAFETY: a Symbol key makes rb_gc_latest_gc_info return that one
-    // value (a static Symbol), without allocating.
+    let known = *HAS_GC_STATE.get_or_init(|| {
+        // SAFETY: a Symbol key makes rb_gc_latest_gc_info return that one
+        // value or raise ArgumentError for a key it does not know: caught.
+        protect(|| unsafe { rb_gc_latest_gc_info(key) }).is_ok()
+    });
+    if !known {
+        return symbol(&NONE, c"none");
+    }
+    // SAFETY: as above; the key is known, so it does not raise.
     unsafe { rb_gc_latest_gc_info(key) }
 }
 

@@ -29,13 +29,20 @@ pub fn init() {
     STARTED_MILLIS.store(now_millis(), Ordering::Relaxed);
 }
 
-/// In a forked child (from the pthread_atfork handler: reads the clock
-/// and the parent's pid, both async-signal-safe).
+/// The forking process's pid, taken before the fork: in the child,
+/// getppid() may already name init (Process.daemon's parent exits at once).
+static FORKING_PID: AtomicU32 = AtomicU32::new(0);
+
+/// Before a fork (from the pthread_atfork prepare handler).
+pub fn before_fork() {
+    FORKING_PID.store(std::process::id(), Ordering::Relaxed);
+}
+
+/// In a forked child (from the pthread_atfork child handler: reads the
+/// clock and an atomic, both async-signal-safe).
 pub fn after_fork_in_child() {
     STARTED_MILLIS.store(now_millis(), Ordering::Relaxed);
-    // SAFETY: getppid has no preconditions.
-    let parent = unsafe { libc::getppid() };
-    FORKED_FROM.store(u32::try_from(parent).unwrap_or(0), Ordering::Relaxed);
+    FORKED_FROM.store(FORKING_PID.load(Ordering::Relaxed), Ordering::Relaxed);
 }
 
 /// This process now. Reads $0 (GVL held, not in a hook).

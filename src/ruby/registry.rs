@@ -185,6 +185,7 @@ unsafe fn collectors_while_forking() -> impl DoubleEndedIterator<Item = &'static
 }
 
 unsafe extern "C" fn before_fork() {
+    super::process_identity::before_fork();
     // Registry first, then each collector's lock; released in reverse.
     ACTIVE.lock_for_fork();
     // SAFETY: the registry lock was just taken by this thread.
