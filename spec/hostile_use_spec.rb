@@ -451,6 +451,7 @@ RSpec.describe "Hostile and careless use" do
         c = MemprofilerPprof::Collector.new(sample_rate: 1.0, max_heap_samples: 1_000_000)
         c.start!
         kept = Array.new(50_000) { |i| "live \#{i}" }
+        GC.start # in use from now on (see Collector::INUSE_AS_OF)
         got = nil
         Signal.trap("USR2") { got = c.flush.heap_samples_count }
         flusher = Thread.new { 5.times { c.flush(proactively_yield_gvl: true) } }

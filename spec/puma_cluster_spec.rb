@@ -44,8 +44,8 @@ RSpec.describe "A Rails app under puma's cluster mode" do
     # caused, no more than the requests in flight at those GCs held (alive
     # then), read through the sampling's noise.
     expect(worker.clean.fdiv(worker.leak)).to be <= garbage_share, worker.to_h.to_s
-    expect(worker.garbage_shares.size).to be >= 1
-    expect(worker.garbage_shares.max).to be <= in_flight, worker.to_h.to_s
+    # (None has 10 MB of leak in use where no GC ran during the requests.)
+    expect(worker.garbage_shares.max || 0).to be <= in_flight, worker.to_h.to_s
   end
 
   # Each worker's section: the site that grew most is the leak (its
