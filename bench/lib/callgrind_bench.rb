@@ -15,7 +15,7 @@ require_relative "configs"
 # profiler's start and stop without reading out its results): the
 # difference to "no profiler" is the profiler's.
 module CallgrindBench
-  TARGETS = %w[alloc deep rails require].freeze
+  TARGETS = %w[alloc deep rails rails-ar require].freeze
   # Iterations of each loop workload: callgrind runs Ruby ~50x slower, and
   # one run should stay under ~3 minutes (stackprof at interval 1, the
   # slowest, takes ~1 minute at these sizes).
@@ -43,7 +43,7 @@ module CallgrindBench
     targets.each do |target|
       case target
       when "require" then requires
-      when "rails" then rails(configs, iterations.fetch(target, RAILS_REQUESTS))
+      when "rails", "rails-ar" then rails(configs, iterations.fetch(target, RAILS_REQUESTS), target)
       else loop_workload(target, configs, iterations.fetch(target, ITERATIONS[target]))
       end
       $stdout.flush
@@ -86,23 +86,26 @@ module CallgrindBench
   # the sampled share times the no-window row (the loops show it), and
   # a run of 40 requests holds too few windows to sample a share near
   # its probability, so windows are best measured on the loops.
-  def rails(configs, requests)
+  def rails(configs, requests, target = "rails")
     worker = File.join(__dir__, "rails_requests.rb")
-    unless system(RbConfig.ruby, "-e", 'require "action_pack/version"', err: File::NULL)
-      puts "\n(8) callgrind rails: skipped, ruby-actionpack is not installed (script/bootstrap --bench installs it)"
+    needs = target == "rails" ? 'require "action_pack/version"' : 'require "rails"; require "sqlite3"'
+    unless system(RbConfig.ruby, "-e", needs, err: File::NULL)
+      puts "\n(8) callgrind #{target}: skipped, #{target == 'rails' ? 'ruby-actionpack' : 'ruby-rails or ruby-sqlite3'} " \
+           "is not installed (script/bootstrap --bench installs it)"
       return
     end
     results = BenchReport.alternate(configs, 1) do |config|
-      instructions, out = callgrind("-I", LIB, worker, config, requests.to_s)
+      instructions, out = callgrind("-I", LIB, worker, config, requests.to_s, target)
       { instructions: instructions, **JSON.parse(out.lines.last, symbolize_names: true) }
     end
     base = results["no profiler"].first
     # The same process without requests: what loading the app costs, so
     # that a request's own instructions are known.
-    loading, = callgrind("-I", LIB, worker, "no profiler", "0")
+    loading, = callgrind("-I", LIB, worker, "no profiler", "0", target)
     request = (base[:instructions] - loading).to_f / requests
     puts
-    puts "(8) callgrind, the Rails-depth app (bench/lib/rails_app.ru) called in-process, #{requests} requests " \
+    app = target == "rails" ? "the Rails-depth app (bench/lib/rails_app.ru)" : "the ActiveRecord app (bench/lib/rails_ar_app.ru)"
+    puts "(8) callgrind, #{app} called in-process, #{requests} requests " \
          "(#{delimit(base[:allocated])} allocations) after a warm-up: instructions of the whole process, one run " \
          "each (#{millions(loading)} of them loading and warming up the app); \"per request\" and \"per " \
          "allocation\": the instructions over \"no profiler\" divided by them; \"request vs none\": a request's " \

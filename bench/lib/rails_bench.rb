@@ -36,6 +36,22 @@ module RailsBench
     PumaBench.report(results, configs)
   end
 
+  # (9) The ActiveRecord app (rails_ar_app.ru) under puma, loaded by wrk.
+  def run_active_record(runs, configs = BenchConfigs::DEFAULT)
+    unless system(RbConfig.ruby, "-e", 'require "rails"; require "sqlite3"', err: File::NULL)
+      puts "\n(9) rails-ar: skipped, ruby-rails or ruby-sqlite3 is not installed (script/bootstrap --bench installs them)"
+      return
+    end
+    results = PumaBench.compare(runs, configs, "(9) rails-ar", "rails_ar_app.ru", "/orders?page=3",
+                                connections: CONNECTIONS) or return
+    puts
+    puts "(9) ActiveRecord app: puma #{PumaBench.puma_version}, #{PumaBench::THREADS} threads, " \
+         "bench/lib/rails_ar_app.ru (Rails #{actionpack_version} with its railties, production, ActiveRecord on " \
+         "SQLite: 30 orders and their customers a request, rendered in a layout with a partial each); wrk, " \
+         "#{CONNECTIONS} connections, #{PumaBench::SECONDS} s per run; this gem with a FileFlusher writing every second"
+    PumaBench.report(results, configs)
+  end
+
   # The app's own measurement of one request, taken after a first request
   # has compiled the templates. Nothing else runs on the server meanwhile,
   # so GC's allocation count is this request's.
