@@ -278,7 +278,8 @@ if url && multitenant
           collector = MemprofilerPprof::Collector.new(sample_rate: 1.0)
           flusher = pyroscope_flusher(collector, flushed, max_profile_bytes: max_bytes, retries: 1)
           collector.start!
-          kept = flusher.run(flush: true) { Array.new(600) { |i| site.public_send(:"site#{i}", 15, []) } }
+          # (GC.start: in use from then on, see Collector::INUSE_AS_OF.)
+          kept = flusher.run(flush: true) { Array.new(600) { |i| site.public_send(:"site#{i}", 15, []) }.tap { GC.start } }
           collector.stop!
           expect(kept.size).to eq(600)
           [raw_size(flushed.last.pprof_data), flusher.uploads_succeeded, flusher.uploads_failed]
@@ -298,7 +299,8 @@ if url && multitenant
         flusher = pyroscope_flusher(collector, flushed)
         expect(flusher.max_profile_bytes).to eq(2_000_000)
         collector.start!
-        kept = flusher.run(flush: true) { Array.new(4_000) { |i| site.public_send(:"site#{i}", 30, []) } }
+        # (GC.start: in use from then on, see Collector::INUSE_AS_OF.)
+        kept = flusher.run(flush: true) { Array.new(4_000) { |i| site.public_send(:"site#{i}", 30, []) }.tap { GC.start } }
         collector.stop!
         expect(kept.size).to eq(4_000)
         data = flushed.last
