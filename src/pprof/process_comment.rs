@@ -9,6 +9,8 @@
 //! A comment, not a label: it survives renaming the file, and `go tool
 //! pprof -comments` shows it.
 
+use crate::fast_hash::FastHashSet;
+
 const PREFIX: &str = "process: pid ";
 const FORKED: &str = " (forked from pid ";
 const STARTED: &str = ", started at unix time ";
@@ -81,17 +83,15 @@ impl ProcessIdentity {
 /// several for a merge of processes' profiles, none for a profile from
 /// elsewhere. Each once, in order.
 pub fn processes_named<'a>(comments: impl IntoIterator<Item = &'a str>) -> Vec<ProcessIdentity> {
-    let mut processes: Vec<ProcessIdentity> = Vec::new();
-    for identity in comments.into_iter().filter_map(ProcessIdentity::parse) {
-        // One process, whatever its $0 said at each flush.
-        let same = |p: &ProcessIdentity| {
-            (p.pid, p.started_millis) == (identity.pid, identity.started_millis)
-        };
-        if !processes.iter().any(same) {
-            processes.push(identity);
-        }
-    }
-    processes
+    // Keyed by (pid, start): one process, whatever its $0 said at each
+    // flush. A set, not a scan of the list: a crafted profile can hold
+    // tens of thousands of such comments.
+    let mut seen: FastHashSet<(u32, i64)> = FastHashSet::default();
+    comments
+        .into_iter()
+        .filter_map(ProcessIdentity::parse)
+        .filter(|identity| seen.insert((identity.pid, identity.started_millis)))
+        .collect()
 }
 
 /// The longest prefix of `text` within `max` bytes, on a character boundary.
@@ -218,6 +218,23 @@ mod tests {
             processes_named(comments.iter().map(String::as_str)),
             vec![worker(), master]
         );
+    }
+
+    #[test]
+    fn many_process_comments_each_count_once() {
+        // (The case a list scan made quadratic: 20,000 comments.)
+        let comments: Vec<String> = (0..20_000u32)
+            .map(|n| {
+                ProcessIdentity {
+                    pid: n / 2,
+                    ..worker()
+                }
+                .comment()
+            })
+            .collect();
+        let processes = processes_named(comments.iter().map(String::as_str));
+        assert_eq!(processes.len(), 10_000);
+        assert!(processes.iter().enumerate().all(|(i, p)| p.pid == i as u32));
     }
 
     #[test]
