@@ -10,7 +10,8 @@
 # - the garbage-only action's in-use over the leak's in a worker's last
 #   profile (which follows a GC at exit), and the largest in its earlier
 #   ones with 10 MB of leak or more (as of the GCs the requests caused);
-# - how often `diff` over a worker's profiles calls the leak a likely leak.
+# - how often `diff` over a worker's profiles calls the leak a likely leak;
+# - the share of a worker's allocations that sampling windows missed.
 # Needs Debian's puma and ruby-rails (script/bootstrap).
 #
 #   ruby -Ilib bench/puma_cluster_truth.rb [--runs 3]
@@ -52,11 +53,12 @@ rows = CONFIGS.map do |name, env|
   on_top = workers.count { |w| w.top_line.include?("block in LeakController#leaky") }
   [name, summary(workers.map { |w| w.leak.fdiv(w.truth) }), "#{on_top} of #{workers.size}",
    summary(workers.map { |w| w.clean.fdiv(w.leak) }, 3), summary(workers.map { |w| w.garbage_shares.max || 0.0 }, 3),
-   "#{verdicts.count { |v| v.start_with?('Verdict: likely leak: block in LeakController#leaky') }} of #{verdicts.size}"]
+   "#{verdicts.count { |v| v.start_with?('Verdict: likely leak: block in LeakController#leaky') }} of #{verdicts.size}",
+   summary(workers.map { |w| 100 * w.missed_share }, 1)]
 end
 
 header = ["configuration", "leak in-use / truth, mean [min-max]", "leak on top", "garbage / leak, last profile",
-          "garbage / leak, worst earlier profile", "diff: likely leak"]
+          "garbage / leak, worst earlier profile", "diff: likely leak", "missed by windows, % of allocations"]
 puts "| #{header.join(' | ')} |"
 puts "|#{header.map { '---' }.join('|')}|"
 rows.each { |row| puts "| #{row.join(' | ')} |" }

@@ -14,7 +14,7 @@ module PumaCluster
 
   # What one worker's profiles say, beside what it kept.
   Worker = Struct.new(:pid, :files, :truth, :leak, :clean, :garbage_shares, :rse, :top_line, :app_top_line,
-                      :processes, keyword_init: true)
+                      :processes, :missed_share, keyword_init: true)
 
   module_function
 
@@ -79,6 +79,21 @@ module PumaCluster
     profile.samples.select { |s| s.frames.any? { |f| f.name == name } }.sum { |s| s.value(profile, "inuse_space") }
   end
 
+  # The share of the allocations in `files` that sampling windows missed
+  # (the hook came on too late): their "(missed by sampling windows)" row.
+  def missed_share(files)
+    missed = total = 0.0
+    files.each do |file|
+      profile = MemprofilerPprof::PprofReader.parse(File.binread(file))
+      profile.samples.each do |sample|
+        value = sample.value(profile, "alloc_objects")
+        total += value
+        missed += value if sample.frames.first&.name == "(missed by sampling windows)"
+      end
+    end
+    total.zero? ? 0.0 : missed / total
+  end
+
   def workers(dir)
     profiles_by_pid(dir).map do |pid, files|
       last = MemprofilerPprof::Profile.read(files.last)
@@ -93,7 +108,7 @@ module PumaCluster
                  top_line: last.top(sample_index: "inuse_space", by: :line, limit: 1).lines.last.strip,
                  app_top_line: last.top(sample_index: "inuse_space", by: :line, limit: 1, focus: /config\.ru/)
                                    .lines.last.strip,
-                 processes: last.processes)
+                 processes: last.processes, missed_share: missed_share(files))
     end
   end
 

@@ -8,11 +8,21 @@
 //! `rb_postponed_job_trigger` is documented as callable from any thread,
 //! and before it `rb_postponed_job_register_one` takes the main Ractor's
 //! execution context when the calling thread has none (`get_valid_ec` in
-//! vm_trace.c, which profilers' signal handlers on other threads rely on). After each trigger it waits until
-//! the job has run before it sleeps again: a process idle in IO or sleep
-//! runs no job, so it gets no wake-ups. At exit it is stopped, and waited
-//! for, before Ruby tears down what the trigger writes to. In a forked
-//! child (where it does not exist) the next job starts another.
+//! vm_trace.c, which profilers' signal handlers on other threads rely on).
+//!
+//! After each trigger it waits until the job has run. Ruby runs the job on
+//! the thread it flagged, the one that held the GVL last (`get_valid_ec`
+//! and Ruby bug #20197); a pool thread that then waits on its queue while
+//! the others serve requests holds the job back as long, and windows go
+//! by unhooked. So a job that has not run is triggered again: on Ruby 3.3
+//! and later by each thread that takes the GVL (a thread event hook), and
+//! on every Ruby by this thread after waits that double from 0.2 ms (up to
+//! 1.6 ms while the job ran in the last 0.1 s, before 3.3). A process
+//! idle in IO or sleep runs no job: its wake-ups thin out to ten a second.
+//!
+//! At exit it is stopped, and waited for, before Ruby tears down what the
+//! trigger writes to. In a forked child (where it does not exist) the next
+//! job starts another.
 
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use std::sync::OnceLock;
@@ -25,6 +35,23 @@ pub fn monotonic_ns() -> u64 {
     static BASE: OnceLock<Instant> = OnceLock::new();
     BASE.get_or_init(Instant::now).elapsed().as_nanos() as u64
 }
+
+/// A job not run this long after its trigger is triggered again, then
+/// after waits that double, up to the longest (see `run`).
+const RETRIGGER_FIRST_NS: u64 = 200_000;
+const RETRIGGER_LONGEST_NS: u64 = 100_000_000;
+/// Without a hook on threads taking the GVL (`watch_resumes`): the longest
+/// wait while the job ran in the last `RECENTLY_RAN_NS`.
+#[cfg(not(ruby_gte_3_3))]
+const RETRIGGER_LONGEST_RECENT_NS: u64 = 1_600_000;
+#[cfg(not(ruby_gte_3_3))]
+const RECENTLY_RAN_NS: u64 = 100_000_000;
+
+/// When (monotonic ns) the job last ran.
+static LAST_RAN: AtomicU64 = AtomicU64::new(0);
+/// The trigger the thread calls (for `on_resumed`).
+#[cfg(ruby_gte_3_3)]
+static TRIGGER: OnceLock<fn()> = OnceLock::new();
 
 /// When to trigger the job next (monotonic ns); `u64::MAX`: not needed.
 static DEADLINE: AtomicU64 = AtomicU64::new(u64::MAX);
@@ -58,7 +85,9 @@ fn wake() {
 /// Starts the thread in this process if it has none.
 pub fn schedule(in_ns: Option<u64>, trigger: fn()) {
     JOB_PENDING.store(false, Ordering::Release);
-    let deadline = in_ns.map_or(u64::MAX, |d| monotonic_ns().saturating_add(d));
+    let now = monotonic_ns();
+    LAST_RAN.store(now, Ordering::Relaxed);
+    let deadline = in_ns.map_or(u64::MAX, |d| now.saturating_add(d));
     // SeqCst, with the thread's store of SLEEPING_UNTIL and its second
     // load of DEADLINE: either it sees this deadline, or this sees how
     // long it sleeps.
@@ -67,6 +96,7 @@ pub fn schedule(in_ns: Option<u64>, trigger: fn()) {
         return;
     }
     if OWNER.load(Ordering::Acquire) != std::process::id() {
+        watch_resumes(trigger);
         start(trigger);
         wake();
     } else if deadline < SLEEPING_UNTIL.load(Ordering::SeqCst) {
@@ -116,13 +146,28 @@ fn run(trigger: fn()) {
     unsafe {
         libc::prctl(libc::PR_SET_TIMERSLACK, 1_000u64)
     };
+    // While a triggered job has not run: when to trigger it again, and
+    // the wait after that.
+    let mut retrigger_at = u64::MAX;
+    let mut retrigger_wait = RETRIGGER_FIRST_NS;
     while !STOP.load(Ordering::Acquire) {
         let deadline = DEADLINE.load(Ordering::SeqCst);
         let now = monotonic_ns();
         if JOB_PENDING.load(Ordering::Acquire) {
             // Until the job has run (it wakes the thread with its next
-            // deadline); a process idle in IO runs none.
-            sleep_until(now.saturating_add(100_000_000), deadline);
+            // deadline). Ruby flags the job on the thread that ran last:
+            // if that one then waits (a pool thread back on its queue)
+            // while others run, the job waits with it and windows go by
+            // unhooked. So it is triggered again, for whichever thread runs
+            // then, after waits that double (a process idle in IO runs no
+            // job: it is woken less and less often). On Ruby 3.3 and later
+            // a thread that takes the GVL also triggers it (`on_resumed`).
+            if now >= retrigger_at {
+                trigger();
+                retrigger_wait = (retrigger_wait * 2).min(longest_retrigger_wait(now));
+                retrigger_at = now.saturating_add(retrigger_wait);
+            }
+            sleep_until(retrigger_at, deadline);
         } else if deadline == u64::MAX {
             sleep_until(now.saturating_add(1_000_000_000), deadline);
         } else if now < deadline {
@@ -130,12 +175,74 @@ fn run(trigger: fn()) {
         } else {
             JOB_PENDING.store(true, Ordering::Release);
             DEADLINE.store(u64::MAX, Ordering::Release);
+            retrigger_wait = RETRIGGER_FIRST_NS;
+            retrigger_at = now.saturating_add(retrigger_wait);
             if !STOP.load(Ordering::Acquire) {
                 trigger();
             }
         }
     }
     EXITED.store(true, Ordering::Release);
+}
+
+/// The longest wait between two triggers of a job that has not run.
+/// Without `watch_resumes`, a thread that takes the GVL while the job
+/// waits on another is found only by triggering again: soon, while the
+/// process has been running lately.
+#[cfg(not(ruby_gte_3_3))]
+fn longest_retrigger_wait(now: u64) -> u64 {
+    if now.saturating_sub(LAST_RAN.load(Ordering::Relaxed)) < RECENTLY_RAN_NS {
+        RETRIGGER_LONGEST_RECENT_NS
+    } else {
+        RETRIGGER_LONGEST_NS
+    }
+}
+
+#[cfg(ruby_gte_3_3)]
+fn longest_retrigger_wait(_now: u64) -> u64 {
+    RETRIGGER_LONGEST_NS
+}
+
+/// Once per process (a forked child keeps it): a hook on every thread
+/// taking the GVL that triggers the job while it is pending, so that the
+/// thread about to run has it flagged (see `run`). Ruby 3.3 and later;
+/// before, the timer's waits alone.
+#[cfg(ruby_gte_3_3)]
+fn watch_resumes(trigger: fn()) {
+    use std::sync::Once;
+    static ADDED: Once = Once::new();
+    ADDED.call_once(|| {
+        let _ = TRIGGER.set(trigger);
+        // SAFETY: called with the GVL held (from the postponed job); the
+        // callback is a static function that reads atomics and calls the
+        // trigger (async-signal-safe: no allocation, no Ruby call).
+        unsafe {
+            rb_sys::rb_internal_thread_add_event_hook(
+                Some(on_resumed),
+                rb_sys::RUBY_INTERNAL_THREAD_EVENT_RESUMED,
+                std::ptr::null_mut(),
+            );
+        }
+    });
+}
+
+#[cfg(not(ruby_gte_3_3))]
+fn watch_resumes(_trigger: fn()) {}
+
+/// A thread took the GVL: Ruby has made it the current one, so a trigger
+/// now flags the job on it (`get_valid_ec` in vm_trace.c). Runs on that
+/// thread inside Ruby's scheduler: atomics and the trigger only.
+#[cfg(ruby_gte_3_3)]
+unsafe extern "C" fn on_resumed(
+    _event: rb_sys::rb_event_flag_t,
+    _data: *const rb_sys::rb_internal_thread_event_data_t,
+    _user_data: *mut std::ffi::c_void,
+) {
+    if JOB_PENDING.load(Ordering::Acquire) && !STOP.load(Ordering::Relaxed) {
+        if let Some(trigger) = TRIGGER.get() {
+            trigger();
+        }
+    }
 }
 
 /// At exit (GVL held): stops the thread and waits for it (at most 200 ms),

@@ -374,7 +374,9 @@ impl Collector {
                     }
                     if window_flush.inuse_unwindowed_share > 0.0 {
                         missed.push_str(&format!(
-                            "; the block under way has not reached its window: {:.1}% of this                              interval's allocations ({:.1}% since start) are not counted yet, and                              its window's samples will stand for them (counted in the errors)",
+                            "; the block under way has not reached its window: {:.1}% of this \
+                             interval's allocations ({:.1}% since start) are not counted yet, and \
+                             its window's samples will stand for them (counted in the errors)",
                             window_flush.unwindowed_share * 100.0,
                             window_flush.inuse_unwindowed_share * 100.0
                         ));

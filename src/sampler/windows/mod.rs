@@ -33,7 +33,8 @@
 //! that is not sampled still costs one decrement. At a window's end the
 //! hook asks the job to switch it off, or stays on if the next window is
 //! near. A poll that comes after a window's start (a long C call that let
-//! no job run, or a busy machine that ran the timer thread late) arms
+//! no job run, a busy machine that ran the timer thread late, or a job
+//! Ruby flagged on a thread that then waited: ruby/window_timer.rs) arms
 //! late: the part of the window before it is missed, as is a whole window
 //! that ended before any poll came, and the lead grows while polls come
 //! late. Missed allocations are counted (`WindowFlush::missed`, and what
