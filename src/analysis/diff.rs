@@ -9,7 +9,9 @@ use std::fmt::Write;
 use super::decoded_profile::{DecodedProfile, FrameInfo};
 use super::display::{rank, shown};
 use super::grouping::{describe_site, PathShortener};
-use super::growth_test::{beyond_error, ends_apart, rises_steadily, standard_error, total_errors};
+use super::growth_test::{
+    beyond_error, ends_apart, never_falls, rises_steadily, standard_error, total_errors,
+};
 use super::top::class_label;
 use super::units::{format_percent, format_signed, format_value};
 use crate::analysis::InputMap;
@@ -504,6 +506,8 @@ fn verdict(
             row.label,
             if row.intervals_up() == steps {
                 format!("all {steps} intervals")
+            } else if never_falls(&row.values) {
+                format!("{} of {steps} intervals and fell in none", row.intervals_up())
             } else {
                 format!("{} of {steps} intervals, a steady trend", row.intervals_up())
             },
@@ -899,6 +903,40 @@ mod tests {
         // Fewer than two left: every profile is compared.
         let same = render_diff(&refs[..2], &options()).unwrap();
         assert!(!same.contains("Left out"), "{same}");
+    }
+
+    /// A server's leak between phases of requests: level in an interval
+    /// that had a GC but served none of what leaks, never down.
+    #[test]
+    fn a_leak_level_in_an_idle_interval_is_still_named() {
+        let profiles = [
+            as_of_gc(1_000, 5),
+            as_of_gc(2_000, 9),
+            as_of_gc(2_000, 10),
+            as_of_gc(3_000, 12),
+            as_of_gc(4_000, 15),
+        ];
+        let refs: Vec<&DecodedProfile> = profiles.iter().collect();
+        let text = render_diff(&refs, &options()).unwrap();
+        assert!(
+            text.contains(
+                "Verdict: likely leak: String#* in Cache#fetch at cache.rb:12 grew in 3 of 4 \
+                 intervals and fell in none"
+            ),
+            "{text}"
+        );
+        // Level more often than up: a cache that filled, not a leak.
+        let filled = [
+            as_of_gc(1_000, 5),
+            as_of_gc(2_000, 9),
+            as_of_gc(3_000, 10),
+            as_of_gc(3_000, 12),
+            as_of_gc(3_000, 15),
+            as_of_gc(3_000, 17),
+        ];
+        let refs: Vec<&DecodedProfile> = filled.iter().collect();
+        let text = render_diff(&refs, &options()).unwrap();
+        assert!(!text.contains("likely leak"), "{text}");
     }
 
     /// Sampled profiles of a leak: noisy, not up in every interval, but a

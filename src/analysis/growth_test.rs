@@ -72,15 +72,22 @@ pub fn ends_apart(values: &[i64], errors: &[f64]) -> bool {
     last - first > ERROR_BARS * first_error.hypot(last_error)
 }
 
-/// Whether `values` (oldest first) rise: in every interval, or, with
-/// enough of them, as a trend through noise (Mann-Kendall's test, which
-/// looks only at which of each pair is larger).
+/// Whether `values` (oldest first) rise: in every interval; or never
+/// falling and up in at least as many intervals as they stay level (a leak
+/// in a server stays level in an interval that served none of what leaks,
+/// where sampling noise would move a row both ways); or, with enough of
+/// them, as a trend through noise (Mann-Kendall's test, which looks only
+/// at which of each pair is larger).
 pub fn rises_steadily(values: &[i64]) -> bool {
     let n = values.len();
     if n < 2 {
         return false;
     }
-    if values.windows(2).all(|w| w[1] > w[0]) {
+    let ups = values.windows(2).filter(|w| w[1] > w[0]).count();
+    if ups == n - 1 {
+        return true;
+    }
+    if never_falls(values) && ups >= 2 && 2 * ups >= n - 1 {
         return true;
     }
     // Below 8 values the test cannot reach its threshold reliably.
@@ -110,6 +117,11 @@ pub fn rises_steadily(values: &[i64]) -> bool {
     z > TREND_Z
 }
 
+/// Whether no value of `values` is below the one before.
+pub fn never_falls(values: &[i64]) -> bool {
+    values.windows(2).all(|w| w[1] >= w[0])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -129,6 +141,13 @@ mod tests {
         assert!(rises_steadily(&[1, 2, 3]));
         assert!(!rises_steadily(&[1, 3, 2, 4]));
         assert!(!rises_steadily(&[5]));
+        // Level in the intervals that served none of it, never down.
+        assert!(rises_steadily(&[1, 2, 2, 3, 4, 5, 6]));
+        assert!(rises_steadily(&[1, 2, 2, 3, 3]));
+        // Up once, or level more often than up, or down once: not steady.
+        assert!(!rises_steadily(&[1, 1, 50]));
+        assert!(!rises_steadily(&[1, 2, 3, 3, 3, 3]));
+        assert!(!rises_steadily(&[1, 2, 3, 4, 3, 5]));
         // 100,000 profiles: thinned to 64 points, still a trend, and quick.
         let long: Vec<i64> = (0..100_000)
             .map(|i| i + noise[(i % 30) as usize] * 50)
