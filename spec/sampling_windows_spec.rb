@@ -450,6 +450,30 @@ RSpec.describe MemprofilerPprof::Collector, "sampling windows" do
     expect(out.strip).to eq("[true, \"true\", true]")
   end
 
+  # A job that a stopped collector ran asks for no next poll: the timer
+  # thread must then sleep, not trigger it again and again.
+  it "leaves its timer thread asleep once the collector is stopped" do
+    skip "needs /proc" unless File.directory?("/proc/self/task")
+    code = <<~'RUBY'
+      require "memprofiler_pprof_rs"
+      wakeups = lambda do
+        task = Dir["/proc/self/task/*"].find { |t| File.read("#{t}/comm").start_with?("memprofiler-win") }
+        File.read("#{task}/status")[/^voluntary_ctxt_switches:\s+(\d+)/, 1].to_i
+      end
+      collector = MemprofilerPprof::Collector.new(window_warm_up: 0).tap(&:start!)
+      t = Time.now
+      (Array.new(1_000) { |i| i.to_s }) while Time.now - t < 0.3
+      collector.stop!
+      sleep 0.3
+      before = wakeups.call
+      sleep 1
+      puts wakeups.call - before
+    RUBY
+    out, err, status = run_ruby(code)
+    expect(status.success?).to be(true), err
+    expect(Integer(out)).to be <= 3
+  end
+
   it "takes window_probability only while stopped, and names a bad one" do
     collector = described_class.new(window_probability: 0.5, window_warm_up: 0)
     expect(collector.window_probability).to eq(0.5)

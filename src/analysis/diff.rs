@@ -347,7 +347,8 @@ pub fn diff(profiles: &[&DecodedProfile], options: &DiffOptions) -> Result<Diff,
     // The verdict looks for a steady grower among every stack that grew,
     // not only those shown: it needs them before `section` ranks them. A
     // sampled profile's values are estimates: a row's growth must be a
-    // steady rise (in every interval, or a trend through the noise) and
+    // steady rise (in every interval, never down and up in most, or a
+    // trend through the noise) and
     // larger than its first and last values' error bars (growth_test.rs).
     let total_growth = totals[n - 1].saturating_sub(totals[0]);
     let errors = total_errors(profiles, &sample_type);
@@ -517,7 +518,7 @@ fn verdict(
             share(row)
         ),
         (None, Some(row)) => format!(
-            "Verdict: no big allocation site grew in every interval; the largest growth is {}, {} (up in {} of {steps} intervals).",
+            "Verdict: no big allocation site grew steadily; the largest growth is {}, {} (up in {} of {steps} intervals).",
             row.label,
             format_signed(row.growth(), unit),
             row.intervals_up()
@@ -1063,7 +1064,7 @@ mod tests {
         let text = render_diff(&refs, &options()).unwrap();
         assert!(
             text.contains(
-                "Verdict: no big allocation site grew in every interval; the largest growth is Big#leak"
+                "Verdict: no big allocation site grew steadily; the largest growth is Big#leak"
             ),
             "{text}"
         );

@@ -73,11 +73,12 @@ pub fn ends_apart(values: &[i64], errors: &[f64]) -> bool {
 }
 
 /// Whether `values` (oldest first) rise: in every interval; or never
-/// falling and up in at least as many intervals as they stay level (a leak
-/// in a server stays level in an interval that served none of what leaks,
-/// where sampling noise would move a row both ways); or, with enough of
-/// them, as a trend through noise (Mann-Kendall's test, which looks only
-/// at which of each pair is larger).
+/// falling and up in at least three intervals and in more than half (a
+/// leak in a server stays level in an interval that served none of what
+/// leaks, where sampling noise would move a row both ways, and a cache
+/// that filled stays level from then on); or, with enough of them, as a
+/// trend through noise (Mann-Kendall's test, which looks only at which of
+/// each pair is larger).
 pub fn rises_steadily(values: &[i64]) -> bool {
     let n = values.len();
     if n < 2 {
@@ -87,7 +88,7 @@ pub fn rises_steadily(values: &[i64]) -> bool {
     if ups == n - 1 {
         return true;
     }
-    if never_falls(values) && ups >= 2 && 2 * ups >= n - 1 {
+    if never_falls(values) && ups >= 3 && 2 * ups > n - 1 {
         return true;
     }
     // Below 8 values the test cannot reach its threshold reliably.
@@ -143,10 +144,13 @@ mod tests {
         assert!(!rises_steadily(&[5]));
         // Level in the intervals that served none of it, never down.
         assert!(rises_steadily(&[1, 2, 2, 3, 4, 5, 6]));
-        assert!(rises_steadily(&[1, 2, 2, 3, 3]));
-        // Up once, or level more often than up, or down once: not steady.
+        assert!(rises_steadily(&[1, 2, 3, 3, 4]));
+        // Up in fewer than three, or in half or less (a cache that filled),
+        // or down once: not steady.
         assert!(!rises_steadily(&[1, 1, 50]));
-        assert!(!rises_steadily(&[1, 2, 3, 3, 3, 3]));
+        assert!(!rises_steadily(&[1, 2, 3, 3]));
+        assert!(!rises_steadily(&[1, 2, 3, 3, 3]));
+        assert!(!rises_steadily(&[1, 2, 3, 4, 4, 4, 4]));
         assert!(!rises_steadily(&[1, 2, 3, 4, 3, 5]));
         // 100,000 profiles: thinned to 64 points, still a trend, and quick.
         let long: Vec<i64> = (0..100_000)

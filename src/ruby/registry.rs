@@ -96,6 +96,7 @@ pub fn request_measurement() {
 unsafe extern "C" fn measure_pending_job(_data: *mut c_void) {
     // A panic must not unwind into Ruby; nothing useful can be reported from
     // here, so it is counted by the collector that caused it.
+    window_timer::job_ran();
     let _ = catch_unwind(AssertUnwindSafe(|| {
         for_each(|collector| collector.measure_pending());
     }));
@@ -162,6 +163,7 @@ mod postponed {
 
 /// Pauses allocation sampling on every collector (see `Collector::pause_for_ractors`).
 pub fn pause_all_for_ractors() {
+    window_timer::ractors_started();
     for_each(|collector| collector.pause_for_ractors());
 }
 

@@ -49,6 +49,10 @@ const RECENTLY_RAN_NS: u64 = 100_000_000;
 
 /// When (monotonic ns) the job last ran.
 static LAST_RAN: AtomicU64 = AtomicU64::new(0);
+/// A Ractor was created: threads that take the GVL may belong to it, and
+/// must not run the job (see `on_resumed`).
+#[cfg(ruby_gte_3_3)]
+static RACTORS: AtomicBool = AtomicBool::new(false);
 /// The trigger the thread calls (for `on_resumed`).
 #[cfg(ruby_gte_3_3)]
 static TRIGGER: OnceLock<fn()> = OnceLock::new();
@@ -78,6 +82,19 @@ fn wake() {
         // gone (a forked child's copy) does nothing.
         unsafe { (*thread).unpark() };
     }
+}
+
+/// From the postponed job (GVL held), first: it ran, whatever it does next
+/// (a stopped or paused collector asks for no next poll).
+pub fn job_ran() {
+    JOB_PENDING.store(false, Ordering::Release);
+}
+
+/// Before the process creates its first Ractor: from then on only the
+/// timer thread triggers the job.
+pub fn ractors_started() {
+    #[cfg(ruby_gte_3_3)]
+    RACTORS.store(true, Ordering::Release);
 }
 
 /// From the postponed job (GVL held): the job ran; call `trigger` (which
@@ -163,7 +180,9 @@ fn run(trigger: fn()) {
             // job: it is woken less and less often). On Ruby 3.3 and later
             // a thread that takes the GVL also triggers it (`on_resumed`).
             if now >= retrigger_at {
-                trigger();
+                if !STOP.load(Ordering::Acquire) {
+                    trigger();
+                }
                 retrigger_wait = (retrigger_wait * 2).min(longest_retrigger_wait(now));
                 retrigger_at = now.saturating_add(retrigger_wait);
             }
@@ -238,7 +257,12 @@ unsafe extern "C" fn on_resumed(
     _data: *const rb_sys::rb_internal_thread_event_data_t,
     _user_data: *mut std::ffi::c_void,
 ) {
-    if JOB_PENDING.load(Ordering::Acquire) && !STOP.load(Ordering::Relaxed) {
+    // (A thread of another Ractor would run the job beside the main
+    // Ractor's, outside its GVL.)
+    if JOB_PENDING.load(Ordering::Acquire)
+        && !STOP.load(Ordering::Relaxed)
+        && !RACTORS.load(Ordering::Acquire)
+    {
         if let Some(trigger) = TRIGGER.get() {
             trigger();
         }
