@@ -7,8 +7,9 @@ require_relative "report"
 require_relative "configs"
 
 # (4) puma serving bench/lib/puma_app.ru on loopback, loaded by wrk; each
-# configuration in a fresh puma process. Prints requests/s and p50/p99
-# latency (medians over runs) and their ratios to "no profiler".
+# configuration in a fresh puma process. Prints requests/s, p50/p99
+# latency and the server's CPU time per request (medians over runs) and
+# their ratios to "no profiler".
 module PumaBench
   SECONDS = Integer(ENV.fetch("BENCH_PUMA_SECONDS", "5"))
   THREADS = 4
@@ -40,7 +41,11 @@ module PumaBench
     BenchReport.alternate(configs, runs) { |config| measure(config, rackup, path, connections) }
   end
 
-  # Requests/s, p50 and p99 per configuration, and their ratios to "no profiler".
+  # Requests/s, p50 and p99 per configuration, and their ratios to "no
+  # profiler"; and the server's CPU time per request (every thread of the
+  # puma process: the app's, the flusher's, the windows' timer), which a
+  # saturated server's capacity follows, and which wrk's share of the two
+  # cores moves less than it moves throughput.
   def report(results, configs)
     base = summarize(results["no profiler"])
     rows = configs.map do |config|
@@ -48,9 +53,13 @@ module PumaBench
       shares = results[config].filter_map { |r| r[:window_share] }
       [config, format(s[:rps] < 10 ? "%.1f" : "%.0f", s[:rps]), BenchReport.ratio(s[:rps], base[:rps]),
        format("%.2f ms", s[:p50] * 1000), format("%.2f ms", s[:p99] * 1000), BenchReport.ratio(s[:p99], base[:p99]),
+       format("%.2f ms", s[:cpu] * 1000), BenchReport.ratio(s[:cpu], base[:cpu]),
        shares.empty? ? "" : format("%.2f", BenchReport.median(shares))]
     end
-    BenchReport.table(["configuration", "requests/s", "vs none", "p50", "p99", "p99 vs none", "sampled share"], rows)
+    BenchReport.table(["configuration", "requests/s", "vs none", "p50", "p99", "p99 vs none", "CPU/request",
+                       "CPU vs none", "sampled share"], rows)
+    puts "(CPU/request: the puma process's user and system time over the requests wrk completed, " \
+         "median over the runs)"
     return unless rows.any? { |row| row.last != "" }
 
     puts "(sampled share: with sampling windows, the share of allocations made while the hook was on, from the " \
@@ -58,7 +67,7 @@ module PumaBench
   end
 
   def summarize(list)
-    %i[rps p50 p99].to_h { |key| [key, BenchReport.median(list.map { |r| r[key] })] }
+    %i[rps p50 p99 cpu].to_h { |key| [key, BenchReport.median(list.map { |r| r[key] })] }
   end
 
   def puma_version
@@ -68,13 +77,15 @@ module PumaBench
   WARM_UP_SECONDS = 2
 
   def measure(config, rackup = "puma_app.ru", path = "/?page=3", connections = CONNECTIONS)
-    serve(config, rackup) do |base_url, dir|
+    serve(config, rackup) do |base_url, dir, pid|
       # Warm up: inline caches, and the collector's own warm-up (every
       # allocation hooked for its first 250,000: a fraction of the
       # Rails-depth app's first second), so that the run measures a server's
       # steady state.
       wrk(base_url + path, WARM_UP_SECONDS, connections)
+      cpu_before = cpu_seconds(pid)
       result = wrk(base_url + path, SECONDS, connections)
+      result[:cpu] = (cpu_seconds(pid) - cpu_before) / result.delete(:requests)
       share = window_share(dir)
       share ? result.merge(window_share: share) : result
     end
@@ -104,7 +115,7 @@ module PumaBench
                           "-b", "tcp://127.0.0.1:#{port}", app, out: File::NULL, err: File.join(dir, "puma.log"))
       begin
         wait_for(port, pid, dir)
-        yield "http://127.0.0.1:#{port}", dir
+        yield "http://127.0.0.1:#{port}", dir, pid
       ensure
         Process.kill("TERM", pid)
         Process.wait(pid)
@@ -116,7 +127,19 @@ module PumaBench
     out = `wrk -t2 -c#{connections} -d#{seconds}s --timeout #{TIMEOUT_SECONDS}s --latency #{url}`
     raise "wrk failed:\n#{out}" unless Process.last_status.success? && out =~ %r{Requests/sec:\s+([\d.]+)}
 
-    { rps: Regexp.last_match(1).to_f, p50: latency(out, "50%"), p99: latency(out, "99%") }
+    rps = Regexp.last_match(1).to_f
+    requests = out[/(\d+) requests in/, 1].to_i
+    raise "wrk completed no request:\n#{out}" unless requests.positive?
+
+    { rps: rps, p50: latency(out, "50%"), p99: latency(out, "99%"), requests: requests }
+  end
+
+  CLOCK_TICKS = Integer(`getconf CLK_TCK 2>/dev/null`.strip.then { |t| t.empty? ? "100" : t })
+
+  # User and system time of process `pid` so far (its threads included).
+  def cpu_seconds(pid)
+    fields = File.read("/proc/#{pid}/stat").split(") ", 2).last.split
+    (Integer(fields[11]) + Integer(fields[12])).fdiv(CLOCK_TICKS)
   end
 
   def latency(out, percentile)
