@@ -246,7 +246,9 @@ RSpec.describe "memprofiler_pprof_rs executable" do
       out, _err, status = cli("top", "real-2.pprof", "-n", "6", "--cum")
       expect(status).to eq(0)
       row = out.lines.grep(/  LeakySpecCache#remember$/).first
-      expect(row.split[-2].to_f).to be > 90, out # cum%: nearly all that is alive
+      cum_percent = row.split.grep(/\A[\d.]+%\z/).last # (the ± columns begin with ±)
+      expect(cum_percent.to_f).to be > 90, out # cum%: nearly all that is alive
+      expect(row).to match(/ ±\d+%  LeakySpecCache#remember$/), out # how sure, from the profile
       out, _err, status = cli("top", "real-2.pprof", "--by", "line", "-n", "1")
       expect(status).to eq(0)
       expect(out.lines.last).to end_with("String#* -e:4\n") # the line in #remember

@@ -21,13 +21,17 @@ require "json"
 require "memprofiler_pprof_rs"
 
 module TruthWorkload
-  # Allocations per request, by site: shares of 1,000.
+  # TRUTH_REQUEST_SCALE=K makes each request K times longer: every site
+  # allocates K times as many in one run (the leak and the ring do not
+  # scale), so a site's allocations come in runs longer than a window.
+  REQUEST_SCALE = Integer(ENV.fetch("TRUTH_REQUEST_SCALE", "1"))
+  # Allocations per request, by site: shares of 1,000 (times the scale).
   PER_REQUEST = {
     "site50" => 500, "site20" => 200, "site10" => 100, "site5" => 50,
     "site1" => 10, "site01" => 1, "other" => 120
-  }.freeze
+  }.transform_values { |n| n * REQUEST_SCALE }.freeze
   # Every 100th request, this many more: 0.1% of allocations, in bursts.
-  BURST = 100
+  BURST = 100 * REQUEST_SCALE
   BURST_EVERY = 100
   # Medium-lived objects: each request puts RING_PER_REQUEST in a ring of
   # RING_SIZE, so each lives RING_SIZE / RING_PER_REQUEST requests.
@@ -35,7 +39,7 @@ module TruthWorkload
   RING_PER_REQUEST = 18
   # Work between allocations that allocates nothing (integer arithmetic), so
   # that allocation is about half of a request's time, not all of it.
-  WORK = 2_000
+  WORK = 2_000 * REQUEST_SCALE
   # Kept from boot.
   BOOT_STRINGS = 200_000
   ALLOCATIONS_PER_REQUEST = PER_REQUEST.values.sum + 1 + RING_PER_REQUEST # + leak

@@ -16,6 +16,8 @@ use super::top::class_label;
 use super::units::{format_percent, format_signed, format_value};
 use crate::analysis::InputMap;
 use crate::fast_hash::FastHashMap;
+use crate::pprof::function_errors::parse_function_errors;
+use crate::pprof::heap_profile::SAMPLE_TYPES;
 use crate::pprof::inuse_comment::settled_gc;
 use crate::pprof::process_comment::processes_named;
 
@@ -357,13 +359,54 @@ pub fn diff(profiles: &[&DecodedProfile], options: &DiffOptions) -> Result<Diff,
             .map(|at| standard_error(values[at], totals[at], errors[at]))
             .collect()
     };
+    // Where the profiles give their leading functions' errors, a stack's
+    // is at least that of the most uncertain function on it (the least
+    // sampled part it belongs to): windows that met a function's runs
+    // rarely make every stack through it uncertain, which the total's
+    // error over the row's share does not tell.
+    let function_errors: Vec<_> = profiles
+        .iter()
+        .map(|profile| parse_function_errors(&profile.comments()))
+        .collect();
+    let type_index = SAMPLE_TYPES
+        .iter()
+        .position(|(name, _)| *name == sample_type);
+    let stack_errors = |row: &Tally| -> Vec<f64> {
+        let mut errors = errors_of(&row.values);
+        let Some(type_index) = type_index else {
+            return errors;
+        };
+        if function_errors.iter().all(|errors| errors.is_empty()) {
+            return errors;
+        }
+        let (p, s) = row.seen_at;
+        let names: Vec<&str> = profiles[p]
+            .stack(s)
+            .map(|frame| profiles[p].string(frame.name))
+            .collect();
+        for (at, error) in errors.iter_mut().enumerate() {
+            let mut relative = 0.0f64;
+            for (depth, name) in names.iter().enumerate() {
+                let Some(function) = function_errors[at].get(*name) else {
+                    continue;
+                };
+                let [flat, cum] = function[type_index];
+                relative = relative.max(cum.unwrap_or(0.0));
+                if depth == 0 {
+                    relative = relative.max(flat.unwrap_or(0.0));
+                }
+            }
+            *error = error.max(relative * row.values[at] as f64);
+        }
+        errors
+    };
     let steady: Vec<Tally> = stacks
         .rows
         .values()
         .filter(|row| {
             row.growth() > 0
                 && row.growth() as f64 >= MIN_LEAK_SHARE * total_growth as f64
-                && ends_apart(&row.values, &errors_of(&row.values))
+                && ends_apart(&row.values, &stack_errors(row))
                 && rises_steadily(&row.values)
         })
         .map(|row| Tally {
@@ -981,6 +1024,41 @@ mod tests {
             "{}",
             exact.verdict
         );
+    }
+
+    /// A stack through a function the profiles call uncertain (windows
+    /// met its runs rarely) does not read as a leak on growth within that
+    /// error, however sure the totals are.
+    #[test]
+    fn a_function_the_profiles_call_uncertain_is_not_named_a_leak() {
+        let series = |function_rse: Option<f64>| -> Vec<DecodedProfile> {
+            (0..4)
+                .map(|i| {
+                    let mut raw = sampled(2_000 + 300 * i, 5_000, 0.02).raw.clone();
+                    if let Some(rse) = function_rse {
+                        raw.string_table.push(format!(
+                            "relative standard error of a function, flat and cum (%): alloc_objects - - alloc_space - - inuse_objects - - inuse_space - {:.1} in Cache#fetch",
+                            100.0 * rse
+                        ));
+                        raw.comment.push(raw.string_table.len() as i64 - 1);
+                    }
+                    DecodedProfile::from_raw(raw).unwrap()
+                })
+                .collect()
+        };
+        let verdict = |profiles: &[DecodedProfile]| {
+            let refs: Vec<&DecodedProfile> = profiles.iter().collect();
+            diff(&refs, &DiffOptions::default()).unwrap().verdict
+        };
+        let sure = verdict(&series(None));
+        assert!(
+            sure.starts_with("Verdict: likely leak: String#* in Cache#fetch"),
+            "{sure}"
+        );
+        let also_sure = verdict(&series(Some(0.02)));
+        assert!(also_sure.starts_with("Verdict: likely leak"), "{also_sure}");
+        let unsure = verdict(&series(Some(0.6)));
+        assert!(!unsure.contains("likely leak"), "{unsure}");
     }
 
     fn options() -> DiffOptions {

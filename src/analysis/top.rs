@@ -8,6 +8,9 @@ use super::display::{rank, shown};
 use super::grouping::{frame_label, FrameGroups, GroupBy, PathShortener};
 use super::units::{format_duration, format_percent, format_time_utc, format_value};
 use crate::analysis::InputSet;
+use crate::fast_hash::FastHashMap;
+use crate::pprof::function_errors::{parse_function_errors, FunctionErrors};
+use crate::pprof::heap_profile::SAMPLE_TYPES;
 use crate::pprof::spread_comment::spread_line;
 
 #[derive(Debug, Clone)]
@@ -318,9 +321,22 @@ pub fn render_top(profile: &DecodedProfile, options: &TopOptions) -> Result<Stri
         .unwrap_or(0)
         .max(4);
     let per_frame = options.by.is_per_frame();
+    let errors = row_errors(profile, options, &table.sample_type);
+    if errors.is_some() {
+        let _ = writeln!(
+            out,
+            "±: the row's relative standard error, as the profile gives it for its leading functions"
+        );
+    }
     let _ = write!(out, "{:>width$} {:>6} {:>6}", "flat", "flat%", "sum%");
+    if errors.is_some() {
+        let _ = write!(out, " {:>6}", "±");
+    }
     if per_frame {
         let _ = write!(out, " {:>width$} {:>6}", "cum", "cum%");
+        if errors.is_some() {
+            let _ = write!(out, " {:>6}", "±");
+        }
     }
     out.push('\n');
     let mut sum = 0i64;
@@ -332,12 +348,47 @@ pub fn render_top(profile: &DecodedProfile, options: &TopOptions) -> Result<Stri
             format_percent(row.flat, whole),
             format_percent(sum, whole)
         );
+        let row_error = |which: usize, value: i64| -> String {
+            errors
+                .as_ref()
+                .and_then(|(by_name, index)| by_name.get(&row.label)?[*index][which])
+                .filter(|_| value > 0)
+                .map(|rse| format!("±{:.0}%", 100.0 * rse))
+                .unwrap_or_default()
+        };
+        if errors.is_some() {
+            let _ = write!(out, " {:>6}", row_error(0, row.flat));
+        }
         if per_frame {
             let _ = write!(out, " {cum:>width$} {:>6}", format_percent(row.cum, whole));
+            if errors.is_some() {
+                let _ = write!(out, " {:>6}", row_error(1, row.cum));
+            }
         }
         let _ = writeln!(out, "  {}", row.label);
     }
     Ok(out)
+}
+
+/// The functions' errors the profile gives, by row label, and the value
+/// type's index among them: only for rows by function over every sample
+/// (a focus or another grouping makes other rows).
+fn row_errors(
+    profile: &DecodedProfile,
+    options: &TopOptions,
+    sample_type: &str,
+) -> Option<(FastHashMap<String, FunctionErrors>, usize)> {
+    if options.by != GroupBy::Function || options.focus.is_some() {
+        return None;
+    }
+    let index = SAMPLE_TYPES
+        .iter()
+        .position(|(name, _)| *name == sample_type)?;
+    let errors: FastHashMap<String, FunctionErrors> = parse_function_errors(&profile.comments())
+        .into_iter()
+        .map(|(name, errors)| (shown(&name).into_owned(), errors))
+        .collect();
+    (!errors.is_empty()).then_some((errors, index))
 }
 
 #[cfg(test)]
@@ -437,6 +488,44 @@ mod tests {
         assert_eq!(lines.rows[0].label, "String#* a.rb:3");
         let files = top_table(&profile, &options(GroupBy::File, "alloc_space")).unwrap();
         assert_eq!(files.rows[1].label, "rack-2.2.0/lib/rack/utils.rb");
+    }
+
+    /// Rows by function show the errors the profile gives for them; other
+    /// groupings and a focus make other rows, and show none.
+    #[test]
+    fn rows_by_function_show_the_profiles_errors() {
+        let mut raw = leaky().raw;
+        let comment = "relative standard error of a function, flat and cum (%): alloc_objects - - alloc_space 5.0 25.0 inuse_objects - - inuse_space - - in A#render";
+        raw.string_table.push(comment.to_string());
+        raw.comment.push(raw.string_table.len() as i64 - 1);
+        let profile = DecodedProfile::from_raw(raw).unwrap();
+        let text = render_top(&profile, &options(GroupBy::Function, "alloc_space")).unwrap();
+        let row = |name: &str| {
+            text.lines()
+                .find(|l| l.ends_with(&format!("  {name}")))
+                .unwrap_or_else(|| panic!("{name} in {text}"))
+                .to_string()
+        };
+        // A#render has no flat value: only its cum error shows.
+        assert!(
+            row("A#render").contains("100.0%        3.81 MB  87.0%   ±25%"),
+            "{text}"
+        );
+        assert!(!row("String#*").contains('±'), "{text}");
+        assert!(
+            text.contains("±: the row's relative standard error"),
+            "{text}"
+        );
+        let lines = render_top(&profile, &options(GroupBy::Line, "alloc_space")).unwrap();
+        assert!(!lines.contains('±'), "{lines}");
+        let inuse = render_top(&profile, &options(GroupBy::Function, "inuse_space")).unwrap();
+        assert!(inuse.contains("±: the row's"), "{inuse}");
+        assert!(
+            !inuse
+                .lines()
+                .any(|l| l.ends_with("A#render") && l.contains("±2")),
+            "{inuse}"
+        );
     }
 
     #[test]

@@ -17,8 +17,10 @@ use crate::sampler::types::{ClassRef, FrameRef, TRUNCATION_FRAME};
 type SampleKey = (StackId, ClassRef, Option<u32>, LabelSetId);
 /// A merged sample: its key and the sums of its four values.
 type MergedSample = (SampleKey, [f64; 4]);
+use super::function_errors::function_error_comments;
 use super::gzip::{gzip_bytes, GzipStream};
 use super::string_table::StringTable;
+use crate::sampler::spread::{keyed_spreads, widen_for_unobserved, Spread, UnseenWeights};
 
 pub use crate::sampler::stack_table::FrameInfo;
 
@@ -45,6 +47,19 @@ pub struct ProfileMeta {
     /// Names the label sets samples carry (kept whatever `sample_labels`
     /// says: the app set them on purpose, and their number is bounded).
     pub label_names: LabelNames,
+    /// If set, the leading functions' errors go in comments
+    /// (pprof/function_errors.rs), estimated with these.
+    pub function_spreads: Option<FunctionSpreadInputs>,
+}
+
+/// What the functions' errors are estimated with besides the samples.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct FunctionSpreadInputs {
+    pub unseen: UnseenWeights,
+    /// Shares of allocations (this interval's; for in-use, since start)
+    /// no window looked at (sampler::spread::widen_for_unobserved).
+    pub allocations_unobserved: f64,
+    pub inuse_unobserved: f64,
 }
 
 /// The frame of the sample that stands for allocations windows missed.
@@ -310,11 +325,15 @@ impl<'a> ProfileBuilder<'a> {
         } else {
             (0, 0, 0)
         };
+        let mut function_keys = FunctionKeys::default();
         for &((stack, class, gc_age, labels), sums) in samples {
             let Some(frames) = snapshot.stacks.get(&stack) else {
                 continue;
             };
             let mut location_id = self.stack_locations(frames);
+            if meta.function_spreads.is_some() {
+                function_keys.add_stack(stack, &location_id, &self.profile, &self.strings);
+            }
             let class_name = self
                 .classes
                 .get(&class)
@@ -426,6 +445,10 @@ impl<'a> ProfileBuilder<'a> {
             meta.sample_rate, self.profile.period
         )];
         comments.extend(meta.comments.iter().cloned());
+        if let Some(inputs) = meta.function_spreads {
+            let class_leaf = meta.sample_labels == SampleLabels::ClassFrame;
+            comments.extend(function_keys.comments(snapshot, self.classes, class_leaf, inputs));
+        }
         if self.folded > 0 {
             let limits: Vec<String> = [
                 meta.max_raw_bytes.map(|max| format!("{max} bytes")),
@@ -447,6 +470,114 @@ impl<'a> ProfileBuilder<'a> {
         self.profile.default_sample_type = self.strings.intern("inuse_space");
         self.profile.string_table = self.strings.into_strings();
         self.profile
+    }
+}
+
+/// Each emitted stack's functions as dense keys (by name, as `top`
+/// groups them), for the functions' errors.
+#[derive(Default)]
+struct FunctionKeys {
+    names: Vec<String>,
+    key_of_name: FastHashMap<String, u32>,
+    /// Per stack: its leaf function's key, then every function's once.
+    stacks: FastHashMap<StackId, (u32, Vec<u32>)>,
+}
+
+impl FunctionKeys {
+    fn key(&mut self, name: &str) -> u32 {
+        if let Some(&key) = self.key_of_name.get(name) {
+            return key;
+        }
+        let key = self.names.len() as u32;
+        self.names.push(name.to_string());
+        self.key_of_name.insert(name.to_string(), key);
+        key
+    }
+
+    fn add_stack(
+        &mut self,
+        stack: StackId,
+        location_ids: &[u64],
+        profile: &pprof::Profile,
+        strings: &StringTable,
+    ) {
+        if self.stacks.contains_key(&stack) {
+            return;
+        }
+        let mut keys: Vec<u32> = Vec::with_capacity(location_ids.len());
+        for &id in location_ids {
+            let name = profile
+                .location
+                .get((id as usize).wrapping_sub(1))
+                .and_then(|location| location.line.first())
+                .and_then(|line| {
+                    profile
+                        .function
+                        .get((line.function_id as usize).wrapping_sub(1))
+                })
+                .and_then(|function| strings.get(function.name))
+                .unwrap_or("");
+            keys.push(self.key(name));
+        }
+        let Some(&leaf) = keys.first() else {
+            return;
+        };
+        let mut distinct = keys;
+        distinct.sort_unstable();
+        distinct.dedup();
+        self.stacks.insert(stack, (leaf, distinct));
+    }
+
+    /// The comments, over the samples of the stacks emitted (those folded
+    /// into "(other)" whole are left out, as their rows are); with
+    /// `class_leaf`, each sample's class is its leaf frame.
+    fn comments(
+        mut self,
+        snapshot: &FlushSnapshot,
+        classes: &FastHashMap<ClassRef, String>,
+        class_leaf: bool,
+        inputs: FunctionSpreadInputs,
+    ) -> Vec<String> {
+        let mut class_keys: FastHashMap<ClassRef, u32> = FastHashMap::default();
+        if class_leaf {
+            for sample in &snapshot.samples {
+                if let std::collections::hash_map::Entry::Vacant(entry) =
+                    class_keys.entry(sample.class)
+                {
+                    let name = classes
+                        .get(&sample.class)
+                        .map(String::as_str)
+                        .unwrap_or("(unknown class)");
+                    entry.insert(self.key(name));
+                }
+            }
+        }
+        let count = self.names.len();
+        let stacks = &self.stacks;
+        let flat = keyed_spreads(&snapshot.samples, inputs.unseen, count, |sample, keys| {
+            if let Some((leaf, _)) = stacks.get(&sample.stack) {
+                keys.push(class_keys.get(&sample.class).copied().unwrap_or(*leaf));
+            }
+        });
+        let cum = keyed_spreads(&snapshot.samples, inputs.unseen, count, |sample, keys| {
+            if let Some((_, all)) = stacks.get(&sample.stack) {
+                keys.extend_from_slice(all);
+                if let Some(&class) = class_keys.get(&sample.class) {
+                    if !all.contains(&class) {
+                        keys.push(class);
+                    }
+                }
+            }
+        });
+        let widen = |mut spreads: Vec<[Spread; 4]>| {
+            for key_spreads in &mut spreads {
+                let (allocated, inuse) = key_spreads.split_at_mut(2);
+                widen_for_unobserved(allocated, inputs.allocations_unobserved);
+                widen_for_unobserved(inuse, inputs.inuse_unobserved);
+            }
+            spreads
+        };
+        function_error_comments(&self.names, &widen(flat), &widen(cum))
     }
 }
 
@@ -805,6 +936,7 @@ mod tests {
             sample_labels: SampleLabels::Keep,
             missed: None,
             label_names: LabelNames::default(),
+            function_spreads: None,
         }
     }
 
@@ -846,6 +978,49 @@ mod tests {
             ..meta()
         };
         build_profile(&snapshot, &frames, &classes, &meta)
+    }
+
+    /// The leading functions' errors, by the names `top` shows: the leaf
+    /// (or, with the class as a frame, the class) flat, every function cum.
+    #[test]
+    fn functions_errors_name_the_rows_top_shows() {
+        use crate::pprof::function_errors::parse_function_errors;
+        for (sample_labels, flat_leaf) in [
+            (SampleLabels::Keep, "Foo#bar"),
+            (SampleLabels::ClassFrame, "String"),
+        ] {
+            let (snapshot, frames, classes) = two_classes();
+            let with_errors = ProfileMeta {
+                sample_labels,
+                function_spreads: Some(FunctionSpreadInputs::default()),
+                ..meta()
+            };
+            let profile = build_profile(&snapshot, &frames, &classes, &with_errors);
+            let comments: Vec<String> = profile
+                .comment
+                .iter()
+                .map(|&i| string(&profile, i).to_string())
+                .collect();
+            let errors = parse_function_errors(&comments);
+            // Sampled at rate 1: exact.
+            assert_eq!(errors[flat_leaf][0], [Some(0.0), Some(0.0)], "{comments:?}");
+            assert_eq!(errors["<main>"][0], [None, Some(0.0)]);
+            assert_eq!(errors["<main>"][3][1], Some(0.0));
+            if sample_labels == SampleLabels::ClassFrame {
+                assert_eq!(errors["Foo#bar"][0], [None, Some(0.0)]);
+                assert!(errors.contains_key("Array"));
+            }
+            let without = build_profile(
+                &snapshot,
+                &frames,
+                &classes,
+                &ProfileMeta {
+                    sample_labels,
+                    ..meta()
+                },
+            );
+            assert_eq!(without.comment.len() + errors.len(), profile.comment.len());
+        }
     }
 
     /// (stack as function names, values, label count) of each sample.

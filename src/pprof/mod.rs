@@ -2,6 +2,7 @@
 //! proto/profile.proto), the string table, gzip, and the heap profile a
 //! flush becomes (`heap_profile`).
 
+pub mod function_errors;
 pub mod gzip;
 pub mod heap_profile;
 pub mod inuse_comment;

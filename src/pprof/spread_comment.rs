@@ -8,7 +8,9 @@
 use crate::sampler::spread::Spread;
 
 const PREFIX: &str = "relative standard error of each total: ";
-const NAMES: [&str; 4] = [
+/// The four values' names, in the profile's order (heap_profile's
+/// SAMPLE_TYPES).
+pub const VALUE_NAMES: [&str; 4] = [
     "alloc_objects",
     "alloc_space",
     "inuse_objects",
@@ -66,7 +68,7 @@ pub fn total_spreads(spreads: &[Spread; 4], nothing_hooked: bool) -> [TotalSprea
 
 /// The comment for a flush's four totals.
 pub fn format_spread_comment(totals: &[TotalSpread; 4]) -> String {
-    let parts: Vec<String> = NAMES
+    let parts: Vec<String> = VALUE_NAMES
         .iter()
         .zip(totals)
         .map(|(name, &total)| format!("{name} {}", describe(total)))

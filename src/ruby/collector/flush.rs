@@ -12,7 +12,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rb_sys::VALUE;
 
-use crate::pprof::heap_profile::{build_profile_gzipped, ProfileMeta, SampleLabels, MISSED_FRAME};
+use crate::pprof::heap_profile::{
+    build_profile_gzipped, FunctionSpreadInputs, ProfileMeta, SampleLabels, MISSED_FRAME,
+};
 use crate::pprof::inuse_comment::format_inuse_comment;
 use crate::pprof::spread_comment::{format_spread_comment, total_spreads, TotalSpread};
 use crate::ruby::classes::resolve_classes;
@@ -325,6 +327,12 @@ impl Collector {
         let serialization_began = Instant::now();
         let meta = ProfileMeta {
             label_names: labels::names(),
+            function_spreads: Some(FunctionSpreadInputs {
+                unseen,
+                allocations_unobserved: window_flush.unwindowed_share,
+                inuse_unobserved: window_flush.inuse_missed_share
+                    + window_flush.inuse_unwindowed_share,
+            }),
             time_nanos: unix_nanos(finished_at),
             duration_nanos: finished_at
                 .duration_since(started_at)
