@@ -15,6 +15,7 @@ use prost::Message;
 use crate::analysis::{InputMap, InputSet};
 use crate::heap_size::{block_bytes, map_bytes, map_growth, vec_bytes, vec_growth, BLOCK_OVERHEAD};
 use crate::pprof;
+use crate::pprof::function_errors::is_function_error_comment;
 use crate::pprof::string_table::StringTable;
 
 use super::decoded_profile::{DecodedProfile, ViewError};
@@ -497,6 +498,11 @@ impl Merger {
         }
 
         for comment in profile.comments() {
+            // A function's error is its own profile's: the merged rows
+            // sum several, and no one's error is theirs.
+            if is_function_error_comment(comment) {
+                continue;
+            }
             if self.seen_comments.insert(comment.to_string()) {
                 self.heap_bytes += 2 * block_bytes(comment.len());
                 self.comments.push(comment.to_string());
@@ -892,6 +898,28 @@ mod tests {
             "A#x, A#run, A#y, B#z once each"
         );
         assert!(merged.comments()[0].contains("2 profiles"));
+    }
+
+    /// A function's error describes its own profile's row: merged rows sum
+    /// several, so merging drops them (and keeps other comments).
+    #[test]
+    fn merging_drops_the_functions_errors() {
+        let with_comments = |comments: &[&str]| {
+            let mut raw = profile_from(TYPES, &[(&[("A#x", "a.rb", 1)], &[10, 1], None)]);
+            for comment in comments {
+                raw.string_table.push(comment.to_string());
+                raw.comment.push(raw.string_table.len() as i64 - 1);
+            }
+            DecodedProfile::from_raw(raw).unwrap()
+        };
+        let line = "relative standard error of a function, flat and cum (%): alloc_objects - - alloc_space 5.0 5.0 inuse_objects - - inuse_space 9.0 9.0 in A#x";
+        let a = with_comments(&[line, "process: a"]);
+        let b = with_comments(&["relative standard error of a function: not worked out (more than 100000 distinct stacks)"]);
+        let merged = DecodedProfile::from_raw(merge(&[&a, &b]).unwrap()).unwrap();
+        assert_eq!(
+            merged.comments(),
+            ["memprofiler_pprof_rs merge: 2 profiles", "process: a"]
+        );
     }
 
     #[test]

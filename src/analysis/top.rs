@@ -384,10 +384,19 @@ fn row_errors(
     let index = SAMPLE_TYPES
         .iter()
         .position(|(name, _)| *name == sample_type)?;
-    let errors: FastHashMap<String, FunctionErrors> = parse_function_errors(&profile.comments())
-        .into_iter()
-        .map(|(name, errors)| (shown(&name).into_owned(), errors))
-        .collect();
+    // By the label a row shows: names cut short alike are one label, and
+    // which one's error it is cannot be told.
+    let mut errors: FastHashMap<String, FunctionErrors> = FastHashMap::default();
+    let mut ambiguous = Vec::new();
+    for (name, function) in parse_function_errors(&profile.comments()) {
+        let label = shown(&name).into_owned();
+        if errors.insert(label.clone(), function).is_some() {
+            ambiguous.push(label);
+        }
+    }
+    for label in ambiguous {
+        errors.remove(&label);
+    }
     (!errors.is_empty()).then_some((errors, index))
 }
 

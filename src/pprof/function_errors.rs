@@ -12,12 +12,19 @@
 //!   relative standard error of a function, flat and cum (%): alloc_objects 3.1 2.0 alloc_space 3.3 2.1 inuse_objects - 5.0 inuse_space - 8.0 in Foo#bar
 //!
 //! "-" where the function has no such value. The name comes last, so any
-//! name reads back whole.
+//! name reads back whole. `FunctionKeys` gathers, while a profile is built,
+//! which functions each emitted stack holds, named as the profile names
+//! them (blocks included), and works the comments out once per flush.
 
 use crate::fast_hash::FastHashMap;
-use crate::sampler::spread::Spread;
+use crate::pprof;
+use crate::sampler::spread::{keyed_spreads, widen_for_unobserved, Spread, UnseenWeights};
+use crate::sampler::stack_table::StackId;
+use crate::sampler::state::FlushSnapshot;
+use crate::sampler::types::ClassRef;
 
 use super::spread_comment::VALUE_NAMES;
+use super::string_table::StringTable;
 
 const PREFIX: &str = "relative standard error of a function, flat and cum (%): ";
 const NAME_SEPARATOR: &str = " in ";
@@ -81,6 +88,14 @@ pub fn function_error_comments(
     comments
 }
 
+/// Whether a comment is one of these (or says they were not worked out).
+pub fn is_function_error_comment(comment: &str) -> bool {
+    comment.starts_with(COMMENT_STEM)
+}
+
+/// What every such comment begins with.
+const COMMENT_STEM: &str = "relative standard error of a function";
+
 /// The errors the comments give, by function name (a profile without them
 /// gives none; a name given twice, as merged profiles would, is left out:
 /// which profile's it is cannot be told).
@@ -125,6 +140,169 @@ fn parse_line(comment: &str) -> Option<(&str, FunctionErrors)> {
     }
     let name = tokens.next()?.strip_prefix(NAME_SEPARATOR.trim_start())?;
     Some((name, parsed))
+}
+
+/// What the functions' errors are estimated with besides the samples.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct FunctionSpreadInputs {
+    pub unseen: UnseenWeights,
+    /// Shares of allocations (this interval's; for in-use, since start)
+    /// no window looked at (sampler::spread::widen_for_unobserved).
+    pub allocations_unobserved: f64,
+    pub inuse_unobserved: f64,
+}
+
+/// Each emitted stack's functions as dense keys (by name, as `top`
+/// groups them), for the functions' errors.
+#[derive(Default)]
+pub struct FunctionKeys {
+    names: Vec<String>,
+    key_of_name: FastHashMap<String, u32>,
+    /// By pprof function id - 1: its name's key (u32::MAX: not yet known).
+    key_of_function: Vec<u32>,
+    /// Per stack: its leaf function's key, and where its distinct keys are
+    /// in `arena`.
+    stacks: FastHashMap<StackId, (u32, u32, u32)>,
+    arena: Vec<u32>,
+    /// More stacks than MAX_STACKS_WITH_ERRORS: no comments.
+    overflowed: bool,
+}
+
+/// Stacks the functions' errors are worked out over at most: beyond it (only
+/// with caps far above the defaults) a flush gives none, rather than hold
+/// every stack's keys.
+const MAX_STACKS_WITH_ERRORS: usize = 100_000;
+
+impl FunctionKeys {
+    fn key(&mut self, name: &str) -> u32 {
+        if let Some(&key) = self.key_of_name.get(name) {
+            return key;
+        }
+        let key = self.names.len() as u32;
+        self.names.push(name.to_string());
+        self.key_of_name.insert(name.to_string(), key);
+        key
+    }
+
+    pub fn add_stack(
+        &mut self,
+        stack: StackId,
+        location_ids: &[u64],
+        profile: &pprof::Profile,
+        strings: &StringTable,
+    ) {
+        if self.overflowed || self.stacks.contains_key(&stack) {
+            return;
+        }
+        if self.stacks.len() >= MAX_STACKS_WITH_ERRORS {
+            self.overflowed = true;
+            self.stacks = FastHashMap::default();
+            self.arena = Vec::new();
+            return;
+        }
+        let start = self.arena.len();
+        for &id in location_ids {
+            let function_id = profile
+                .location
+                .get((id as usize).wrapping_sub(1))
+                .and_then(|location| location.line.first())
+                .map_or(0, |line| line.function_id as usize);
+            let index = function_id.wrapping_sub(1);
+            let known = self.key_of_function.get(index).copied();
+            let key = match known {
+                Some(key) if key != u32::MAX => key,
+                _ => {
+                    let name = profile
+                        .function
+                        .get(index)
+                        .and_then(|function| strings.get(function.name))
+                        .unwrap_or("");
+                    let key = self.key(name);
+                    if index < profile.function.len() {
+                        if self.key_of_function.len() <= index {
+                            self.key_of_function.resize(index + 1, u32::MAX);
+                        }
+                        self.key_of_function[index] = key;
+                    }
+                    key
+                }
+            };
+            self.arena.push(key);
+        }
+        let Some(&leaf) = self.arena.get(start) else {
+            return;
+        };
+        let keys = &mut self.arena[start..];
+        keys.sort_unstable();
+        let mut len = 0;
+        for i in 0..keys.len() {
+            if i == 0 || keys[i] != keys[len - 1] {
+                keys[len] = keys[i];
+                len += 1;
+            }
+        }
+        self.arena.truncate(start + len);
+        self.stacks.insert(stack, (leaf, start as u32, len as u32));
+    }
+
+    /// The comments, over the samples of the stacks the build emitted (the
+    /// first build of a flush: folding to fit a size limit comes after,
+    /// and only the smallest rows fold); with `class_leaf`, each sample's
+    /// class is its leaf frame.
+    pub fn comments(
+        mut self,
+        snapshot: &FlushSnapshot,
+        classes: &FastHashMap<ClassRef, String>,
+        class_leaf: bool,
+        inputs: FunctionSpreadInputs,
+    ) -> Vec<String> {
+        let mut class_keys: FastHashMap<ClassRef, u32> = FastHashMap::default();
+        if class_leaf {
+            for sample in &snapshot.samples {
+                if let std::collections::hash_map::Entry::Vacant(entry) =
+                    class_keys.entry(sample.class)
+                {
+                    let name = classes
+                        .get(&sample.class)
+                        .map(String::as_str)
+                        .unwrap_or("(unknown class)");
+                    entry.insert(self.key(name));
+                }
+            }
+        }
+        if self.overflowed {
+            return vec![format!(
+                "relative standard error of a function: not worked out (more than {MAX_STACKS_WITH_ERRORS} distinct stacks)"
+            )];
+        }
+        let count = self.names.len();
+        let (stacks, arena) = (&self.stacks, &self.arena);
+        let flat = keyed_spreads(&snapshot.samples, inputs.unseen, count, |sample, keys| {
+            if let Some((leaf, _, _)) = stacks.get(&sample.stack) {
+                keys.push(class_keys.get(&sample.class).copied().unwrap_or(*leaf));
+            }
+        });
+        let cum = keyed_spreads(&snapshot.samples, inputs.unseen, count, |sample, keys| {
+            if let Some(&(_, start, len)) = stacks.get(&sample.stack) {
+                let all = &arena[start as usize..(start + len) as usize];
+                keys.extend_from_slice(all);
+                if let Some(&class) = class_keys.get(&sample.class) {
+                    if !all.contains(&class) {
+                        keys.push(class);
+                    }
+                }
+            }
+        });
+        let widen = |mut spreads: Vec<[Spread; 4]>| {
+            for key_spreads in &mut spreads {
+                let (allocated, inuse) = key_spreads.split_at_mut(2);
+                widen_for_unobserved(allocated, inputs.allocations_unobserved);
+                widen_for_unobserved(inuse, inputs.inuse_unobserved);
+            }
+            spreads
+        };
+        function_error_comments(&self.names, &widen(flat), &widen(cum))
+    }
 }
 
 #[cfg(test)]
@@ -193,6 +371,50 @@ mod tests {
         let comments = function_error_comments(&names, &flat, &flat);
         assert_eq!(comments.len(), FUNCTIONS_PER_VALUE);
         assert!(comments[0].ends_with(&format!(" in f{}", n - FUNCTIONS_PER_VALUE)));
+    }
+
+    /// Past MAX_STACKS_WITH_ERRORS distinct stacks the keys are dropped,
+    /// and the profile says the errors were not worked out.
+    #[test]
+    #[cfg_attr(miri, ignore = "100,000 stacks: slow under Miri; no unsafe code")]
+    fn too_many_stacks_give_a_comment_saying_so() {
+        let mut strings = StringTable::new();
+        let name = strings.intern("A#x");
+        let mut profile = pprof::Profile::default();
+        profile.function.push(pprof::Function {
+            id: 1,
+            name,
+            ..Default::default()
+        });
+        profile.location.push(pprof::Location {
+            id: 1,
+            line: vec![pprof::Line {
+                function_id: 1,
+                line: 1,
+                column: 0,
+            }],
+            ..Default::default()
+        });
+        let mut keys = FunctionKeys::default();
+        for id in 0..=MAX_STACKS_WITH_ERRORS as u32 {
+            keys.add_stack(
+                StackId::from_stored(id).unwrap(),
+                &[1, 1],
+                &profile,
+                &strings,
+            );
+        }
+        assert!(keys.stacks.is_empty() && keys.arena.is_empty());
+        let comments = keys.comments(
+            &FlushSnapshot::default(),
+            &FastHashMap::default(),
+            false,
+            FunctionSpreadInputs::default(),
+        );
+        assert_eq!(comments.len(), 1);
+        assert!(comments[0].contains("not worked out"), "{comments:?}");
+        assert!(is_function_error_comment(&comments[0]));
+        assert!(parse_function_errors(&comments).is_empty());
     }
 
     #[test]

@@ -4,6 +4,8 @@
 //! line), so each appears once however many samples use it; samples with the
 //! same stack are merged into one pprof sample whose values are the sums.
 
+use std::cell::OnceCell;
+
 use crate::fast_hash::FastHashMap;
 use crate::pprof;
 use crate::sampler::block_frames::{BlockAttribution, FrameCode};
@@ -17,10 +19,9 @@ use crate::sampler::types::{ClassRef, FrameRef, TRUNCATION_FRAME};
 type SampleKey = (StackId, ClassRef, Option<u32>, LabelSetId);
 /// A merged sample: its key and the sums of its four values.
 type MergedSample = (SampleKey, [f64; 4]);
-use super::function_errors::function_error_comments;
+use super::function_errors::{FunctionKeys, FunctionSpreadInputs};
 use super::gzip::{gzip_bytes, GzipStream};
 use super::string_table::StringTable;
-use crate::sampler::spread::{keyed_spreads, widen_for_unobserved, Spread, UnseenWeights};
 
 pub use crate::sampler::stack_table::FrameInfo;
 
@@ -50,16 +51,6 @@ pub struct ProfileMeta {
     /// If set, the leading functions' errors go in comments
     /// (pprof/function_errors.rs), estimated with these.
     pub function_spreads: Option<FunctionSpreadInputs>,
-}
-
-/// What the functions' errors are estimated with besides the samples.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct FunctionSpreadInputs {
-    pub unseen: UnseenWeights,
-    /// Shares of allocations (this interval's; for in-use, since start)
-    /// no window looked at (sampler::spread::widen_for_unobserved).
-    pub allocations_unobserved: f64,
-    pub inuse_unobserved: f64,
 }
 
 /// The frame of the sample that stands for allocations windows missed.
@@ -305,6 +296,7 @@ impl<'a> ProfileBuilder<'a> {
         meta: &ProfileMeta,
         samples: impl IntoIterator<Item = &'s MergedSample>,
         folded: Option<(usize, [f64; 4])>,
+        function_comments: &OnceCell<Vec<String>>,
         mut emit: impl FnMut(pprof::Sample),
     ) -> pprof::Profile {
         for (name, unit) in SAMPLE_TYPES {
@@ -331,7 +323,7 @@ impl<'a> ProfileBuilder<'a> {
                 continue;
             };
             let mut location_id = self.stack_locations(frames);
-            if meta.function_spreads.is_some() {
+            if meta.function_spreads.is_some() && function_comments.get().is_none() {
                 function_keys.add_stack(stack, &location_id, &self.profile, &self.strings);
             }
             let class_name = self
@@ -447,7 +439,9 @@ impl<'a> ProfileBuilder<'a> {
         comments.extend(meta.comments.iter().cloned());
         if let Some(inputs) = meta.function_spreads {
             let class_leaf = meta.sample_labels == SampleLabels::ClassFrame;
-            comments.extend(function_keys.comments(snapshot, self.classes, class_leaf, inputs));
+            let lines = function_comments
+                .get_or_init(|| function_keys.comments(snapshot, self.classes, class_leaf, inputs));
+            comments.extend(lines.iter().cloned());
         }
         if self.folded > 0 {
             let limits: Vec<String> = [
@@ -470,114 +464,6 @@ impl<'a> ProfileBuilder<'a> {
         self.profile.default_sample_type = self.strings.intern("inuse_space");
         self.profile.string_table = self.strings.into_strings();
         self.profile
-    }
-}
-
-/// Each emitted stack's functions as dense keys (by name, as `top`
-/// groups them), for the functions' errors.
-#[derive(Default)]
-struct FunctionKeys {
-    names: Vec<String>,
-    key_of_name: FastHashMap<String, u32>,
-    /// Per stack: its leaf function's key, then every function's once.
-    stacks: FastHashMap<StackId, (u32, Vec<u32>)>,
-}
-
-impl FunctionKeys {
-    fn key(&mut self, name: &str) -> u32 {
-        if let Some(&key) = self.key_of_name.get(name) {
-            return key;
-        }
-        let key = self.names.len() as u32;
-        self.names.push(name.to_string());
-        self.key_of_name.insert(name.to_string(), key);
-        key
-    }
-
-    fn add_stack(
-        &mut self,
-        stack: StackId,
-        location_ids: &[u64],
-        profile: &pprof::Profile,
-        strings: &StringTable,
-    ) {
-        if self.stacks.contains_key(&stack) {
-            return;
-        }
-        let mut keys: Vec<u32> = Vec::with_capacity(location_ids.len());
-        for &id in location_ids {
-            let name = profile
-                .location
-                .get((id as usize).wrapping_sub(1))
-                .and_then(|location| location.line.first())
-                .and_then(|line| {
-                    profile
-                        .function
-                        .get((line.function_id as usize).wrapping_sub(1))
-                })
-                .and_then(|function| strings.get(function.name))
-                .unwrap_or("");
-            keys.push(self.key(name));
-        }
-        let Some(&leaf) = keys.first() else {
-            return;
-        };
-        let mut distinct = keys;
-        distinct.sort_unstable();
-        distinct.dedup();
-        self.stacks.insert(stack, (leaf, distinct));
-    }
-
-    /// The comments, over the samples of the stacks emitted (those folded
-    /// into "(other)" whole are left out, as their rows are); with
-    /// `class_leaf`, each sample's class is its leaf frame.
-    fn comments(
-        mut self,
-        snapshot: &FlushSnapshot,
-        classes: &FastHashMap<ClassRef, String>,
-        class_leaf: bool,
-        inputs: FunctionSpreadInputs,
-    ) -> Vec<String> {
-        let mut class_keys: FastHashMap<ClassRef, u32> = FastHashMap::default();
-        if class_leaf {
-            for sample in &snapshot.samples {
-                if let std::collections::hash_map::Entry::Vacant(entry) =
-                    class_keys.entry(sample.class)
-                {
-                    let name = classes
-                        .get(&sample.class)
-                        .map(String::as_str)
-                        .unwrap_or("(unknown class)");
-                    entry.insert(self.key(name));
-                }
-            }
-        }
-        let count = self.names.len();
-        let stacks = &self.stacks;
-        let flat = keyed_spreads(&snapshot.samples, inputs.unseen, count, |sample, keys| {
-            if let Some((leaf, _)) = stacks.get(&sample.stack) {
-                keys.push(class_keys.get(&sample.class).copied().unwrap_or(*leaf));
-            }
-        });
-        let cum = keyed_spreads(&snapshot.samples, inputs.unseen, count, |sample, keys| {
-            if let Some((_, all)) = stacks.get(&sample.stack) {
-                keys.extend_from_slice(all);
-                if let Some(&class) = class_keys.get(&sample.class) {
-                    if !all.contains(&class) {
-                        keys.push(class);
-                    }
-                }
-            }
-        });
-        let widen = |mut spreads: Vec<[Spread; 4]>| {
-            for key_spreads in &mut spreads {
-                let (allocated, inuse) = key_spreads.split_at_mut(2);
-                widen_for_unobserved(allocated, inputs.allocations_unobserved);
-                widen_for_unobserved(inuse, inputs.inuse_unobserved);
-            }
-            spreads
-        };
-        function_error_comments(&self.names, &widen(flat), &widen(cum))
     }
 }
 
@@ -686,6 +572,9 @@ const MAX_SIZE_MEASUREMENTS: usize = 10;
 struct Names<'t> {
     frames: &'t FastHashMap<FrameRef, FrameInfo>,
     classes: &'t FastHashMap<ClassRef, String>,
+    /// The functions' error comments, worked out by the first build (over
+    /// every sample) and reused by the builds that fold some.
+    function_comments: OnceCell<Vec<String>>,
 }
 
 impl Names<'_> {
@@ -702,7 +591,8 @@ impl Names<'_> {
         let (kept, folded) = folding.fold(count);
         let mut buffer = Vec::new();
         let builder = ProfileBuilder::new(self.frames, self.classes);
-        let profile = builder.build(snapshot, meta, kept, folded, |sample| {
+        let comments = &self.function_comments;
+        let profile = builder.build(snapshot, meta, kept, folded, comments, |sample| {
             buffer.clear();
             prost::encoding::message::encode(PROFILE_SAMPLE_FIELD, &sample, &mut buffer);
             write(&buffer);
@@ -806,12 +696,22 @@ pub fn build_profile(
 ) -> pprof::Profile {
     let merged = merge_samples(snapshot, classes, meta.sample_labels);
     let folding = Folding::new(&merged);
-    let count = Names { frames, classes }.fold_count(snapshot, meta, &folding);
+    let names = Names {
+        frames,
+        classes,
+        function_comments: OnceCell::new(),
+    };
+    let count = names.fold_count(snapshot, meta, &folding);
     let (kept, folded) = folding.fold(count);
     let mut samples = Vec::new();
-    let mut profile =
-        ProfileBuilder::new(frames, classes)
-            .build(snapshot, meta, kept, folded, |sample| samples.push(sample));
+    let mut profile = ProfileBuilder::new(frames, classes).build(
+        snapshot,
+        meta,
+        kept,
+        folded,
+        &names.function_comments,
+        |sample| samples.push(sample),
+    );
     profile.sample = samples;
     profile
 }
@@ -838,7 +738,11 @@ pub fn build_profile_gzipped(
     classes: &FastHashMap<ClassRef, String>,
     meta: &ProfileMeta,
 ) -> (Vec<u8>, usize) {
-    let names = Names { frames, classes };
+    let names = Names {
+        frames,
+        classes,
+        function_comments: OnceCell::new(),
+    };
     let merged = merge_samples(snapshot, classes, meta.sample_labels);
     let folding = Folding::new(&merged);
     let min_count = folding.min_count(meta);

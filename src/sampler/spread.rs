@@ -96,6 +96,14 @@ pub fn keyed_spreads(
     let mut keys = Vec::new();
     for (i, sample) in samples.iter().enumerate() {
         let q = f64::from(sample.window_probability).clamp(f64::MIN_POSITIVE, 1.0);
+        // (Every window sample counts for the heaviest, keyed or not: the
+        // total's unseen sample weighs the same.)
+        for objects in [0, 2] {
+            let weight = sample.values[objects];
+            if q < 1.0 && weight > 0.0 {
+                heaviest[objects / 2] = heaviest[objects / 2].max(weight);
+            }
+        }
         keys.clear();
         keys_of(sample, &mut keys);
         keys.retain(|&key| (key as usize) < key_count);
@@ -109,9 +117,6 @@ pub fn keyed_spreads(
                 continue;
             }
             counted = true;
-            if q < 1.0 {
-                heaviest[objects / 2] = heaviest[objects / 2].max(weight);
-            }
             for &key in &keys {
                 for index in [objects, space] {
                     let value = sample.values[index];

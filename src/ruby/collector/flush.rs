@@ -12,9 +12,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rb_sys::VALUE;
 
-use crate::pprof::heap_profile::{
-    build_profile_gzipped, FunctionSpreadInputs, ProfileMeta, SampleLabels, MISSED_FRAME,
-};
+use crate::pprof::function_errors::FunctionSpreadInputs;
+use crate::pprof::heap_profile::{build_profile_gzipped, ProfileMeta, SampleLabels, MISSED_FRAME};
 use crate::pprof::inuse_comment::format_inuse_comment;
 use crate::pprof::spread_comment::{format_spread_comment, total_spreads, TotalSpread};
 use crate::ruby::classes::resolve_classes;
