@@ -40,6 +40,28 @@ end
       expect(data.allocation_samples_count).to be_within(2_500).of(25_000)
     end
 
+    it "gives the error of its leading functions, as Bernoulli sampling has it without windows" do
+      collector = MemprofilerPprof::Collector.new(**mode_options, sample_rate: 0.01, seed: 11, **unlimited)
+      allocator.temporary(0)
+      allocator.retained(0)
+      collector.start!
+      250_000.times do |i|
+        allocator.temporary(i)
+        allocator.retained(i)
+      end
+      data = collector.flush
+      collector.stop!
+      profile = MemprofilerPprof::Profile.parse(data.pprof_data)
+      errors = profile.function_errors.fetch("Workload::Allocator#temporary").fetch(:alloc_objects)
+      # About 2,500 samples of its 250,000: sqrt(0.99 / 2,500), 2.0%.
+      expect(errors[:cum]).to be_within(0.003).of(Math.sqrt(0.99 / 2_500))
+      expect(errors[:flat]).to be_nil # (Integer#to_s allocates)
+      estimate = total_through(parse_profile(data), "Workload::Allocator#temporary", "alloc_objects")
+      expect(estimate).to be_within(3 * errors[:cum] * 250_000).of(250_000)
+      go = MemprofilerPprof::Profile.read(File.join(__dir__, "fixtures/other_tools/go_heap.pprof"))
+      expect(go.function_errors).to eq({})
+    end
+
     it "estimates 200,000 retained objects among millions of temporary ones within 5%" do
       collector = MemprofilerPprof::Collector.new(**mode_options, sample_rate: 0.01, seed: 7, **unlimited)
       collector.start!

@@ -9,9 +9,9 @@ use super::grouping::{frame_label, FrameGroups, GroupBy, PathShortener};
 use super::units::{format_duration, format_percent, format_time_utc, format_value};
 use crate::analysis::InputSet;
 use crate::fast_hash::FastHashMap;
-use crate::pprof::function_errors::{parse_function_errors, FunctionErrors};
+use crate::pprof::function_errors::{parse_function_errors, FunctionErrors, SPINE_SHARE};
 use crate::pprof::heap_profile::SAMPLE_TYPES;
-use crate::pprof::spread_comment::spread_line;
+use crate::pprof::spread_comment::{parse_spread_comment, spread_line, TotalSpread};
 
 #[derive(Debug, Clone)]
 pub struct TopOptions {
@@ -322,10 +322,15 @@ pub fn render_top(profile: &DecodedProfile, options: &TopOptions) -> Result<Stri
         .max(4);
     let per_frame = options.by.is_per_frame();
     let errors = row_errors(profile, options, &table.sample_type);
+    let total_error = match parse_spread_comment(profile.comments(), &table.sample_type) {
+        Some(TotalSpread::Estimated { rse, .. }) => Some(rse),
+        Some(TotalSpread::Exact) => Some(0.0),
+        _ => None,
+    };
     if errors.is_some() {
         let _ = writeln!(
             out,
-            "±: the row's relative standard error, as the profile gives it for its leading functions"
+            "±: the row's relative standard error, as the profile gives it for its leading functions (the total's for rows of nearly all of it)"
         );
     }
     let _ = write!(out, "{:>width$} {:>6} {:>6}", "flat", "flat%", "sum%");
@@ -349,9 +354,13 @@ pub fn render_top(profile: &DecodedProfile, options: &TopOptions) -> Result<Stri
             format_percent(sum, whole)
         );
         let row_error = |which: usize, value: i64| -> String {
-            errors
+            let given = errors
                 .as_ref()
-                .and_then(|(by_name, index)| by_name.get(&row.label)?[*index][which])
+                .and_then(|(by_name, index)| by_name.get(&row.label)?[*index][which]);
+            // A row of nearly everything (the spine) has the total's error.
+            let spine = value as f64 >= SPINE_SHARE * whole as f64;
+            given
+                .or(total_error.filter(|_| spine))
                 .filter(|_| value > 0)
                 .map(|rse| format!("±{:.0}%", 100.0 * rse))
                 .unwrap_or_default()
@@ -505,8 +514,11 @@ mod tests {
     fn rows_by_function_show_the_profiles_errors() {
         let mut raw = leaky().raw;
         let comment = "relative standard error of a function, flat and cum (%): alloc_objects - - alloc_space 5.0 25.0 inuse_objects - - inuse_space - - in A#render";
-        raw.string_table.push(comment.to_string());
-        raw.comment.push(raw.string_table.len() as i64 - 1);
+        let totals = "relative standard error of each total: alloc_space ±3.0% (1000 effective samples); inuse_space ±4.0% (600 effective samples)";
+        for line in [comment, totals] {
+            raw.string_table.push(line.to_string());
+            raw.comment.push(raw.string_table.len() as i64 - 1);
+        }
         let profile = DecodedProfile::from_raw(raw).unwrap();
         let text = render_top(&profile, &options(GroupBy::Function, "alloc_space")).unwrap();
         let row = |name: &str| {
@@ -521,12 +533,20 @@ mod tests {
             "{text}"
         );
         assert!(!row("String#*").contains('±'), "{text}");
+        // A#run is on every stack: the total's error is its cum's.
+        assert!(row("A#run").contains("100.0%    ±3%  A#run"), "{text}");
         assert!(
             text.contains("±: the row's relative standard error"),
             "{text}"
         );
         let lines = render_top(&profile, &options(GroupBy::Line, "alloc_space")).unwrap();
-        assert!(!lines.contains('±'), "{lines}");
+        assert!(
+            lines
+                .lines()
+                .filter(|l| l.contains('±'))
+                .all(|l| l.starts_with("Estimate:")),
+            "{lines}"
+        );
         let inuse = render_top(&profile, &options(GroupBy::Function, "inuse_space")).unwrap();
         assert!(inuse.contains("±: the row's"), "{inuse}");
         assert!(

@@ -7,7 +7,8 @@
 //! many times what its share of the samples suggests. So the flush
 //! estimates each function's spread as the total's is, over its own values
 //! (sampler::spread::keyed_spreads), for the functions a reader looks at
-//! first (the leading ones by flat or cum of each value), one comment each:
+//! first (the leading ones by flat or cum of each value; by cum, past the
+//! spine of functions on nearly every stack), one comment each:
 //!
 //!   relative standard error of a function, flat and cum (%): alloc_objects 3.1 2.0 alloc_space 3.3 2.1 inuse_objects - 5.0 inuse_space - 8.0 in Foo#bar
 //!
@@ -32,6 +33,10 @@ const NAME_SEPARATOR: &str = " in ";
 /// The leading functions by each value, flat and cum, that get a comment.
 pub const FUNCTIONS_PER_VALUE: usize = 20;
 
+/// A function whose cum is at least this share of a value's total is on
+/// nearly every stack: its error is the total's (readers fall back to it).
+pub const SPINE_SHARE: f64 = 0.99;
+
 /// One function's relative standard errors: [value type][flat, cum]
 /// (None: no such value).
 pub type FunctionErrors = [[Option<f64>; 2]; 4];
@@ -44,10 +49,15 @@ pub fn function_error_comments(
     cum: &[[Spread; 4]],
 ) -> Vec<String> {
     let mut chosen = vec![false; names.len()];
-    for spreads in [flat, cum] {
+    for (spreads, by_cum) in [(flat, false), (cum, true)] {
         for index in 0..4 {
+            // Cum leaves out the spine (functions on nearly every stack:
+            // a server's loop, its framework's layers): the total's error
+            // is theirs, and there are often more of them than places.
+            let total: f64 = flat.iter().map(|s| s[index].total).sum();
+            let spine = |k: usize| by_cum && spreads[k][index].total >= SPINE_SHARE * total;
             let mut keys: Vec<usize> = (0..spreads.len().min(names.len()))
-                .filter(|&k| spreads[k][index].total > 0.0)
+                .filter(|&k| spreads[k][index].total > 0.0 && !spine(k))
                 .collect();
             keys.sort_by(|&a, &b| {
                 spreads[b][index]
@@ -352,6 +362,27 @@ mod tests {
         let odd = parsed["block in <main> in x; y"];
         assert_eq!(odd[0], [None, Some(1.0)]);
         assert_eq!(odd[3], [Some(0.5), Some(0.5)]);
+    }
+
+    /// 30 frames of a framework on every stack would fill the places by
+    /// cum: they are left to the total's error, and the sites get theirs.
+    #[test]
+    fn the_spine_leaves_its_places_to_the_sites() {
+        let mut names: Vec<String> = (0..30).map(|i| format!("Framework#layer{i}")).collect();
+        names.extend(["A#render", "B#render", "String#*"].map(String::from));
+        let zero = Spread::default();
+        let mut flat = vec![[zero; 4]; 32];
+        flat.push([spread(100.0, 0.05), zero, zero, zero]);
+        let mut cum = vec![[spread(100.0, 0.05), zero, zero, zero]; 30];
+        cum.push([spread(60.0, 0.1), zero, zero, zero]);
+        cum.push([spread(40.0, 0.2), zero, zero, zero]);
+        cum.push([spread(100.0, 0.05), zero, zero, zero]);
+        let parsed = parse_function_errors(&function_error_comments(&names, &flat, &cum));
+        let mut chosen: Vec<&str> = parsed.keys().map(String::as_str).collect();
+        chosen.sort_unstable();
+        assert_eq!(chosen, ["A#render", "B#render", "String#*"]);
+        assert_eq!(parsed["B#render"][0], [None, Some(0.2)]);
+        assert_eq!(parsed["String#*"][0], [Some(0.05), Some(0.05)]);
     }
 
     #[test]

@@ -9,7 +9,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use rb_sys::{
     rb_ary_new_capa, rb_ary_push, rb_data_type_struct, rb_data_type_struct__bindgen_ty_1,
-    rb_data_type_t, rb_data_typed_object_wrap, rb_ll2inum, rb_str_new, rb_ull2inum,
+    rb_data_type_t, rb_data_typed_object_wrap, rb_float_new, rb_ll2inum, rb_str_new, rb_ull2inum,
     rb_utf8_str_new, ruby_value_type, Qfalse, Qnil, Qtrue, NIL_P, RB_TYPE_P, RSTRING_LEN,
     RSTRING_PTR, RTYPEDDATA_GET_DATA, RTYPEDDATA_P, RTYPEDDATA_TYPE, TEST, VALUE,
 };
@@ -29,6 +29,7 @@ use crate::analysis::merge::merge_within;
 use crate::analysis::read_budget::READ_BUDGET;
 use crate::analysis::top::{render_top, TopOptions};
 use crate::analysis::InputSet;
+use crate::pprof::function_errors::parse_function_errors;
 use crate::pprof::process_comment::processes_named;
 
 struct DataType(rb_data_type_t);
@@ -316,6 +317,42 @@ unsafe extern "C" fn native_comments(rb_self: VALUE) -> VALUE {
                     array,
                     rb_utf8_str_new(comment.as_ptr().cast(), comment.len() as c_long),
                 );
+            }
+            array
+        })
+    })
+}
+
+/// `[[name, [flat, cum] of each of the four values, flattened (a Float
+/// or nil)], ...]`, by name: the errors the profile gives of its leading
+/// functions (pprof/function_errors.rs).
+unsafe extern "C" fn native_function_errors(rb_self: VALUE) -> VALUE {
+    method_entry(|| {
+        let mut errors: Vec<_> = parse_function_errors(&profile_of(rb_self)?.comments())
+            .into_iter()
+            .collect();
+        errors.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        // SAFETY: plain allocations with valid pointers and lengths, each
+        // pushed at once into an Array held by a local (seen by the GC's
+        // stack scan).
+        protect(|| unsafe {
+            let array = rb_ary_new_capa(errors.len() as c_long);
+            for (name, values) in &errors {
+                let entry = rb_ary_new_capa(2);
+                rb_ary_push(array, entry);
+                rb_ary_push(
+                    entry,
+                    rb_utf8_str_new(name.as_ptr().cast(), name.len() as c_long),
+                );
+                let numbers = rb_ary_new_capa(8);
+                rb_ary_push(entry, numbers);
+                for value in values.iter().flatten() {
+                    let number = match value {
+                        Some(rse) => rb_float_new(*rse),
+                        None => Qnil as VALUE,
+                    };
+                    rb_ary_push(numbers, number);
+                }
             }
             array
         })
@@ -656,6 +693,12 @@ pub fn methods() -> Vec<MethodDef> {
         ),
         method_def!(c"_native_summary", native_summary, 0, MethodKind::Private),
         method_def!(c"_native_comments", native_comments, 0, MethodKind::Private),
+        method_def!(
+            c"_native_function_errors",
+            native_function_errors,
+            0,
+            MethodKind::Private
+        ),
         method_def!(
             c"_native_processes",
             native_processes,

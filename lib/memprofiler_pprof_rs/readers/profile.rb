@@ -245,6 +245,24 @@ module MemprofilerPprof
       @comments ||= _native_comments.freeze
     end
 
+    # How sure the profile is of its leading functions (those a reader
+    # looks at first: 20 by each value, flat and cum), as this gem's
+    # flushes give it: { "Foo#bar" => { alloc_objects: { flat: 0.031, cum:
+    # 0.02 }, ... } }, each a relative standard error (nil: the function has
+    # no such value). Empty for a profile that gives none (another tool's,
+    # or a merge of several).
+    def function_errors
+      @function_errors ||= _native_function_errors.to_h do |name, numbers|
+        values = SAMPLE_VALUE_NAMES.each_with_index.to_h do |type, i|
+          [type, { flat: numbers[2 * i], cum: numbers[(2 * i) + 1] }.freeze]
+        end
+        [name, values.freeze]
+      end.freeze
+    end
+
+    # The four values #function_errors gives, in order.
+    SAMPLE_VALUE_NAMES = %i[alloc_objects alloc_space inuse_objects inuse_space].freeze
+
     # A process a profile names (see #processes). started_at: its start,
     # or for a forked child its fork; with the pid, what tells it from a
     # later process that got the same pid.
