@@ -9,7 +9,7 @@ use super::grouping::{frame_label, FrameGroups, GroupBy, PathShortener};
 use super::units::{format_duration, format_percent, format_time_utc, format_value};
 use crate::analysis::InputSet;
 use crate::fast_hash::FastHashMap;
-use crate::pprof::function_errors::{parse_function_errors, FunctionErrors, SPINE_SHARE};
+use crate::pprof::function_errors::{parse_function_errors, FunctionErrors, SPINE_FALLBACK_SHARE};
 use crate::pprof::heap_profile::SAMPLE_TYPES;
 use crate::pprof::spread_comment::{parse_spread_comment, spread_line, TotalSpread};
 
@@ -358,7 +358,7 @@ pub fn render_top(profile: &DecodedProfile, options: &TopOptions) -> Result<Stri
                 .as_ref()
                 .and_then(|(by_name, index)| by_name.get(&row.label)?[*index][which]);
             // A row of nearly everything (the spine) has the total's error.
-            let spine = value as f64 >= SPINE_SHARE * whole as f64;
+            let spine = value as f64 >= SPINE_FALLBACK_SHARE * whole as f64;
             given
                 .or(total_error.filter(|_| spine))
                 .filter(|_| value > 0)

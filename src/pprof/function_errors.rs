@@ -34,8 +34,13 @@ const NAME_SEPARATOR: &str = " in ";
 pub const FUNCTIONS_PER_VALUE: usize = 20;
 
 /// A function whose cum is at least this share of a value's total is on
-/// nearly every stack: its error is the total's (readers fall back to it).
+/// nearly every stack: its error is the total's, and it gets no comment.
 pub const SPINE_SHARE: f64 = 0.99;
+
+/// Readers give a row of at least this share of the total the total's
+/// error when the profile gives none for it: a little below SPINE_SHARE,
+/// so that rounding the values to whole numbers leaves no row between.
+pub const SPINE_FALLBACK_SHARE: f64 = 0.985;
 
 /// One function's relative standard errors: [value type][flat, cum]
 /// (None: no such value).
@@ -43,10 +48,13 @@ pub type FunctionErrors = [[Option<f64>; 2]; 4];
 
 /// The comments for the functions worth one: `names[k]` is key k's name,
 /// `flat[k]` and `cum[k]` its spreads.
+/// `totals`: the profile's totals of the four values, every row included
+/// (what `top` measures a row against).
 pub fn function_error_comments(
     names: &[String],
     flat: &[[Spread; 4]],
     cum: &[[Spread; 4]],
+    totals: [f64; 4],
 ) -> Vec<String> {
     let mut chosen = vec![false; names.len()];
     for (spreads, by_cum) in [(flat, false), (cum, true)] {
@@ -54,8 +62,9 @@ pub fn function_error_comments(
             // Cum leaves out the spine (functions on nearly every stack:
             // a server's loop, its framework's layers): the total's error
             // is theirs, and there are often more of them than places.
-            let total: f64 = flat.iter().map(|s| s[index].total).sum();
-            let spine = |k: usize| by_cum && spreads[k][index].total >= SPINE_SHARE * total;
+            let total = totals[index];
+            let spine =
+                |k: usize| by_cum && total > 0.0 && spreads[k][index].total >= SPINE_SHARE * total;
             let mut keys: Vec<usize> = (0..spreads.len().min(names.len()))
                 .filter(|&k| spreads[k][index].total > 0.0 && !spine(k))
                 .collect();
@@ -256,15 +265,17 @@ impl FunctionKeys {
     }
 
     /// The comments, over the samples of the stacks the build emitted (the
-    /// first build of a flush: folding to fit a size limit comes after,
-    /// and only the smallest rows fold); with `class_leaf`, each sample's
-    /// class is its leaf frame.
+    /// first build of a flush: rows folded into "(other)" to keep within
+    /// `max_samples` are left out, those folded to fit a size limit later
+    /// are not; both are the smallest rows); with `class_leaf`, each
+    /// sample's class is its leaf frame.
     pub fn comments(
         mut self,
         snapshot: &FlushSnapshot,
         classes: &FastHashMap<ClassRef, String>,
         class_leaf: bool,
         inputs: FunctionSpreadInputs,
+        missed: Option<[f64; 4]>,
     ) -> Vec<String> {
         let mut class_keys: FastHashMap<ClassRef, u32> = FastHashMap::default();
         if class_leaf {
@@ -311,13 +322,25 @@ impl FunctionKeys {
             }
             spreads
         };
-        function_error_comments(&self.names, &widen(flat), &widen(cum))
+        // The profile's totals: every sample, keyed or not, and the
+        // allocations windows missed (a row of their own).
+        let mut totals = missed.unwrap_or_default();
+        for sample in &snapshot.samples {
+            for (total, value) in totals.iter_mut().zip(sample.values) {
+                *total += value;
+            }
+        }
+        function_error_comments(&self.names, &widen(flat), &widen(cum), totals)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn totals(flat: &[[Spread; 4]]) -> [f64; 4] {
+        std::array::from_fn(|index| flat.iter().map(|s| s[index].total).sum())
+    }
 
     fn spread(total: f64, rse: f64) -> Spread {
         Spread {
@@ -349,7 +372,7 @@ mod tests {
             ],
             [zero; 4],
         ];
-        let comments = function_error_comments(&names, &flat, &cum);
+        let comments = function_error_comments(&names, &flat, &cum, totals(&flat));
         assert_eq!(comments.len(), 2, "a function with no value gets none");
         assert_eq!(
             comments[0],
@@ -377,12 +400,22 @@ mod tests {
         cum.push([spread(60.0, 0.1), zero, zero, zero]);
         cum.push([spread(40.0, 0.2), zero, zero, zero]);
         cum.push([spread(100.0, 0.05), zero, zero, zero]);
-        let parsed = parse_function_errors(&function_error_comments(&names, &flat, &cum));
+        let parsed =
+            parse_function_errors(&function_error_comments(&names, &flat, &cum, totals(&flat)));
         let mut chosen: Vec<&str> = parsed.keys().map(String::as_str).collect();
         chosen.sort_unstable();
         assert_eq!(chosen, ["A#render", "B#render", "String#*"]);
         assert_eq!(parsed["B#render"][0], [None, Some(0.2)]);
         assert_eq!(parsed["String#*"][0], [Some(0.05), Some(0.05)]);
+        // Measured against the profile's whole total (a missed-windows row
+        // of 10 besides): the layers are below 99% of it, and leading.
+        let mut whole = totals(&flat);
+        whole[0] += 10.0;
+        let parsed = parse_function_errors(&function_error_comments(&names, &flat, &cum, whole));
+        assert!(parsed.contains_key("Framework#layer0"), "{parsed:?}");
+        // No total: no function is the spine.
+        let parsed = parse_function_errors(&function_error_comments(&names, &flat, &cum, [0.0; 4]));
+        assert!(parsed.contains_key("Framework#layer0"), "{parsed:?}");
     }
 
     #[test]
@@ -399,7 +432,7 @@ mod tests {
                 ]
             })
             .collect();
-        let comments = function_error_comments(&names, &flat, &flat);
+        let comments = function_error_comments(&names, &flat, &flat, totals(&flat));
         assert_eq!(comments.len(), FUNCTIONS_PER_VALUE);
         assert!(comments[0].ends_with(&format!(" in f{}", n - FUNCTIONS_PER_VALUE)));
     }
@@ -441,6 +474,7 @@ mod tests {
             &FastHashMap::default(),
             false,
             FunctionSpreadInputs::default(),
+            None,
         );
         assert_eq!(comments.len(), 1);
         assert!(comments[0].contains("not worked out"), "{comments:?}");
