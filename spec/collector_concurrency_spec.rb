@@ -224,6 +224,47 @@
       collector&.stop!
     end
 
+    # Thread#raise (Timeout, a shutdown) lands where a flush lets other
+    # threads run. The flush raises it, and its profile is never returned:
+    # the next flush counts that interval's allocations, and starts where
+    # the last returned profile ended.
+    it "gives the allocations of a flush an exception interrupted to the next flush" do
+      interrupted = Class.new(StandardError)
+      collector = described_class.new(mode: mode, sample_rate: 1.0, **unlimited)
+      allocator = Workload::Allocator.new
+      lock = collector.__send__(:flush_lock)
+      main = Thread.current
+      collector.start!
+      last = collector.flush
+      rows = Array.new(3) do
+        5_000.times { |i| allocator.two_objects(i) }
+        attacker = Thread.new do
+          Thread.pass until lock.locked?
+          main.raise(interrupted)
+        end
+        first = begin
+          collector.flush
+        rescue interrupted => e
+          e
+        end
+        attacker.join
+        2_500.times { |i| allocator.two_objects(i) }
+        data = collector.flush
+        delivered = first.is_a?(MemprofilerPprof::ProfileData)
+        previous = delivered ? first : last
+        last = data
+        [delivered ? 0 : 1, first.is_a?(interrupted) && first.backtrace.any? { |l| l.include?("_native_flush") },
+         (delivered ? two_objects_allocations(parse_profile(first)) : 0) +
+           two_objects_allocations(parse_profile(data)),
+         data.started_at == previous.finished_at]
+      end
+      collector.stop!
+      # (The raise may land before the flush begins, or after it returns.)
+      expect(rows.count { |interrupted_, inside, _, _| interrupted_ == 1 && inside }).to be >= 1
+      expect(rows.map { |row| row[2] }).to all(eq(15_000))
+      expect(rows.map(&:last)).to all(be(true))
+    end
+
     # A flush measures live objects in chunks and lets other threads run in
     # between; what they do meanwhile must not corrupt or thin the profile.
     # Run in fresh processes (a failure here would be a crash).

@@ -20,7 +20,8 @@ use crate::sampler::lock::SamplerLock;
 /// held except the fork ones, which run inside fork() and only take,
 /// release or re-initialise locks.
 pub trait Registered {
-    /// Measures the samples taken since the last call (postponed job).
+    /// The postponed job: measures the samples taken since the last call,
+    /// polls the windows, and releases a chunk of what flushes left.
     fn measure_pending(&self);
     /// Switches every hook off before Ruby's final sweep (at exit).
     fn disable_hooks_at_exit(&self);

@@ -4,8 +4,11 @@
 //! Called from a Ruby method (GVL held, outside GC, never from a hook), one
 //! flush at a time (`flushing`). Between chunks another thread may take
 //! samples, flush the same collector (refused), fork, or kill this one: a
-//! flush ended anywhere is ended by `FlushEnd`'s drop. The lock is never
-//! held across a Ruby call or a GVL release.
+//! flush ended anywhere is ended by `FlushEnd`'s drop, which gives what it
+//! took of the interval back to the next flush unless the profile was
+//! delivered. Nothing that lets other threads run (where Ruby raises
+//! pending interrupts) comes after the delivery. The lock is never held
+//! across a Ruby call or a GVL release.
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -27,7 +30,7 @@ use crate::ruby::registry;
 use crate::sampler::gaps::mix_seed;
 use crate::sampler::spread::{spreads, widen_for_unobserved, UnseenWeights};
 use crate::sampler::state::{DropCounters, InuseCutoff};
-use crate::sampler::windows::WindowPolicy;
+use crate::sampler::windows::{IntervalTally, WindowPolicy};
 
 use super::{window_seed, Collector, Sampler};
 
@@ -40,8 +43,10 @@ const DETACH_BATCH: usize = 1024;
 const STACK_COPY_CHUNK: usize = 1024;
 const ALLOCATION_CHUNK: usize = 8_192;
 
-/// Stacks that fell unused during a flush, removed after it in chunks.
+/// Samples of a delivered flush, and stacks that fell unused during it,
+/// released after it in chunks (`tidy_after_flush`).
 const PRUNE_CHUNK: usize = 1_024;
+const RELEASE_CHUNK: usize = 1_024;
 
 /// A flush that lets other threads run does so once it has held the GVL
 /// this long, where its steps can tell.
@@ -101,30 +106,62 @@ impl Collector {
             // Inherited from a parent that forked while another of its
             // threads was flushing: that flush will never end here. (The
             // fork handler resets only the collectors it knows are active.)
-            self.end_flush();
+            self.end_flush(IntervalTaken::default());
             self.flushing.store(true, Ordering::Release);
         }
         self.flushing_pid.store(pid, Ordering::Relaxed);
         let result = {
-            // Resets the flush state however flush_inner ends (even by panic).
-            let _end = FlushEnd(self);
-            self.flush_inner(options)
+            // Resets the flush state however flush_inner ends (even by panic),
+            // giving the interval back unless the profile was delivered.
+            let mut end = FlushEnd {
+                collector: self,
+                taken: IntervalTaken::default(),
+            };
+            self.flush_inner(options, &mut end.taken)
         };
         if result.is_ok() {
+            // What it held goes from the postponed job (`tidy_after_flush`).
+            registry::request_measurement();
             // FREEOBJ off once a stopped collector has no live samples left.
             self.apply_hooks()?;
         }
         result
     }
 
+    /// From the postponed job (which every batch of samples and the windows'
+    /// timer wake): releases a chunk of what delivered flushes left, their
+    /// allocation samples and then the stacks that fell unused, so that the
+    /// memory goes back soon after a flush, a little at a time. What is
+    /// left when the next flush begins, it releases first.
+    pub(super) fn tidy_after_flush(&self) {
+        if let Ok(mut sampler) = self.sampler.try_lock() {
+            let state = &mut sampler.state;
+            if !state.flush_in_progress() && state.release_delivered(RELEASE_CHUNK) {
+                state.prune_unused(PRUNE_CHUNK);
+            }
+        }
+    }
+
     /// Ends a flush: no thread is suppressed any more, stacks and classes no
-    /// sample uses are forgotten, and the next flush may start.
-    fn end_flush(&self) {
+    /// sample uses are forgotten, what the flush took of its interval goes
+    /// back to the next flush unless it was delivered, and the next flush
+    /// may start.
+    fn end_flush(&self, taken: IntervalTaken) {
         self.suppressed_thread.store(0, Ordering::Relaxed);
         if let Ok(mut sampler) = self.sampler.lock() {
             // A no-op after flush_inner's finish_flush; otherwise ends the
-            // flush where it stopped.
+            // flush where it stopped, giving its samples back.
             sampler.state.end_flush();
+            if !taken.delivered {
+                if let Some(started_at) = taken.started_at {
+                    sampler.interval_started_at = started_at;
+                }
+                if let Some(tally) = taken.windows {
+                    sampler.windows.give_back(tally);
+                }
+                self.nolock_drops
+                    .fetch_add(taken.nolock_drops, Ordering::Relaxed);
+            }
         }
         self.flushing.store(false, Ordering::Release);
     }
@@ -136,7 +173,8 @@ impl Collector {
     /// after the lock was re-initialised; allocates no Ruby object.
     pub fn reset_after_fork_in_child(&self) {
         if self.flushing.load(Ordering::Relaxed) {
-            self.end_flush();
+            // (The child's interval starts now: nothing to give back.)
+            self.end_flush(IntervalTaken::default());
         }
         let counter = heap::allocation_counter();
         let gap = self.with_sampler(|s| {
@@ -175,9 +213,20 @@ impl Collector {
         Ok(())
     }
 
-    fn flush_inner(&self, options: FlushOptions) -> RbResult<FlushResult> {
+    fn flush_inner(
+        &self,
+        options: FlushOptions,
+        taken: &mut IntervalTaken,
+    ) -> RbResult<FlushResult> {
         let began = Instant::now();
         let mut holds = GvlHolds::new();
+        // 0. What delivered flushes left and the postponed job has not
+        //    released yet (`tidy_after_flush`). Nothing of this interval is
+        //    taken yet.
+        self.in_chunks(&options, &mut holds, |s| {
+            s.state.release_delivered(RELEASE_CHUNK)
+        })?;
+        self.in_chunks(&options, &mut holds, |s| s.state.prune_unused(PRUNE_CHUNK))?;
         let finished_at = SystemTime::now();
         // 1. Under the lock, with no Ruby allocation: read the samples out.
         //    Allocations from here on belong to the next flush. Live objects
@@ -203,6 +252,7 @@ impl Collector {
             let started_at = std::mem::replace(&mut s.interval_started_at, finished_at);
             (s.state.begin_flush(), s.state.gaps.rate(), started_at)
         })?;
+        taken.started_at = Some(started_at);
         loop {
             // Light mode: which of the chunk's objects still live is found
             // first, in the same hold of the lock (pages listed just before,
@@ -259,7 +309,8 @@ impl Collector {
             s.state
                 .copy_stacks(&naming, &mut snapshot, STACK_COPY_CHUNK)
         })?;
-        snapshot.drops.nolock += self.nolock_drops.swap(0, Ordering::Relaxed);
+        taken.nolock_drops = self.nolock_drops.swap(0, Ordering::Relaxed);
+        snapshot.drops.nolock += taken.nolock_drops;
         // Sampling windows: samples already weigh 1 / their window's
         // probability (sampler/windows/mod.rs); nothing is rescaled here.
         let counter = heap::allocation_counter();
@@ -271,6 +322,7 @@ impl Collector {
                 s.windows.window_length(),
             )
         })?;
+        taken.windows = Some(window_flush.tally);
         let windows = window_policy != WindowPolicy::Fixed(1.0);
         let coverage = window_flush.coverage;
         // Allocations windows missed: one sample of unknown site, sized as
@@ -436,8 +488,11 @@ impl Collector {
             s.state
                 .detach_frames_batch(&detaching, &ruby_frames, DETACH_BATCH)
         })?;
+        // 5. Delivered: from here on nothing may fail or let other threads
+        //    run (an interrupt raised now would lose the profile). What it
+        //    held is released after it (`tidy_after_flush`).
         self.with_sampler(|s| s.state.finish_flush(detaching))?;
-        self.in_chunks(&options, &mut holds, |s| s.state.prune_unused(PRUNE_CHUNK))?;
+        taken.delivered = true;
         Ok(FlushResult {
             pprof,
             folded_samples,
@@ -456,11 +511,24 @@ impl Collector {
     }
 }
 
-struct FlushEnd<'a>(&'a Collector);
+/// What a flush took of its interval besides the sampler state's part
+/// (held_interval.rs): restored by `end_flush` unless it was delivered.
+#[derive(Debug, Default)]
+struct IntervalTaken {
+    started_at: Option<SystemTime>,
+    windows: Option<IntervalTally>,
+    nolock_drops: u64,
+    delivered: bool,
+}
+
+struct FlushEnd<'a> {
+    collector: &'a Collector,
+    taken: IntervalTaken,
+}
 
 impl Drop for FlushEnd<'_> {
     fn drop(&mut self) {
-        self.0.end_flush();
+        self.collector.end_flush(std::mem::take(&mut self.taken));
     }
 }
 fn unix_nanos(time: SystemTime) -> i64 {

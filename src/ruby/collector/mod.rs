@@ -441,6 +441,7 @@ impl Registered for Collector {
     fn measure_pending(&self) {
         self.next_window();
         Collector::measure_pending(self);
+        self.tidy_after_flush();
     }
 
     fn disable_hooks_at_exit(&self) {

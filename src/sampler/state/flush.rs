@@ -12,13 +12,15 @@
 //!   .. the binding layer names frames and classes and builds the profile ..
 //! begin_detach(Naming, &classes) -> Detaching          (detach.rs)
 //!   detach_frames_batch(&Detaching, &frames, max)      in batches; true when done
-//! finish_flush(Detaching)             forget stacks that fell unused meanwhile
+//! finish_flush(Detaching)             the profile is delivered: release the
+//!                                     interval's samples (held_interval.rs)
 //! ```
 //!
 //! Each step takes the token of the step before (by value when it ends a
 //! phase), and only this module makes tokens, so steps cannot be called out
 //! of order. `end_flush` ends a flush in any phase: an error or a killed
-//! thread in the middle, or a forked child of a process that was flushing.
+//! thread in the middle, or a forked child of a process that was flushing;
+//! a flush ended so gives its interval's samples back to the next.
 //! The phase is kept in the state too (`FlushPhase`): GC compaction must
 //! re-address the objects still to be measured, and `clear` must not prune
 //! stacks whose frames a flush is still naming.
@@ -28,7 +30,6 @@ use std::sync::Arc;
 use super::{DropCounters, Liveness, Marks, SampleId, SamplerState, TOMBSTONE};
 use crate::fast_hash::{FastHashMap, FastHashSet};
 use crate::sampler::label_sets::LabelSetId;
-use crate::sampler::reservoir::ReservoirScales;
 use crate::sampler::stack_table::{Frame, FrameInfo, StackId};
 use crate::sampler::types::{is_named_class, ClassRef, FrameRef, ObjectAddress};
 
@@ -140,18 +141,15 @@ pub(super) struct FlushInProgress {
     /// million). A sample is measured if it is live when its turn comes.
     pub(super) next_live: usize,
     pub(super) live_end: usize,
-    /// The detached allocation list (its entries still hold their records
-    /// until read), read `next_allocation..` onwards.
-    allocations: Vec<SampleId>,
+    /// The held interval's allocation samples (held_interval.rs) are read
+    /// `next_allocation..` onwards.
     next_allocation: usize,
-    scales: ReservoirScales,
     /// Live samples, then allocation samples (`heap_samples` of the first).
     samples: Vec<FlushedSample>,
     heap_samples: Option<usize>,
     allocation_samples: usize,
     /// The classes `samples` refer to.
     classes: FastHashSet<ClassRef>,
-    drops: DropCounters,
     /// Live samples left out by the flush's `InuseCutoff`.
     too_young: usize,
 }
@@ -178,33 +176,35 @@ pub struct FlushSnapshot {
 }
 
 impl SamplerState {
-    /// First step of a flush: detaches the allocation list (allocations from
-    /// now on belong to the next flush) and lists the live objects to
-    /// measure. Cheap, so the caller can then measure them in chunks with
+    /// First step of a flush: takes the interval's allocation samples
+    /// (allocations from now on belong to the next flush; see
+    /// held_interval.rs for what becomes of them) and lists the live objects
+    /// to measure. Cheap, so the caller can then measure them in chunks with
     /// `measure_live`, letting other threads run in between. A flush left
     /// unfinished is ended first.
     pub fn begin_flush(&mut self) -> Measuring {
         if self.flush_in_progress() {
             self.end_flush();
         }
+        // What the caller has not released in chunks (`release_delivered`).
+        self.release_delivered(usize::MAX);
         self.pending_sizes.clear();
         self.forget_watched();
         self.flush_classes.clear();
         self.stacks.hold_pruning();
         // Room for every sample now: growing a vector of a million samples
         // copies tens of megabytes in one hold of the GVL.
-        let samples = Vec::with_capacity(self.live.len() + self.allocations.len());
+        let held = self.take_interval();
+        let samples = Vec::with_capacity(self.live.len() + held.len());
+        self.held = Some(held);
         self.phase = FlushPhase::Measuring(FlushInProgress {
             next_live: 0,
             live_end: self.records.len(),
-            allocations: std::mem::take(&mut self.allocations),
             next_allocation: 0,
-            scales: self.reservoir.take(),
             samples,
             heap_samples: None,
             allocation_samples: 0,
             classes: FastHashSet::default(),
-            drops: std::mem::take(&mut self.drops),
             too_young: 0,
         });
         Measuring(())
@@ -339,13 +339,13 @@ impl SamplerState {
         };
         debug_assert_eq!(flush.next_live, flush.live_end, "live samples first");
         flush.heap_samples.get_or_insert(flush.samples.len());
-        let end = flush
-            .allocations
-            .len()
-            .min(flush.next_allocation.saturating_add(max));
-        for slot in flush.next_allocation..end {
-            // Read: the flush no longer holds it (end_flush releases the rest).
-            let id = std::mem::replace(&mut flush.allocations[slot], TOMBSTONE);
+        let held = self.held.take().unwrap_or_default();
+        let end = held.len().min(flush.next_allocation.saturating_add(max));
+        for index in flush.next_allocation..end {
+            // Still held after it is read, until the profile is delivered.
+            let Some((id, scale)) = held.entry(index) else {
+                break;
+            };
             if id == TOMBSTONE {
                 continue;
             }
@@ -356,7 +356,7 @@ impl SamplerState {
                     record.size = size;
                 }
             }
-            let weight = f64::from(record.alloc_weight) * flush.scales.scale(slot);
+            let weight = f64::from(record.alloc_weight) * scale;
             let class = record.class;
             // Its record may be the class name's last holder.
             self.hold_class_for_flush(class);
@@ -372,10 +372,11 @@ impl SamplerState {
                 labels: record.info().labels,
             });
             flush.allocation_samples += 1;
-            self.release(id);
+            self.park(id);
         }
         flush.next_allocation = end;
-        let done = end == flush.allocations.len();
+        let done = end == held.len();
+        self.held = Some(held);
         self.phase = FlushPhase::Measuring(flush);
         done
     }
@@ -402,10 +403,10 @@ impl SamplerState {
             heap_samples,
             allocation_samples,
             classes,
-            drops,
             too_young,
             ..
         } = flush;
+        let drops = self.held.as_ref().map(|h| h.drops).unwrap_or_default();
         let mut snapshot = FlushSnapshot {
             heap_samples: heap_samples.unwrap_or(samples.len()),
             allocation_samples,
@@ -444,11 +445,26 @@ impl SamplerState {
         &self.flush_classes
     }
 
-    /// Last step: stacks go with their last sample again; those that fell
-    /// unused during the flush go (`END_FLUSH_PRUNE` now, the rest with
-    /// `prune_unused`, in chunks).
+    /// Last step, once the profile is built: the flush delivers it, so the
+    /// interval's samples are released (`release_delivered`); stacks go
+    /// with their last sample again, and those that fell unused during the
+    /// flush go (`END_FLUSH_PRUNE` now, the rest with `prune_unused`, in
+    /// chunks). Nothing after it may fail: a flush that does not return its
+    /// profile must end with `end_flush` instead.
     pub fn finish_flush(&mut self, _detaching: Detaching) {
+        self.deliver();
         self.end_flush();
+    }
+
+    /// For tests that read a snapshot without detaching: the flush, in any
+    /// phase, delivered its profile, and its samples are released at once.
+    #[cfg(test)]
+    pub fn deliver_flush(&mut self) {
+        if self.flush_in_progress() {
+            self.deliver();
+            self.end_flush();
+        }
+        self.release_delivered(usize::MAX);
     }
 
     /// After a flush: removes up to `max` more of the stacks that fell
@@ -458,11 +474,12 @@ impl SamplerState {
         self.stacks.drain_unused(max)
     }
 
-    /// Ends a flush in whatever phase it is (see the top of this file): the
-    /// allocation samples of a flush still measuring are dropped, what the
-    /// flush held is released, and stacks go with their last sample again
-    /// (those that fell unused: see `finish_flush`). Nothing to do without
-    /// a flush (the collector's guard calls it after `finish_flush` too).
+    /// Ends a flush in whatever phase it is (see the top of this file): a
+    /// flush that did not deliver its profile gives its interval's samples
+    /// back to the next one (held_interval.rs), what the flush held is
+    /// released, and stacks go with their last sample again (those that
+    /// fell unused: see `finish_flush`). Nothing to do without a flush (the
+    /// collector's guard calls it after `finish_flush` too).
     pub fn end_flush(&mut self) {
         if !self.flush_in_progress() {
             return;
@@ -475,13 +492,8 @@ impl SamplerState {
         // through `forwarded`.
         self.detach_class_names.clear();
         self.end_walk();
-        if let FlushPhase::Measuring(flush) = std::mem::take(&mut self.phase) {
-            for id in flush.allocations {
-                if id != TOMBSTONE {
-                    self.release(id);
-                }
-            }
-        }
+        self.phase = FlushPhase::Idle;
+        self.give_back();
         self.flush_classes.clear();
         for class in std::mem::take(&mut self.flush_named_holds) {
             self.named_classes.release(class);

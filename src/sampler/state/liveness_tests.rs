@@ -40,7 +40,7 @@ fn settle(st: &mut SamplerState) {
 
 fn live_total(st: &mut SamplerState) -> f64 {
     let snapshot = st.take_snapshot(0, |_| Some(40));
-    st.end_flush();
+    st.deliver_flush();
     snapshot.samples.iter().map(|s| s.values[2]).sum()
 }
 
@@ -258,7 +258,7 @@ fn a_sample_not_found_by_id_is_gone_and_its_record_released() {
     assert_eq!(st.live_count(), 0);
     // The allocation list still holds it until the flush.
     let snapshot = st.take_snapshot(0, |_| Some(40));
-    st.end_flush();
+    st.deliver_flush();
     assert_eq!(snapshot.heap_samples, 0);
     assert_eq!(st.free_records.len(), records_before + 1);
 }
@@ -291,7 +291,7 @@ fn a_flush_skips_samples_whose_address_is_unknown_and_measures_them_once_found()
         "the unresolved one is never touched"
     );
     let (snapshot, _naming) = st.end_snapshot(measuring, &mut |_| None);
-    st.end_flush();
+    st.deliver_flush();
     assert_eq!(snapshot.heap_samples, 1);
     st.resolve(&[(second, Some(0x6000))]);
     assert_eq!(st.live_count(), 2);
@@ -312,7 +312,7 @@ fn forget_dead_in_flush_checks_only_the_next_chunk() {
     });
     assert_eq!(asked, 4);
     assert_eq!(st.live_count(), 6);
-    st.end_flush();
+    st.deliver_flush();
 }
 
 #[test]

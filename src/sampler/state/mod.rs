@@ -37,6 +37,9 @@ mod admission;
 mod chunked_flush_tests;
 mod detach;
 mod flush;
+mod held_interval;
+#[cfg(test)]
+mod held_interval_tests;
 mod live_map;
 mod liveness;
 #[cfg(test)]
@@ -163,6 +166,10 @@ impl Marks {
     /// Taken while a flush walks the records for live samples: not one of
     /// that flush's (listed in `taken_in_walk`, cleared when it ends).
     const TAKEN_IN_WALK: u8 = 0b1000;
+    /// An allocation sample a flush read while nothing else held it: it gave
+    /// its stack up, so that the flush's detach passes the stack by, and
+    /// takes it back if the flush gives the sample back (held_interval.rs).
+    const PARKED: u8 = 0b1_0000;
 
     fn new(liveness: Liveness, taken_in_walk: bool) -> Self {
         let mut marks = Marks(0);
@@ -190,6 +197,10 @@ impl Marks {
 
     fn taken_in_walk(self) -> bool {
         self.0 & Marks::TAKEN_IN_WALK != 0
+    }
+
+    fn parked(self) -> bool {
+        self.0 & Marks::PARKED != 0
     }
 
     fn set(&mut self, mark: u8, on: bool) {
@@ -244,6 +255,13 @@ pub struct SamplerState {
     allocations: Vec<SampleId>,
     /// The priorities of the allocation list's slots.
     reservoir: Reservoir,
+    /// What the flush in progress took from its interval (held_interval.rs).
+    held: Option<held_interval::HeldInterval>,
+    /// Allocation samples flushes that did not deliver gave back, for the
+    /// next flush (weights final).
+    returned: Vec<SampleId>,
+    /// Allocation samples of delivered flushes, to release.
+    delivered: Vec<SampleId>,
     /// The threshold new samples are tracked live under (threshold.rs; 0:
     /// every one): set each time the map fills and is thinned, halved
     /// while it has room again.
@@ -315,6 +333,9 @@ impl SamplerState {
             taken_in_walk: Vec::new(),
             allocations: Vec::new(),
             reservoir: Reservoir::default(),
+            held: None,
+            returned: Vec::new(),
+            delivered: Vec::new(),
             live_threshold: 0.0,
             threshold_scratch: Vec::new(),
             thinning_from: None,
@@ -383,6 +404,8 @@ impl SamplerState {
             }
         }
         self.reservoir.clear();
+        self.release_returned_and_delivered();
+        self.discard_held();
         self.live_threshold = 0.0;
         self.thinning_from = None;
         self.pending_sizes.clear();
@@ -414,6 +437,7 @@ impl SamplerState {
             }
         }
         self.reservoir.clear();
+        self.release_returned_and_delivered();
         self.drops = DropCounters::default();
         self.reseed(mix_seed(self.gaps.seed(), child_pid));
     }
@@ -468,7 +492,11 @@ impl SamplerState {
             + self.free_records.capacity() * size_of::<u32>()
             + self.taken_in_walk.capacity() * size_of::<SampleId>()
             + self.live.capacity() * (size_of::<ObjectAddress>() + size_of::<SampleId>() + 8)
-            + self.allocations.capacity() * size_of::<SampleId>()
+            + (self.allocations.capacity()
+                + self.held.as_ref().map_or(0, |h| h.len())
+                + self.returned.capacity()
+                + self.delivered.capacity())
+                * size_of::<SampleId>()
             + self.reservoir.memory_bytes()
             + self.pending_sizes.capacity() * size_of::<(SampleId, ObjectAddress)>()
             + self.watched.capacity() * (size_of::<ObjectAddress>() + size_of::<SampleId>() + 8)
@@ -484,7 +512,9 @@ impl SamplerState {
         record.refs -= 1;
         if record.refs == 0 {
             let (stack, class) = (record.stack, record.class);
-            self.stacks.release(stack);
+            if !record.marks.parked() {
+                self.stacks.release(stack);
+            }
             self.named_classes.release(class);
             self.free_records.push(id.0);
         }

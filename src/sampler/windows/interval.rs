@@ -33,6 +33,21 @@ pub struct WindowFlush {
     /// allocations and in-use read them as nothing for now.
     pub unwindowed_share: f64,
     pub inuse_unwindowed_share: f64,
+    /// The interval's own counts, for `give_back`.
+    pub tally: IntervalTally,
+}
+
+/// What an interval counted of its windows: given back to the next interval
+/// when the flush that ended it does not deliver its profile, so that the
+/// next profile's windows cover both.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct IntervalTally {
+    on: u64,
+    missed: u64,
+    missed_estimate: f64,
+    windows: u64,
+    began: u64,
+    window_weight: f64,
 }
 
 impl Windows {
@@ -114,6 +129,7 @@ impl Windows {
             latest_window_sample_weight: self.interval_window_weight.max(self.latest_window_weight),
             unwindowed_share: share_of(unwindowed, counter, self.interval_began),
             inuse_unwindowed_share: share_of(unwindowed, counter, self.run_began),
+            tally: IntervalTally::default(),
         };
         // What the hook saw of the open stretch belongs to this interval.
         if let Some(from) = self.observed_from {
@@ -121,8 +137,28 @@ impl Windows {
             let (s, e) = self.current();
             self.observed_from = Some(counter.clamp(s, e).max(from));
         }
+        let tally = IntervalTally {
+            on: self.interval_on,
+            missed: self.interval_missed,
+            missed_estimate: self.interval_missed_estimate,
+            windows: self.interval_windows,
+            began: self.interval_began,
+            window_weight: self.interval_window_weight,
+        };
         self.begin_interval(counter);
-        flush
+        WindowFlush { tally, ..flush }
+    }
+
+    /// The flush that ended the interval of `tally` did not deliver its
+    /// profile: the interval under way takes it in, as if it had begun
+    /// where that one did.
+    pub fn give_back(&mut self, tally: IntervalTally) {
+        self.interval_on += tally.on;
+        self.interval_missed += tally.missed;
+        self.interval_missed_estimate += tally.missed_estimate;
+        self.interval_windows += tally.windows;
+        self.interval_began = self.interval_began.min(tally.began);
+        self.interval_window_weight = self.interval_window_weight.max(tally.window_weight);
     }
 }
 

@@ -60,7 +60,7 @@ use rand::{RngExt, SeedableRng};
 mod budget;
 mod interval;
 
-pub use interval::WindowFlush;
+pub use interval::{IntervalTally, WindowFlush};
 
 use super::gaps::GapSampler;
 use super::sample_cost::SampleCost;
