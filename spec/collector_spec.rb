@@ -351,6 +351,34 @@ RSpec.describe MemprofilerPprof::Collector, "state between runs" do
     expect(none.sample_rate).to eq(0.0)
   end
 
+  it "lets go soon of what a stopped collector's last flush held" do
+    collector = described_class.new(sample_rate: 1.0, **unlimited)
+    makers = Array.new(1_500) do |n|
+      eval(<<~RUBY, binding, "stopped_#{n}.rb", 1)
+        ->(i) { "stopped-#{n}-\#{i}" * 2 }
+      RUBY
+    end
+    collector.start!
+    collector.flush
+    makers.each { |maker| maker.call(1) }
+    collector.stop!
+    GC.start
+    data = collector.flush
+    held = collector.__send__(:_native_table_sizes)
+    # Nothing samples any more, yet the postponed job comes back (woken by
+    # the windows' timer) until the stacks are gone, and with them the Ruby
+    # frames that kept code alive. (Waited for, up to a bound.)
+    deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 10
+    sizes = held
+    while sizes.first(2).any? { |n| n >= 100 } && Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
+      Thread.pass
+      sizes = collector.__send__(:_native_table_sizes)
+    end
+    expect(data.allocation_samples_count).to be >= 3_000
+    expect(held.first).to be >= 400 # more than the flush's end removes
+    expect(sizes.first(2)).to all(be < 100)
+  end
+
   it "releases stacks and frames nobody refers to, so memory stays bounded" do
     collector = described_class.new(sample_rate: 1.0, **unlimited)
     methods = Array.new(300) do |n|

@@ -1,6 +1,7 @@
 //! The thread that wakes the postponed job for sampling windows' polls
-//! (sampler/windows/mod.rs): one per process, started with the first collector
-//! that uses windows.
+//! (sampler/windows/mod.rs), and while a flush's leftovers are released
+//! (ruby/collector/flush.rs): one per process, started with the first
+//! collector that asks.
 //!
 //! It only ever calls the trigger it is given (the registry's
 //! `request_measurement`: async-signal-safe, no allocation, no GVL). From
@@ -110,6 +111,24 @@ pub fn schedule(in_ns: Option<u64>, trigger: fn()) {
     // long it sleeps.
     DEADLINE.store(deadline, Ordering::SeqCst);
     if STOP.load(Ordering::Relaxed) {
+        return;
+    }
+    if OWNER.load(Ordering::Acquire) != std::process::id() {
+        watch_resumes(trigger);
+        start(trigger);
+        wake();
+    } else if deadline < SLEEPING_UNTIL.load(Ordering::SeqCst) {
+        wake();
+    }
+}
+
+/// From the postponed job (GVL held), after any `schedule`: the job is
+/// wanted again `in_ns` from now at the latest (an earlier deadline
+/// stands). Starts the thread in this process if it has none.
+pub fn schedule_no_later(in_ns: u64, trigger: fn()) {
+    let deadline = monotonic_ns().saturating_add(in_ns);
+    // SeqCst, as in `schedule`.
+    if DEADLINE.fetch_min(deadline, Ordering::SeqCst) <= deadline || STOP.load(Ordering::Relaxed) {
         return;
     }
     if OWNER.load(Ordering::Acquire) != std::process::id() {

@@ -27,6 +27,7 @@ use crate::ruby::heap;
 use crate::ruby::labels;
 use crate::ruby::process_identity;
 use crate::ruby::registry;
+use crate::ruby::window_timer;
 use crate::sampler::gaps::mix_seed;
 use crate::sampler::spread::{spreads, widen_for_unobserved, UnseenWeights};
 use crate::sampler::state::{DropCounters, InuseCutoff};
@@ -47,6 +48,8 @@ const ALLOCATION_CHUNK: usize = 8_192;
 /// released after it in chunks (`tidy_after_flush`).
 const PRUNE_CHUNK: usize = 1_024;
 const RELEASE_CHUNK: usize = 1_024;
+/// Between two of those chunks (from the postponed job).
+const TIDY_AGAIN_NS: u64 = 1_000_000;
 
 /// A flush that lets other threads run does so once it has held the GVL
 /// this long, where its steps can tell.
@@ -104,9 +107,10 @@ impl Collector {
                 ));
             }
             // Inherited from a parent that forked while another of its
-            // threads was flushing: that flush will never end here. (The
-            // fork handler resets only the collectors it knows are active.)
-            self.end_flush(IntervalTaken::default());
+            // threads was flushing: that flush will never end here, and what
+            // it took belongs to the parent's next profile. (The fork handler
+            // resets only the collectors it knows are active.)
+            self.end_flush(None);
             self.flushing.store(true, Ordering::Release);
         }
         self.flushing_pid.store(pid, Ordering::Relaxed);
@@ -123,36 +127,54 @@ impl Collector {
             // What it held goes from the postponed job (`tidy_after_flush`).
             registry::request_measurement();
             // FREEOBJ off once a stopped collector has no live samples left.
-            self.apply_hooks()?;
+            // (The profile is delivered: a failure here must not lose it.)
+            if self.apply_hooks().is_err() {
+                self.count_internal_error();
+            }
         }
         result
     }
 
-    /// From the postponed job (which every batch of samples and the windows'
-    /// timer wake): releases a chunk of what delivered flushes left, their
-    /// allocation samples and then the stacks that fell unused, so that the
-    /// memory goes back soon after a flush, a little at a time. What is
-    /// left when the next flush begins, it releases first.
+    /// From the postponed job: releases a chunk of what delivered flushes
+    /// left, their allocation samples and then the stacks that fell unused,
+    /// and asks the windows' timer for the job again soon while some is
+    /// left (a stopped collector's job has nothing else to wake it), so that
+    /// the memory, and code the stacks' frames keep alive, go soon after a
+    /// flush, a little at a time. What is left when the next flush begins,
+    /// it releases first.
     pub(super) fn tidy_after_flush(&self) {
-        if let Ok(mut sampler) = self.sampler.try_lock() {
-            let state = &mut sampler.state;
-            if !state.flush_in_progress() && state.release_delivered(RELEASE_CHUNK) {
-                state.prune_unused(PRUNE_CHUNK);
+        let more = match self.sampler.try_lock() {
+            Ok(mut sampler) => {
+                let state = &mut sampler.state;
+                // (A flush under way tidies first, and asks again after.)
+                state.has_flush_leftovers()
+                    && !state.flush_in_progress()
+                    && !(state.release_delivered(RELEASE_CHUNK) && state.prune_unused(PRUNE_CHUNK))
             }
+            Err(_) => true,
+        };
+        if more {
+            window_timer::schedule_no_later(TIDY_AGAIN_NS, registry::request_measurement);
         }
     }
 
     /// Ends a flush: no thread is suppressed any more, stacks and classes no
     /// sample uses are forgotten, what the flush took of its interval goes
-    /// back to the next flush unless it was delivered, and the next flush
-    /// may start.
-    fn end_flush(&self, taken: IntervalTaken) {
+    /// back to the next flush unless it was delivered (or `taken` is None:
+    /// a flush of the parent's, in a forked child), and the next flush may
+    /// start.
+    fn end_flush(&self, taken: Option<IntervalTaken>) {
         self.suppressed_thread.store(0, Ordering::Relaxed);
         if let Ok(mut sampler) = self.sampler.lock() {
             // A no-op after flush_inner's finish_flush; otherwise ends the
-            // flush where it stopped, giving its samples back.
-            sampler.state.end_flush();
-            if !taken.delivered {
+            // flush where it stopped, giving its samples back (unless a
+            // `start!` cleared the state meanwhile: then the rest of what it
+            // took belongs to no interval either).
+            if taken.is_none() {
+                sampler.state.discard_held();
+            }
+            let given_back = sampler.state.end_flush();
+            if let Some(taken) = taken.filter(|t| given_back && !t.delivered) {
                 if let Some(started_at) = taken.started_at {
                     sampler.interval_started_at = started_at;
                 }
@@ -174,7 +196,7 @@ impl Collector {
     pub fn reset_after_fork_in_child(&self) {
         if self.flushing.load(Ordering::Relaxed) {
             // (The child's interval starts now: nothing to give back.)
-            self.end_flush(IntervalTaken::default());
+            self.end_flush(None);
         }
         let counter = heap::allocation_counter();
         let gap = self.with_sampler(|s| {
@@ -277,8 +299,11 @@ impl Collector {
             if done {
                 break;
             }
+            // By time, like the other steps: a flush from a thread of its
+            // own gives the others the GVL at each yield, for up to a time
+            // slice when they are busy.
             if options.proactively_yield_gvl {
-                holds.yield_now()?;
+                holds.yield_if_held(YIELD_AFTER)?;
             }
         }
         // An allocation sample still unmeasured is sized here, if its
@@ -528,7 +553,8 @@ struct FlushEnd<'a> {
 
 impl Drop for FlushEnd<'_> {
     fn drop(&mut self) {
-        self.collector.end_flush(std::mem::take(&mut self.taken));
+        self.collector
+            .end_flush(Some(std::mem::take(&mut self.taken)));
     }
 }
 fn unix_nanos(time: SystemTime) -> i64 {

@@ -365,8 +365,14 @@ impl Collector {
         let running = self.is_running();
         let paused = self.is_paused_for_ractors();
         // One hold of the lock for everything the hooks depend on.
-        let (live, windows, window_on) =
-            self.with_sampler(|s| (s.state.live_count(), s.windows.enabled(), s.windows.is_on()))?;
+        let (live, windows, window_on, leftovers) = self.with_sampler(|s| {
+            (
+                s.state.live_count(),
+                s.windows.enabled(),
+                s.windows.is_on(),
+                s.state.has_flush_leftovers(),
+            )
+        })?;
         let tracking = running || live > 0;
         let sample = running && !paused;
         let c_return = sample && self.size_measurement.get() == SizeMeasurement::CReturn;
@@ -383,7 +389,8 @@ impl Collector {
         if sample_now {
             self.newobj.set(true, data)?;
         }
-        if tracking {
+        // (Registered while a flush's leftovers wait for the postponed job.)
+        if tracking || leftovers {
             registry::add(self);
         } else {
             registry::remove(self);

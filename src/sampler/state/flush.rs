@@ -480,9 +480,11 @@ impl SamplerState {
     /// released, and stacks go with their last sample again (those that
     /// fell unused: see `finish_flush`). Nothing to do without a flush (the
     /// collector's guard calls it after `finish_flush` too).
-    pub fn end_flush(&mut self) {
+    /// True when it gave samples back (false without a flush, after
+    /// `finish_flush`, and after a `clear` during the flush).
+    pub fn end_flush(&mut self) -> bool {
         if !self.flush_in_progress() {
-            return;
+            return false;
         }
         self.stacks.end_detach();
         // A detach cut short leaves merged stacks forwarded: the samples
@@ -493,12 +495,13 @@ impl SamplerState {
         self.detach_class_names.clear();
         self.end_walk();
         self.phase = FlushPhase::Idle;
-        self.give_back();
+        let given_back = self.give_back();
         self.flush_classes.clear();
         for class in std::mem::take(&mut self.flush_named_holds) {
             self.named_classes.release(class);
         }
         self.stacks.release_pruning(END_FLUSH_PRUNE);
+        given_back
     }
 
     /// The walk for live samples is over: samples taken meanwhile are

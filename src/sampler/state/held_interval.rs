@@ -102,16 +102,17 @@ impl SamplerState {
     }
 
     /// The flush ended without delivering: its samples and drops go to the
-    /// next flush (released instead after `clear`).
-    pub(super) fn give_back(&mut self) {
+    /// next flush (released instead after `clear`). True if it gave any
+    /// back.
+    pub(super) fn give_back(&mut self) -> bool {
         let Some(held) = self.held.take() else {
-            return;
+            return false;
         };
         if held.discard {
             for id in held.ids().collect::<Vec<_>>() {
                 self.release(id);
             }
-            return;
+            return false;
         }
         for id in held.ids() {
             self.unpark(id);
@@ -133,6 +134,7 @@ impl SamplerState {
         self.drops.add(held.drops);
         self.returned = returned;
         self.thin_returned();
+        true
     }
 
     /// A sample just read (see the top).
@@ -202,8 +204,10 @@ impl SamplerState {
         self.returned = kept;
     }
 
-    /// `clear` during a flush: what it holds is let go when it ends.
-    pub(super) fn discard_held(&mut self) {
+    /// What the flush in progress holds is let go when it ends, not given
+    /// back: after `clear`, and in a forked child for a flush of the
+    /// parent's.
+    pub fn discard_held(&mut self) {
         if let Some(held) = &mut self.held {
             held.discard = true;
         }
@@ -218,6 +222,11 @@ impl SamplerState {
             self.release(id);
         }
         self.delivered.is_empty()
+    }
+
+    /// Whether delivered flushes left samples or unused stacks to release.
+    pub fn has_flush_leftovers(&self) -> bool {
+        !self.delivered.is_empty() || self.stacks.unused_len() > 0
     }
 
     /// Releases what was given back or delivered (`clear`, a forked child).
