@@ -20,9 +20,13 @@ use crate::sampler::lock::SamplerLock;
 /// held except the fork ones, which run inside fork() and only take,
 /// release or re-initialise locks.
 pub trait Registered {
-    /// The postponed job: measures the samples taken since the last call,
-    /// polls the windows, and releases a chunk of what flushes left.
+    /// The postponed job: measures the samples taken since the last call
+    /// and polls the windows.
     fn measure_pending(&self);
+    /// The postponed job, after every collector's `measure_pending`:
+    /// releases a chunk of what flushes left (asking for the job again
+    /// after the windows' polls did).
+    fn tidy_after_flush(&self);
     /// Switches every hook off before Ruby's final sweep (at exit).
     fn disable_hooks_at_exit(&self);
     /// Pauses sampling while non-main Ractors exist.
@@ -99,7 +103,16 @@ unsafe extern "C" fn measure_pending_job(_data: *mut c_void) {
     // here, so it is counted by the collector that caused it.
     window_timer::job_ran();
     let _ = catch_unwind(AssertUnwindSafe(|| {
-        for_each(|collector| collector.measure_pending());
+        let collectors = with_active(|active| active.clone());
+        for step in [
+            <dyn Registered>::measure_pending,
+            <dyn Registered>::tidy_after_flush,
+        ] {
+            for entry in &collectors {
+                // SAFETY: as in `for_each`.
+                step(unsafe { &*entry.0 });
+            }
+        }
     }));
 }
 

@@ -122,20 +122,24 @@ pub fn schedule(in_ns: Option<u64>, trigger: fn()) {
     }
 }
 
-/// From the postponed job (GVL held), after any `schedule`: the job is
-/// wanted again `in_ns` from now at the latest (an earlier deadline
-/// stands). Starts the thread in this process if it has none.
+/// From the postponed job (GVL held), after every collector's `schedule`:
+/// the job is wanted again `in_ns` from now at the latest (an earlier
+/// deadline stands). Starts the thread in this process if it has none.
 pub fn schedule_no_later(in_ns: u64, trigger: fn()) {
-    let deadline = monotonic_ns().saturating_add(in_ns);
-    // SeqCst, as in `schedule`.
-    if DEADLINE.fetch_min(deadline, Ordering::SeqCst) <= deadline || STOP.load(Ordering::Relaxed) {
+    if STOP.load(Ordering::Relaxed) {
         return;
     }
+    let deadline = monotonic_ns().saturating_add(in_ns);
     if OWNER.load(Ordering::Acquire) != std::process::id() {
+        // No thread here (a forked child's deadline is the parent's).
+        DEADLINE.store(deadline, Ordering::SeqCst);
         watch_resumes(trigger);
         start(trigger);
         wake();
-    } else if deadline < SLEEPING_UNTIL.load(Ordering::SeqCst) {
+    } else if DEADLINE.fetch_min(deadline, Ordering::SeqCst) > deadline
+        && deadline < SLEEPING_UNTIL.load(Ordering::SeqCst)
+    {
+        // (SeqCst, as in `schedule`.)
         wake();
     }
 }

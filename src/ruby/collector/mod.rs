@@ -448,7 +448,10 @@ impl Registered for Collector {
     fn measure_pending(&self) {
         self.next_window();
         Collector::measure_pending(self);
-        self.tidy_after_flush();
+    }
+
+    fn tidy_after_flush(&self) {
+        Collector::tidy_after_flush(self);
     }
 
     fn disable_hooks_at_exit(&self) {
