@@ -15,10 +15,11 @@
 //! stored (pruning is held) until the flush ends, when a sample given back
 //! takes it again.
 //!
-//! A given-back sample keeps the weight its list's scale gave it. If flushes
-//! keep being cut short, the samples given back are thinned to the
-//! allocation cap by threshold sampling (sampler/threshold.rs), which keeps
-//! every total and every subset unbiased.
+//! A given-back sample keeps the weight its list's scale gave it. When the
+//! next flush begins, if those and its own list are more than the cap, the
+//! union is thinned to the cap by threshold sampling (sampler/threshold.rs),
+//! which keeps every total and every subset unbiased: no profile, and no
+//! flush, holds more than `max_allocation_samples`.
 
 use rand::RngExt;
 
@@ -76,12 +77,44 @@ impl SamplerState {
     /// At `begin_flush`: the interval's allocation samples, drops and what
     /// earlier flushes gave back, for the flush to hold.
     pub(super) fn take_interval(&mut self) -> HeldInterval {
+        let list = std::mem::take(&mut self.allocations);
+        let scales = self.reservoir.take();
+        let returned = std::mem::take(&mut self.returned);
+        let kept = list.iter().filter(|&&id| id != TOMBSTONE).count() + returned.len();
+        if returned.is_empty() || kept <= self.max_allocation_samples {
+            return HeldInterval {
+                list,
+                scales,
+                returned,
+                drops: std::mem::take(&mut self.drops),
+                discard: false,
+            };
+        }
+        // With what an earlier flush gave back, more than the cap: the
+        // union, each at its weight, thinned to the cap (a profile never
+        // holds more allocation samples than `max_allocation_samples`).
+        let mut union = returned;
+        for (slot, &id) in list.iter().enumerate() {
+            if id != TOMBSTONE {
+                self.scale_weight(id, scales.scale(slot));
+                union.push(id);
+            }
+        }
+        let union = self.thin_to_cap(union);
         HeldInterval {
-            list: std::mem::take(&mut self.allocations),
-            scales: self.reservoir.take(),
-            returned: std::mem::take(&mut self.returned),
+            list: Vec::new(),
+            scales: ReservoirScales::default(),
+            returned: union,
             drops: std::mem::take(&mut self.drops),
             discard: false,
+        }
+    }
+
+    /// A sample's allocation weight times `scale` (its list slot's).
+    fn scale_weight(&mut self, id: SampleId, scale: f64) {
+        if scale != 1.0 {
+            let record = &mut self.records[id.index()];
+            record.alloc_weight = usable_weight(f64::from(record.alloc_weight) * scale) as f32;
         }
     }
 
@@ -120,20 +153,15 @@ impl SamplerState {
         let mut returned = std::mem::take(&mut self.returned);
         returned.reserve(held.len());
         for (slot, &id) in held.list.iter().enumerate() {
-            if id == TOMBSTONE {
-                continue;
+            if id != TOMBSTONE {
+                self.scale_weight(id, held.scales.scale(slot));
+                returned.push(id);
             }
-            let scale = held.scales.scale(slot);
-            if scale != 1.0 {
-                let record = &mut self.records[id.index()];
-                record.alloc_weight = usable_weight(f64::from(record.alloc_weight) * scale) as f32;
-            }
-            returned.push(id);
         }
         returned.extend(held.returned.iter().copied().filter(|&id| id != TOMBSTONE));
         self.drops.add(held.drops);
+        // (No more than the cap: the flush held no more.)
         self.returned = returned;
-        self.thin_returned();
         true
     }
 
@@ -159,19 +187,18 @@ impl SamplerState {
         }
     }
 
-    /// Holds the samples given back to `max_allocation_samples`: threshold
+    /// Thins `ids` (weights final) to `max_allocation_samples`: threshold
     /// sampling keeps the heavy ones whole and each light one with
     /// probability weight / threshold, standing for the threshold if kept.
     /// The light ones are drawn systematically (one draw, then every unit of
     /// summed probability), so that exactly the cap is kept, each with its
     /// own probability: a hard bound and unbiased totals.
-    fn thin_returned(&mut self) {
+    fn thin_to_cap(&mut self, ids: Vec<SampleId>) -> Vec<SampleId> {
         let cap = self.max_allocation_samples;
-        if self.returned.len() <= cap {
-            return;
+        if ids.len() <= cap {
+            return ids;
         }
-        let mut weights: Vec<f32> = self
-            .returned
+        let mut weights: Vec<f32> = ids
             .iter()
             .map(|id| self.records[id.index()].alloc_weight)
             .collect();
@@ -184,7 +211,7 @@ impl SamplerState {
         let mut summed = 0.0;
         let mut let_go = Vec::new();
         let mut kept = Vec::with_capacity(cap);
-        for id in std::mem::take(&mut self.returned) {
+        for id in ids {
             let record = &mut self.records[id.index()];
             let weight = f64::from(record.alloc_weight);
             let before = summed;
@@ -201,7 +228,7 @@ impl SamplerState {
         for id in let_go {
             self.release(id);
         }
-        self.returned = kept;
+        kept
     }
 
     /// What the flush in progress holds is let go when it ends, not given
