@@ -224,6 +224,35 @@
       collector&.stop!
     end
 
+    # Flushes while another thread raises `error` into this one as soon as
+    # the flush holds its lock (so, most likely, where it lets other threads
+    # run): the flush's result, or what it raised. A raise that comes after
+    # the flush returned is held back and dropped.
+    def flush_raised_into(collector, error)
+      main = Thread.current
+      lock = collector.__send__(:flush_lock)
+      done = false
+      result = nil
+      begin
+        Thread.handle_interrupt(error => :never) do
+          attacker = Thread.new do
+            Thread.pass until lock.locked? || done
+            main.raise(error) unless done
+          end
+          result = begin
+            Thread.handle_interrupt(error => :immediate) { collector.flush }
+          rescue error => e
+            e
+          end
+          done = true
+          attacker.join
+        end
+      rescue error
+        # (Raised after the flush had returned.)
+      end
+      result
+    end
+
     # Thread#raise (Timeout, a shutdown) lands where a flush lets other
     # threads run. The flush raises it, and its profile is never returned:
     # the next flush counts that interval's allocations, and starts where
@@ -232,37 +261,28 @@
       interrupted = Class.new(StandardError)
       collector = described_class.new(mode: mode, sample_rate: 1.0, **unlimited)
       allocator = Workload::Allocator.new
-      lock = collector.__send__(:flush_lock)
-      main = Thread.current
       collector.start!
       last = collector.flush
       rows = Array.new(3) do
         5_000.times { |i| allocator.two_objects(i) }
-        attacker = Thread.new do
-          Thread.pass until lock.locked?
-          main.raise(interrupted)
-        end
-        first = begin
-          collector.flush
-        rescue interrupted => e
-          e
-        end
-        attacker.join
+        first = flush_raised_into(collector, interrupted)
         2_500.times { |i| allocator.two_objects(i) }
         data = collector.flush
         delivered = first.is_a?(MemprofilerPprof::ProfileData)
         previous = delivered ? first : last
         last = data
-        [delivered ? 0 : 1, first.is_a?(interrupted) && first.backtrace.any? { |l| l.include?("_native_flush") },
-         (delivered ? two_objects_allocations(parse_profile(first)) : 0) +
-           two_objects_allocations(parse_profile(data)),
-         data.started_at == previous.finished_at]
+        { inside: !delivered && first.backtrace.any? { |l| l.include?("_native_flush") }, delivered: delivered,
+          counted: (delivered ? two_objects_allocations(parse_profile(first)) : 0) +
+            two_objects_allocations(parse_profile(data)),
+          continuous: data.started_at == previous.finished_at }
       end
       collector.stop!
-      # (The raise may land before the flush begins, or after it returns.)
-      expect(rows.count { |interrupted_, inside, _, _| interrupted_ == 1 && inside }).to be >= 1
-      expect(rows.map { |row| row[2] }).to all(eq(15_000))
-      expect(rows.map(&:last)).to all(be(true))
+      expect(rows.count { |row| row[:inside] }).to be >= 1
+      # (A raise that lands in Ruby code around the native flush, just
+      # before it or as it returns, tells nothing: left out.)
+      known = rows.select { |row| row[:inside] || row[:delivered] }
+      expect(known.map { |row| row[:counted] }).to all(eq(15_000))
+      expect(known.map { |row| row[:continuous] }).to all(be(true))
     end
 
     # A flush measures live objects in chunks and lets other threads run in
