@@ -85,7 +85,7 @@ end
     # error of about 1/sqrt(its samples): 200,000 1 MB strings among a million
     # allocations give ~2,000 samples (about 2.2%), checked for several seeds.
     [1, 2, 3].each do |seed|
-      it "estimates the bytes of 1 MB strings within 10% (seed #{seed})" do
+      it "estimates the bytes of 1 MB strings within 10% (seed #{seed})", :slow do
         collector = MemprofilerPprof::Collector.new(**mode_options, sample_rate: 0.01, seed: seed, **unlimited)
         allocator.megabyte
         collector.start!

@@ -6,7 +6,7 @@ require "rexml/document"
 # sees it, opened in headless Chromium (spec/support/headless_chromium.rb).
 # MEMPROFILER_SKIP_BROWSER=1 skips the browser examples (script/test-debian
 # sets it: its root has no Chromium); otherwise a missing Chromium fails them.
-RSpec.describe "Flame graphs" do
+RSpec.describe "Flame graphs", :slow do
   # Run in a child process, from a file, so the stacks are short and have a
   # file name: FlameSpecLeak#hold keeps 50 strings of 100 kB alive,
   # FlameSpecCache#fill 30.

@@ -6,7 +6,7 @@ require "find"
 # The path a user takes: gem build, then gem install --local of the result
 # (no RubyGems server), then require. Slow (a cold cargo build), so it runs
 # once, building in its own temporary directory.
-RSpec.describe "gem build and gem install --local" do
+RSpec.describe "gem build and gem install --local", :slow do
   root = File.expand_path("..", __dir__)
 
   before(:all) do

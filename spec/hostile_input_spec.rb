@@ -204,7 +204,7 @@ RSpec.describe "hostile input" do
   describe MemprofilerPprof::PprofReader do
     # The torture test found the native counts' names collected under
     # GC.stress (they were kept only in a Rust Vec, which no GC scans).
-    it "reads under GC.stress" do
+    it "reads under GC.stress", :slow do
       data = PprofWriter.build(sample_types: types, samples: [{ stack: [["A#a", "/a.rb", 1, 1]], values: [1] }])
       GC.stress = true
       samples = 3.times.map { described_class.parse(data).samples.size }

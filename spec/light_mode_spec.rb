@@ -170,7 +170,7 @@ RSpec.describe MemprofilerPprof::Collector, "mode: :light" do
   # (repro/postponed_job_raise_lost.rb shows it without this gem). A version
   # that filed samples in an ObjectSpace::WeakMap from the job lost 4 of 23
   # here on Ruby 3.4, and then the sender waited for the GVL forever.
-  it "loses no exception raised into a thread while its postponed job runs" do
+  it "loses no exception raised into a thread while its postponed job runs", :slow do
     code = <<~RUBY
       require "memprofiler_pprof_rs"
       class Ping < StandardError; end

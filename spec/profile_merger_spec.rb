@@ -97,7 +97,7 @@ RSpec.describe MemprofilerPprof::Profile::Merger do
     expect(unreadable.size).to eq(size)
   end
 
-  it "lets threads share one merger, and is safe under GC.stress" do
+  it "lets threads share one merger, and is safe under GC.stress", :slow do
     merger = described_class.new
     inputs = (1..40).map { |w| profile(worker_samples(w)) }
     inputs.each_slice(10).map { |slice| Thread.new { slice.each { |p| merger << p } } }.each(&:join)

@@ -10,7 +10,7 @@ require "tmpdir"
 # docs/performance.md. Debian builds puma and Rails for its suite's default
 # Ruby only, so the Debian roots of script/test-debian skip this
 # (MEMPROFILER_SKIP_FRAMEWORKS=1).
-RSpec.describe "A Rails app under puma's cluster mode" do
+RSpec.describe "A Rails app under puma's cluster mode", :slow do
   before do
     skip "Rails and puma are not installed in this root (MEMPROFILER_SKIP_FRAMEWORKS=1)" if ENV["MEMPROFILER_SKIP_FRAMEWORKS"]
   end

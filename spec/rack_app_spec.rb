@@ -567,7 +567,7 @@ RSpec.describe MemprofilerPprof::RackApp do
 
   # A real server (WEBrick through Rack's handler, in its own process; the
   # fixture says why not puma) read by a real go tool pprof.
-  describe "served by a real server, read by go tool pprof" do
+  describe "served by a real server, read by go tool pprof", :slow do
     before(:all) do
       @dir = Dir.mktmpdir("rack-app-spec")
       File.write(File.join(@dir, "config.ru"), <<~RUBY)

@@ -118,7 +118,7 @@ RSpec.describe MemprofilerPprof::RackLabels do
 
   # A real server in its own process (WEBrick: spec/fixtures/serve_rack.rb
   # says why), its heap read over HTTP from the gem's own endpoint.
-  it "names the leaking endpoint in the in-use profile of a real server" do
+  it "names the leaking endpoint in the in-use profile of a real server", :slow do
     Dir.mktmpdir("rack-labels") do |dir|
       lib = File.expand_path("../lib", __dir__)
       File.write(File.join(dir, "config.ru"), <<~RUBY)

@@ -8,7 +8,7 @@ require "tmpdir"
 # the flusher it starts name the leaking action, endpoint and job by label.
 # Debian builds Rails for its suite's default Ruby only, so the Debian
 # roots of script/test-debian skip this (MEMPROFILER_SKIP_FRAMEWORKS=1).
-RSpec.describe "MemprofilerPprof::Railtie in a Rails app" do
+RSpec.describe "MemprofilerPprof::Railtie in a Rails app", :slow do
   before do
     skip "Rails is not installed in this root (MEMPROFILER_SKIP_FRAMEWORKS=1)" if ENV["MEMPROFILER_SKIP_FRAMEWORKS"]
   end

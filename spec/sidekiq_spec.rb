@@ -7,7 +7,7 @@ require "tmpdir"
 # Redis server of the spec's own on a free port), profiled by the wrapper:
 # the profiles it writes every second name the leaking job by label.
 # Host only, as for Rails (MEMPROFILER_SKIP_FRAMEWORKS=1 in the Debian roots).
-RSpec.describe MemprofilerPprof::SidekiqLabels do
+RSpec.describe MemprofilerPprof::SidekiqLabels, :slow do
   before do
     skip "Sidekiq is not installed in this root (MEMPROFILER_SKIP_FRAMEWORKS=1)" if ENV["MEMPROFILER_SKIP_FRAMEWORKS"]
   end

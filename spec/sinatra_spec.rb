@@ -6,7 +6,7 @@ require "rack/mock"
 # SinatraLabels in a real Sinatra app (Debian's Sinatra 3), behind
 # RackLabels: the route's pattern labels what its block allocates.
 # Host only, as for Rails (MEMPROFILER_SKIP_FRAMEWORKS=1 in the Debian roots).
-RSpec.describe "MemprofilerPprof::SinatraLabels in a Sinatra app" do
+RSpec.describe "MemprofilerPprof::SinatraLabels in a Sinatra app", :slow do
   before do
     skip "Sinatra is not installed in this root (MEMPROFILER_SKIP_FRAMEWORKS=1)" if ENV["MEMPROFILER_SKIP_FRAMEWORKS"]
     require "sinatra/base"
