@@ -25,6 +25,13 @@ module TruthWorkload
   # allocates K times as many in one run (the leak and the ring do not
   # scale), so a site's allocations come in runs longer than a window.
   REQUEST_SCALE = Integer(ENV.fetch("TRUTH_REQUEST_SCALE", "1"))
+  # TRUTH_INTERRUPT_EVERY=N: every Nth flush has an exception raised into
+  # it by another thread once it holds its lock, as Timeout would. It
+  # returns no profile, so its interval's truth is added to the next one's
+  # (whose profile must then count both).
+  INTERRUPT_EVERY = Integer(ENV.fetch("TRUTH_INTERRUPT_EVERY", "0"))
+
+  Interrupted = Class.new(StandardError)
   # Allocations per request, by site: shares of 1,000 (times the scale).
   PER_REQUEST = {
     "site50" => 500, "site20" => 200, "site10" => 100, "site5" => 50,
@@ -141,6 +148,44 @@ module TruthWorkload
     puts line
   end
 
+  # A flush with Interrupted raised into it: the profile, or nil when the
+  # exception ended the flush inside its native part (anywhere else the run
+  # could not tell what the profile holds, and stops).
+  def interrupted_flush(collector)
+    main = Thread.current
+    lock = collector.__send__(:flush_lock)
+    done = false
+    result = nil
+    begin
+      Thread.handle_interrupt(Interrupted => :never) do
+        attacker = Thread.new do
+          Thread.pass until lock.locked? || done
+          main.raise(Interrupted) unless done
+        end
+        result = begin
+          Thread.handle_interrupt(Interrupted => :immediate) { collector.flush }
+        rescue Interrupted => e
+          e
+        end
+        done = true
+        attacker.join
+      end
+    rescue Interrupted
+      # (After the flush returned: its profile is whole.)
+    end
+    return result unless result.is_a?(Interrupted)
+    return nil if result.backtrace.any? { |line| line.include?("_native_flush") }
+
+    abort "truth_worker: the exception landed outside the native flush; run again"
+  end
+
+  # What was allocated in two intervals, as one.
+  def add_truths(carried, allocated, all_allocations, seconds)
+    return [allocated, all_allocations, seconds] unless carried
+
+    [carried[0].merge(allocated) { |_, a, b| a + b }, carried[1] + all_allocations, carried[2] + seconds]
+  end
+
   def server(config, seed, interval, duration, dir, idle_ms: 0.0)
     calibrate
     GC.start
@@ -150,7 +195,8 @@ module TruthWorkload
     boot = boot_data
     started = interval_began = now
     gc_total = GC.stat(:total_allocated_objects)
-    index = 0
+    index = attempts = 0
+    carried = nil
     while now - started < duration
       server.request
       sleep(idle_ms / 1000.0) if idle_ms.positive? && (server.requests % 10).zero?
@@ -158,11 +204,24 @@ module TruthWorkload
 
       allocated = server.take_allocated
       total = GC.stat(:total_allocated_objects)
-      data = collector.flush
+      attempts += 1
+      allocated, all_allocations, seconds = add_truths(carried, allocated, total - gc_total, now - interval_began)
+      data = if INTERRUPT_EVERY.positive? && (attempts % INTERRUPT_EVERY).zero?
+               interrupted_flush(collector)
+             else
+               collector.flush
+             end
+      unless data
+        carried = [allocated, all_allocations, seconds]
+        gc_total = GC.stat(:total_allocated_objects)
+        interval_began = now
+        next
+      end
+      carried = nil
       index += 1
       write(dir, format("interval-%03d", index), data,
             { kind: "server", config: config, seed: seed, interval: interval, index: index,
-              seconds: now - interval_began, all_allocations: total - gc_total, allocated: allocated,
+              seconds: seconds, all_allocations: all_allocations, allocated: allocated,
               alive: { "boot_data" => boot.size, "leak" => server.leaked.size, "ring_entry" => RING_SIZE },
               requests: server.requests })
       gc_total = GC.stat(:total_allocated_objects)
