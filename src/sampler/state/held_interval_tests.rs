@@ -1,19 +1,10 @@
 //! What a flush that does not deliver its profile gives back, and when a
 //! delivered flush's samples are let go (held_interval.rs).
 
+use super::tests::frames;
 use super::*;
 use crate::fast_hash::FastHashMap;
-use crate::sampler::stack_table::Frame;
 use crate::sampler::types::FrameRef;
-
-fn frames(ids: &[u64]) -> Vec<Frame> {
-    ids.iter()
-        .map(|&frame| Frame {
-            frame: FrameRef(frame),
-            line: 1,
-        })
-        .collect()
-}
 
 fn state(max_alloc: usize, max_heap: usize, seed: u64) -> SamplerState {
     SamplerState::new(GapSampler::new(1.0, seed), max_alloc, max_heap)

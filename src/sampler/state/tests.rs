@@ -6,7 +6,8 @@ use crate::sampler::stack_table::{Frame, FrameInfo};
 use crate::sampler::types::{is_named_class, is_ruby_class, FrameRef};
 use rand::RngExt;
 
-fn frames(ids: &[u64]) -> Vec<Frame> {
+/// One frame per id, each on line 1 (also for the other state test files).
+pub(super) fn frames(ids: &[u64]) -> Vec<Frame> {
     ids.iter()
         .map(|&frame| Frame {
             frame: FrameRef(frame),
