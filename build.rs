@@ -5,7 +5,7 @@ use std::env;
 /// each becomes `cfg(ruby_gte_X_Y)` so version-specific calls are gated.
 const RUBY_VERSION_GATES: [(u32, u32); 4] = [(3, 2), (3, 3), (3, 4), (4, 0)];
 
-// The pprof messages are not generated here: src/pprof/proto.rs is checked
+// The pprof messages are not generated here: crates/pprof/src/proto.rs is checked
 // in (script/generate-proto), so building needs neither prost-build nor protoc.
 fn main() {
     for (major, minor) in RUBY_VERSION_GATES {

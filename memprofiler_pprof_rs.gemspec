@@ -22,7 +22,7 @@ Gem::Specification.new do |spec|
   # cargo needs (script/vendor-crates), so that installing the gem needs no network.
   spec.files = Dir.chdir(__dir__) do
     Dir["{Cargo.toml,Cargo.lock,build.rs,README.md,ARCHITECTURE.md,CHANGELOG.md,LICENSE}"] + Dir["docs/*.md"] +
-      Dir["proto/**/*.proto"] + Dir["src/**/*.{rs,js,css}"] +
+      Dir["proto/**/*.proto"] + Dir["{src,crates}/**/*.{rs,js,css}"] + Dir["crates/*/Cargo.toml"] +
       Dir["ext/**/*.rb"] + Dir["lib/**/*.rb"] + Dir["exe/*"] +
       Dir.glob("vendor/crates/**/*", File::FNM_DOTMATCH).select { |f| File.file?(f) }
   end

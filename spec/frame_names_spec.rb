@@ -4,7 +4,7 @@ require_relative "fixtures/frame_names"
 
 # rb_profile_frames reports a frame running a block (or a rescue clause)
 # of a method as the method itself on every Ruby (3.1 to 4.0); the gem
-# tells them apart by line (src/sampler/block_frames.rs). And Ruby's own
+# tells them apart by line (crates/sampler/src/block_frames.rs). And Ruby's own
 # methods written in Ruby (Integer#times since 3.3) read as C methods do,
 # at their caller's file and line. These hold on every Ruby in CI.
 RSpec.describe "frame names" do

@@ -7,7 +7,7 @@ require "stringio"
 
 # What a security review found (issue 17), each as it was reported and what
 # must happen instead. The core's side (memory and time bounds, fuzzing) is
-# in src/analysis/hostile_input_tests.rs; these check the entry
+# in crates/analysis/src/hostile_input_tests.rs; these check the entry
 # points: the executable, Profile, ProfileData, the flushers, RackApp and
 # the Pyroscope uploader.
 RSpec.describe "hostile input" do

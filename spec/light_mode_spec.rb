@@ -1,7 +1,7 @@
 # frozen_string_literal: true
 
 # mode: :light finds deaths through object ids instead of the FREEOBJ hook
-# (src/sampler/state/liveness.rs). What could go wrong there: a new object
+# (crates/sampler/src/state/liveness.rs). What could go wrong there: a new object
 # in a dead sample's slot taken for it, objects moved by compaction lost,
 # dead samples filling the live map, a user's object_id changed.
 RSpec.describe MemprofilerPprof::Collector, "mode: :light" do

@@ -17,6 +17,12 @@ RSpec.describe "loading the gem" do
     expect(spec.version.to_s).to eq(MemprofilerPprof::VERSION)
     expect(spec.files).to include("Cargo.toml", "Cargo.lock", "build.rs", "proto/profile.proto",
                                   "ext/memprofiler_pprof_rs/extconf.rb", "src/lib.rs")
+    # Every member of the workspace: cargo reads them all to build any one.
+    members = File.read(File.expand_path("../Cargo.toml", __dir__))[/^members = \[(.*)\]$/, 1].scan(/"([^"]+)"/).flatten
+    expect(members).to include("crates/sampler", "crates/analysis")
+    (members - ["."]).each do |member|
+      expect(spec.files).to include("#{member}/Cargo.toml", "#{member}/src/lib.rs")
+    end
     expect(spec.files.grep(/\.so\z/)).to be_empty
   end
 

@@ -4,7 +4,7 @@
 # item 3). Ruby's Regexp backtracks: /Order.*save/ over one name of
 # 1,000,000 characters (a 1.6 KB profile) did not finish in a minute, with
 # the GVL held. The pattern is now matched in Rust in linear time
-# (src/analysis/focus), in Ruby's syntax: these check that it answers what
+# (crates/analysis/src/focus), in Ruby's syntax: these check that it answers what
 # Ruby's Regexp answers, and refuses what it cannot do, saying why.
 RSpec.describe "focus" do
   exe = File.expand_path("../exe/memprofiler_pprof_rs", __dir__)

@@ -2,7 +2,7 @@
 
 # window_probability below 1.0: the NEWOBJ hook is on only in short
 # windows of allocations placed at random, one per block of the allocation
-# sequence (src/sampler/windows.rs). Each sample weighs 1 / its window's
+# sequence (crates/sampler/src/windows/). Each sample weighs 1 / its window's
 # probability, so estimates are unbiased, and each profile says how close
 # it is (ProfileData#relative_standard_errors): the truth must lie within
 # its error bars.

@@ -5,7 +5,7 @@ module MemprofilerPprof
   # rb_profile_frames reports a frame that runs a block (or a rescue clause)
   # of a method as the method itself, with the block's line; from which
   # lines hold whose code, the native layer tells them apart
-  # (src/sampler/block_frames.rs). Called by Collector#flush, at most once per
+  # (crates/sampler/src/block_frames.rs). Called by Collector#flush, at most once per
   # method (the native side caches the answer), never from an allocation
   # hook. Internal: not part of the gem's API.
   module MethodBlocks

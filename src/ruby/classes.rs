@@ -8,9 +8,9 @@ use rb_sys::{
 
 use super::convert::{builtin_type, utf8_string};
 use super::errors::{protect, RbResult};
-use crate::fast_hash::FastHashMap;
-use crate::sampler::state::ObjectInfo;
-use crate::sampler::types::{internal_type_class, internal_type_of, is_ruby_class, ClassRef};
+use sampler::fast_hash::FastHashMap;
+use sampler::state::ObjectInfo;
+use sampler::types::{internal_type_class, internal_type_of, is_ruby_class, ClassRef};
 
 fn type_name(kind: u64) -> &'static str {
     use ruby_value_type::*;

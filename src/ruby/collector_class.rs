@@ -27,8 +27,8 @@ use super::convert::count_arg;
 use super::errors::{method_entry, protect, RbError, RbResult};
 use super::method_table::{method_def, MethodDef, MethodKind};
 use super::registry;
-use crate::pprof::heap_profile::SampleLabels;
-use crate::sampler::windows::WindowPolicy;
+use pprof::heap_profile::SampleLabels;
+use sampler::windows::WindowPolicy;
 
 struct DataType(rb_data_type_t);
 

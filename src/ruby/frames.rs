@@ -14,10 +14,10 @@ use super::convert::{fixnum, utf8_string};
 use super::errors::{protect, RbResult};
 use super::gvl::GvlHolds;
 use super::method_blocks::MethodBlocksReader;
-use crate::fast_hash::FastHashMap;
-use crate::pprof::heap_profile::FrameInfo;
-use crate::sampler::stack_table::{Frame, StackId};
-use crate::sampler::types::{is_resolved_frame, FrameRef, TRUNCATION_FRAME};
+use pprof::heap_profile::FrameInfo;
+use sampler::fast_hash::FastHashMap;
+use sampler::stack_table::{Frame, StackId};
+use sampler::types::{is_resolved_frame, FrameRef, TRUNCATION_FRAME};
 
 /// Deepest stack kept; deeper ones end in a "(truncated stack)" frame.
 pub const MAX_FRAMES: usize = 1024;

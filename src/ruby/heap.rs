@@ -20,7 +20,7 @@ use rb_sys::{
 
 use super::convert::builtin_type;
 use super::errors::{protect, RbResult};
-use crate::fast_hash::FastHashMap;
+use sampler::fast_hash::FastHashMap;
 
 type MemsizeOf = unsafe extern "C" fn(VALUE) -> usize;
 type ObjectPredicate = unsafe extern "C" fn(VALUE) -> c_int;

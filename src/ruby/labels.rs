@@ -19,7 +19,7 @@ use rb_sys::{
 use super::convert::{array_elements, count_arg, fixnum, rust_string, shown};
 use super::errors::{protect, RbError, RbResult};
 use super::method_table::{method_def, MethodDef, MethodKind};
-use crate::sampler::label_sets::{LabelNames, LabelSetId, LabelSets, NO_LABELS};
+use sampler::label_sets::{LabelNames, LabelSetId, LabelSets, NO_LABELS};
 
 /// The fiber-local variable holding the current set's id.
 const FIBER_KEY: &std::ffi::CStr = c"__memprofiler_pprof_rs_labels";

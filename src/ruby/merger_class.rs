@@ -18,9 +18,9 @@ use super::errors::{method_entry, protect, RbError, RbResult};
 use super::gvl::without_gvl;
 use super::method_table::{method_def, MethodDef, MethodKind};
 use super::profile_class::{memory_refusal, profile_of, wrap};
-use crate::analysis::decoded_profile::ViewError;
-use crate::analysis::merge::Merger;
-use crate::analysis::read_budget::READ_BUDGET;
+use analysis::decoded_profile::ViewError;
+use analysis::merge::Merger;
+use analysis::read_budget::READ_BUDGET;
 
 /// The merger, until `finish` takes it.
 type Wrapped = Mutex<Option<Merger>>;

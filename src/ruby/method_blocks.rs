@@ -14,8 +14,8 @@ use rb_sys::{
 
 use super::convert::{array_elements, fixnum, is_array, rust_string};
 use super::errors::{protect, RbError, RbResult};
-use crate::fast_hash::FastHashMap;
-use crate::sampler::block_frames::{BlockCode, BlockKind, MethodBlocks};
+use sampler::block_frames::{BlockCode, BlockKind, MethodBlocks};
+use sampler::fast_hash::FastHashMap;
 
 /// A method by its qualified name, file and first line.
 type MethodKey = (String, String, i64);

@@ -10,7 +10,7 @@ use rb_sys::rb_gv_get;
 
 use super::convert::rust_string;
 use super::errors::{protect, RbResult};
-use crate::pprof::process_comment::ProcessIdentity;
+use pprof::process_comment::ProcessIdentity;
 
 static STARTED_MILLIS: AtomicI64 = AtomicI64::new(0);
 /// The parent's pid in a forked child; 0 otherwise.

@@ -18,19 +18,19 @@ use super::convert::{array_elements, count_arg, fixnum, is_string, rust_string};
 use super::errors::{method_entry, protect, RbError, RbResult};
 use super::gvl::without_gvl;
 use super::method_table::{method_def, MethodDef, MethodKind};
-use crate::analysis::decoded_profile::{
+use analysis::decoded_profile::{
     decompress_within, DecodedProfile, ReadError, ViewError, SHAPE_KEYS,
 };
-use crate::analysis::diff::{render_diff, DiffOptions};
-use crate::analysis::flamegraph::{flame_graph_of, render_html, render_svg};
-use crate::analysis::focus::{FocusPattern, RubyOptions};
-use crate::analysis::grouping::GroupBy;
-use crate::analysis::merge::merge_within;
-use crate::analysis::read_budget::READ_BUDGET;
-use crate::analysis::top::{render_top, TopOptions};
-use crate::analysis::InputSet;
-use crate::pprof::function_errors::parse_function_errors;
-use crate::pprof::process_comment::processes_named;
+use analysis::diff::{render_diff, DiffOptions};
+use analysis::flamegraph::{flame_graph_of, render_html, render_svg};
+use analysis::focus::{FocusPattern, RubyOptions};
+use analysis::grouping::GroupBy;
+use analysis::merge::merge_within;
+use analysis::read_budget::READ_BUDGET;
+use analysis::top::{render_top, TopOptions};
+use analysis::InputSet;
+use pprof::function_errors::parse_function_errors;
+use pprof::process_comment::processes_named;
 
 struct DataType(rb_data_type_t);
 

@@ -14,7 +14,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{LazyLock, Once};
 
 use super::window_timer;
-use crate::sampler::lock::SamplerLock;
+use sampler_lock::SamplerLock;
 
 /// What the registry asks of a collector. Every method runs with the GVL
 /// held except the fork ones, which run inside fork() and only take,

@@ -20,7 +20,7 @@ use super::convert::count_arg;
 use super::errors::{method_entry, protect, RbError};
 use super::heap;
 use super::Init_memprofiler_pprof_rs;
-use crate::sampler::types::ClassRef;
+use sampler::types::ClassRef;
 
 /// Runs Ruby code under `protect`.
 fn eval(code: &CStr) -> Result<VALUE, RbError> {

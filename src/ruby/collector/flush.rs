@@ -15,10 +15,6 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rb_sys::VALUE;
 
-use crate::pprof::function_errors::FunctionSpreadInputs;
-use crate::pprof::heap_profile::{build_profile_gzipped, ProfileMeta, SampleLabels, MISSED_FRAME};
-use crate::pprof::inuse_comment::format_inuse_comment;
-use crate::pprof::spread_comment::{format_spread_comment, total_spreads, TotalSpread};
 use crate::ruby::classes::resolve_classes;
 use crate::ruby::errors::{RbError, RbResult};
 use crate::ruby::frames::resolve_frames;
@@ -28,10 +24,14 @@ use crate::ruby::labels;
 use crate::ruby::process_identity;
 use crate::ruby::registry;
 use crate::ruby::window_timer;
-use crate::sampler::gaps::mix_seed;
-use crate::sampler::spread::{spreads, widen_for_unobserved, UnseenWeights};
-use crate::sampler::state::{DropCounters, InuseCutoff};
-use crate::sampler::windows::{IntervalTally, WindowPolicy};
+use pprof::function_errors::FunctionSpreadInputs;
+use pprof::heap_profile::{build_profile_gzipped, ProfileMeta, SampleLabels, MISSED_FRAME};
+use pprof::inuse_comment::format_inuse_comment;
+use pprof::spread_comment::{format_spread_comment, total_spreads, TotalSpread};
+use sampler::gaps::mix_seed;
+use sampler::spread::{spreads, widen_for_unobserved, UnseenWeights};
+use sampler::state::{DropCounters, InuseCutoff};
+use sampler::windows::{IntervalTally, WindowPolicy};
 
 use super::{window_seed, Collector, Sampler};
 

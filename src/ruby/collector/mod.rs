@@ -32,11 +32,11 @@ use super::heap;
 use super::hooks::Hook;
 use super::registry::{self, Registered};
 use super::window_timer::{self, monotonic_ns};
-use crate::sampler::address_filter::AddressFilter;
-use crate::sampler::gaps::{entropy_seed, GapSampler, SkipCountdown};
-use crate::sampler::lock::{LockError, SamplerLock};
-use crate::sampler::state::SamplerState;
-use crate::sampler::windows::{WindowPolicy, Windows};
+use sampler::address_filter::AddressFilter;
+use sampler::gaps::{entropy_seed, GapSampler, SkipCountdown};
+use sampler::state::SamplerState;
+use sampler::windows::{WindowPolicy, Windows};
+use sampler_lock::{LockError, SamplerLock};
 
 pub const DEFAULT_SAMPLE_RATE: f64 = 0.01;
 pub const DEFAULT_MAX_ALLOCATION_SAMPLES: usize = 10_000;

@@ -24,7 +24,7 @@ use crate::ruby::heap;
 use crate::ruby::labels;
 use crate::ruby::registry;
 use crate::ruby::window_timer::{self, monotonic_ns};
-use crate::sampler::lock::LockError;
+use sampler_lock::LockError;
 
 use super::{Collector, Sampler, SizeMeasurement};
 

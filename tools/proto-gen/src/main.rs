@@ -1,7 +1,7 @@
 //! Prints the Rust code prost-build generates for proto/profile.proto.
 //!
 //! Usage: proto-gen PROTO_DIR OUT_DIR. script/generate-proto adds the
-//! header and writes (or, with --check, compares) src/pprof/proto.rs.
+//! header and writes (or, with --check, compares) crates/pprof/src/proto.rs.
 
 use std::env;
 use std::path::PathBuf;
