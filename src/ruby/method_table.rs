@@ -8,6 +8,9 @@ use rb_sys::{rb_define_method, rb_define_private_method, rb_define_singleton_met
 /// A Ruby method's C entry point, type-erased as rb_define_method wants.
 pub type AnyMethod = unsafe extern "C" fn() -> VALUE;
 
+/// One argument of a method's signature, in `method_def!`.
+pub type V = VALUE;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MethodKind {
     Public,
@@ -23,22 +26,49 @@ pub struct MethodDef {
     pub kind: MethodKind,
 }
 
-/// `method_def!(c"name", function, arity, MethodKind::Private)`.
+/// `method_def!(c"name", function, arity, MethodKind::Private)`, for the
+/// arities the classes use (a new one needs its line here).
+///
+/// `function` must be an `extern "C"` function of `arity` VALUEs plus self,
+/// returning a VALUE: the macro coerces it to exactly that pointer type
+/// before erasing it, so a wrong arity or signature is a compile error.
 macro_rules! method_def {
-    ($name:literal, $func:expr, $arity:literal, $kind:expr) => {
+    ($name:literal, $func:expr, 0, $kind:expr) => {
+        $crate::ruby::method_table::method_def!(@typed $name, $func, 0, $kind, (V))
+    };
+    ($name:literal, $func:expr, 1, $kind:expr) => {
+        $crate::ruby::method_table::method_def!(@typed $name, $func, 1, $kind, (V, V))
+    };
+    ($name:literal, $func:expr, 2, $kind:expr) => {
+        $crate::ruby::method_table::method_def!(@typed $name, $func, 2, $kind, (V, V, V))
+    };
+    ($name:literal, $func:expr, 3, $kind:expr) => {
+        $crate::ruby::method_table::method_def!(@typed $name, $func, 3, $kind, (V, V, V, V))
+    };
+    ($name:literal, $func:expr, 5, $kind:expr) => {
+        $crate::ruby::method_table::method_def!(@typed $name, $func, 5, $kind, (V, V, V, V, V, V))
+    };
+    ($name:literal, $func:expr, 6, $kind:expr) => {
+        $crate::ruby::method_table::method_def!(@typed $name, $func, 6, $kind, (V, V, V, V, V, V, V))
+    };
+    ($name:literal, $func:expr, 8, $kind:expr) => {
+        $crate::ruby::method_table::method_def!(@typed $name, $func, 8, $kind, (V, V, V, V, V, V, V, V, V))
+    };
+    (@typed $name:literal, $func:expr, $arity:literal, $kind:expr, ($($v:ident),+)) => {{
+        type Signature = unsafe extern "C" fn($($crate::ruby::method_table::$v),+) -> ::rb_sys::VALUE;
+        // The coercion is the check: it fails to compile unless `$func`
+        // takes exactly self and `$arity` VALUEs and returns a VALUE.
+        let typed: Signature = $func;
         $crate::ruby::method_table::MethodDef {
             name: $name,
-            // SAFETY: Ruby calls the function with `arity` VALUE arguments
-            // plus self, which is exactly its real signature.
-            func: unsafe {
-                std::mem::transmute::<*const (), $crate::ruby::method_table::AnyMethod>(
-                    $func as *const (),
-                )
-            },
+            // SAFETY: only the pointer's type is erased; Ruby calls it with
+            // self and `$arity` VALUEs, which the coercion above proved is
+            // its real signature.
+            func: unsafe { std::mem::transmute::<Signature, $crate::ruby::method_table::AnyMethod>(typed) },
             arity: $arity,
             kind: $kind,
         }
-    };
+    }};
 }
 pub(crate) use method_def;
 
