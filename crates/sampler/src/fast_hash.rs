@@ -2,74 +2,17 @@
 //! allocation path (object addresses, frame handles). SipHash's flood
 //! resistance buys nothing here: keys are addresses, not attacker input.
 
-use std::collections::{HashMap, HashSet};
-use std::hash::{BuildHasherDefault, Hasher};
+/// rustc's multiply-add hash ("FxHash", the rustc-hash crate): one
+/// multiplication per word.
+pub use rustc_hash::FxHasher as FastHasher;
 
-/// The multiply-rotate hash used by rustc ("FxHash").
-#[derive(Default, Clone, Copy)]
-pub struct FastHasher {
-    hash: u64,
-}
-
-const SEED: u64 = 0x51_7c_c1_b7_27_22_0a_95;
-
-impl FastHasher {
-    #[inline]
-    fn add(&mut self, word: u64) {
-        self.hash = (self.hash.rotate_left(5) ^ word).wrapping_mul(SEED);
-    }
-}
-
-impl Hasher for FastHasher {
-    #[inline]
-    fn write(&mut self, bytes: &[u8]) {
-        let mut chunks = bytes.chunks_exact(8);
-        for chunk in &mut chunks {
-            self.add(u64::from_le_bytes(chunk.try_into().expect("8-byte chunk")));
-        }
-        for &byte in chunks.remainder() {
-            self.add(u64::from(byte));
-        }
-    }
-
-    #[inline]
-    fn write_u8(&mut self, n: u8) {
-        self.add(u64::from(n));
-    }
-
-    #[inline]
-    fn write_u32(&mut self, n: u32) {
-        self.add(u64::from(n));
-    }
-
-    #[inline]
-    fn write_i32(&mut self, n: i32) {
-        self.add(n as u32 as u64);
-    }
-
-    #[inline]
-    fn write_u64(&mut self, n: u64) {
-        self.add(n);
-    }
-
-    #[inline]
-    fn write_usize(&mut self, n: usize) {
-        self.add(n as u64);
-    }
-
-    #[inline]
-    fn finish(&self) -> u64 {
-        self.hash
-    }
-}
-
-pub type FastHashMap<K, V> = HashMap<K, V, BuildHasherDefault<FastHasher>>;
-pub type FastHashSet<K> = HashSet<K, BuildHasherDefault<FastHasher>>;
+pub type FastHashMap<K, V> = rustc_hash::FxHashMap<K, V>;
+pub type FastHashSet<K> = rustc_hash::FxHashSet<K>;
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::hash::Hash;
+    use std::hash::{Hash, Hasher};
 
     fn hash_of<T: Hash>(value: T) -> u64 {
         let mut hasher = FastHasher::default();
