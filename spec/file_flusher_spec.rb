@@ -180,21 +180,6 @@ RSpec.describe MemprofilerPprof::FileFlusher do
     end
   end
 
-  it "ignores a MEMPROFILER_PPROF_RS_FILE_MODE that lets group or others write, saying so by name" do
-    %w[777 666 0660 620 002].each do |value|
-      config = MemprofilerPprof::EnvConfig.new("MEMPROFILER_PPROF_RS_FILE_MODE" => value)
-      expect(config.file_flusher_options[:mode]).to eq(0o600)
-      expect(config.warnings).to eq(["ignoring MEMPROFILER_PPROF_RS_FILE_MODE=#{value.inspect}: must be an octal " \
-                                     "file permission that neither group nor others may write, such as 600, 640 " \
-                                     "or 644; using 0600"])
-    end
-    %w[640 0644 600 400].each do |value|
-      config = MemprofilerPprof::EnvConfig.new("MEMPROFILER_PPROF_RS_FILE_MODE" => value)
-      expect(config.warnings).to be_empty
-      expect(config.file_flusher_options[:mode]).to eq(Integer(value, 8))
-    end
-  end
-
   it "logs a write that fails and keeps going" do
     blocker = File.join(@dir, "not-a-dir")
     File.write(blocker, "")

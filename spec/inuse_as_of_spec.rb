@@ -89,13 +89,3 @@ end
     end
   end
 end
-
-RSpec.describe MemprofilerPprof::EnvConfig, "inuse_as_of" do
-  it "reads MEMPROFILER_PPROF_RS_INUSE_AS_OF, and warns of a bad value" do
-    expect(described_class.new("MEMPROFILER_PPROF_RS_INUSE_AS_OF" => "flush").collector_options[:inuse_as_of])
-      .to eq(:flush)
-    config = described_class.new("MEMPROFILER_PPROF_RS_INUSE_AS_OF" => "now")
-    expect(config.collector_options[:inuse_as_of]).to eq(:last_gc)
-    expect(config.warnings.join).to include("MEMPROFILER_PPROF_RS_INUSE_AS_OF", "now")
-  end
-end

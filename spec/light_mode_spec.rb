@@ -229,39 +229,6 @@ RSpec.describe MemprofilerPprof::Collector, "mode: :light" do
     expect { collector.mode = :fast }.to raise_error(ArgumentError, /mode.*:fast/)
     expect { described_class.new(mode: "light") }.to raise_error(ArgumentError, /mode.*"light"/)
   end
-
-  it "is chosen from the environment, as are sampling windows, and a bad value is reported, not raised" do
-    config = MemprofilerPprof::EnvConfig.new("MEMPROFILER_PPROF_RS_MODE" => "light",
-                                             "MEMPROFILER_PPROF_RS_WINDOW_PROBABILITY" => "0.25")
-    collector = described_class.new(**config.collector_options)
-    expect([collector.mode, collector.window_probability]).to eq([:light, 0.25])
-    bad = MemprofilerPprof::EnvConfig.new("MEMPROFILER_PPROF_RS_MODE" => "fast",
-                                          "MEMPROFILER_PPROF_RS_WINDOW_PROBABILITY" => "0")
-    expect([bad.mode, bad.window_probability]).to eq([:light, 1.0])
-    expect(bad.warnings.join("\n")).to include("MEMPROFILER_PPROF_RS_MODE=\"fast\"",
-                                               "MEMPROFILER_PPROF_RS_WINDOW_PROBABILITY=\"0\"")
-  end
-
-  it "takes a window budget from the environment, which wins over a window probability" do
-    config = MemprofilerPprof::EnvConfig.new("MEMPROFILER_PPROF_RS_WINDOW_BUDGET" => "50000",
-                                             "MEMPROFILER_PPROF_RS_WINDOW_PROBABILITY" => "0.25")
-    collector = described_class.new(**config.collector_options)
-    expect([collector.window_budget, collector.window_probability]).to eq([50_000, 1.0])
-    expect(config.warnings).to eq(["ignoring MEMPROFILER_PPROF_RS_WINDOW_PROBABILITY=\"0.25\": " \
-                                   "a window budget is set; using 1.0"])
-    bad = MemprofilerPprof::EnvConfig.new("MEMPROFILER_PPROF_RS_WINDOW_BUDGET" => "lots")
-    expect(bad.window_budget).to eq(:auto)
-    expect(bad.warnings.join).to include("MEMPROFILER_PPROF_RS_WINDOW_BUDGET=\"lots\"")
-    expect(described_class.new(**bad.collector_options).window_budget).to eq(50_000)
-    # "none" turns the default budget off; "auto" is the default; the
-    # warm-up is a count.
-    none = MemprofilerPprof::EnvConfig.new("MEMPROFILER_PPROF_RS_WINDOW_BUDGET" => "none",
-                                           "MEMPROFILER_PPROF_RS_WINDOW_WARM_UP" => "0")
-    collector = described_class.new(**none.collector_options)
-    expect([collector.window_budget, collector.window_warm_up, none.warnings]).to eq([nil, 0, []])
-    auto = MemprofilerPprof::EnvConfig.new("MEMPROFILER_PPROF_RS_WINDOW_BUDGET" => "Auto")
-    expect(described_class.new(**auto.collector_options).window_budget).to eq(50_000)
-  end
 end
 
 RSpec.describe MemprofilerPprof::Collector, "on Ruby 4.0 and later, which light mode does not support" do
