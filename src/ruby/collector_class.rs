@@ -3,15 +3,12 @@
 //! calls after validating arguments. These methods check types again, so a
 //! direct call with bad values gets a TypeError, not undefined behaviour.
 
-use std::ffi::{c_long, c_void};
-use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::ffi::{c_long, CStr};
 
 use rb_sys::{
-    rb_ary_new_capa, rb_ary_push, rb_data_type_struct, rb_data_type_struct__bindgen_ty_1,
-    rb_data_type_t, rb_data_typed_object_wrap, rb_float_new, rb_hash_aset, rb_hash_new, rb_id2sym,
-    rb_intern, rb_obj_freeze, rb_str_new, rb_ull2inum, Qfalse, Qnil, Qtrue, FIX2LONG, FIXNUM_P,
-    NIL_P, NUM2DBL, RB_FLOAT_TYPE_P, RTYPEDDATA_GET_DATA, RTYPEDDATA_P, RTYPEDDATA_TYPE, TEST,
-    VALUE,
+    rb_ary_new_capa, rb_ary_push, rb_float_new, rb_hash_aset, rb_hash_new, rb_id2sym, rb_intern,
+    rb_obj_freeze, rb_str_new, rb_ull2inum, Qfalse, Qnil, Qtrue, FIX2LONG, FIXNUM_P, NIL_P,
+    NUM2DBL, RB_FLOAT_TYPE_P, TEST, VALUE,
 };
 
 use super::collector::{Collector, FlushOptions, FlushResult, Mode, SizeMeasurement};
@@ -27,95 +24,39 @@ use super::convert::count_arg;
 use super::errors::{method_entry, protect, RbError, RbResult};
 use super::method_table::{method_def, MethodDef, MethodKind};
 use super::registry;
+use super::typed_data::{self, DataType, TypedData};
 use pprof::heap_profile::SampleLabels;
 use sampler::windows::WindowPolicy;
 
-struct DataType(rb_data_type_t);
+impl TypedData for Collector {
+    const NAME: &'static CStr = c"MemprofilerPprof::Collector";
+    const NOUN: &'static str = "collector";
+    // Not free-immediately on purpose: dropping a collector switches the
+    // hooks off, which is only allowed outside GC, in the deferred free.
+    const FREE_IMMEDIATELY: bool = false;
+    const HOLDS_OBJECTS: bool = true;
 
-// SAFETY: the struct is immutable after initialisation; its raw pointers
-// point at static data.
-unsafe impl Sync for DataType {}
+    fn memory_bytes(&self) -> usize {
+        Collector::memory_bytes(self)
+    }
 
-const fn data_type() -> rb_data_type_t {
-    // SAFETY: all-zero is a valid rb_data_type_t (null pointers, no
-    // callbacks); the fields we use are set below.
-    let mut functions: rb_data_type_struct__bindgen_ty_1 = unsafe { std::mem::zeroed() };
-    functions.dmark = Some(collector_mark);
-    functions.dfree = Some(collector_free);
-    functions.dsize = Some(collector_size);
-    functions.dcompact = Some(collector_compact);
-    // SAFETY: as above.
-    let mut data_type: rb_data_type_struct = unsafe { std::mem::zeroed() };
-    data_type.wrap_struct_name = c"MemprofilerPprof::Collector".as_ptr();
-    data_type.function = functions;
-    // Not RUBY_TYPED_FREE_IMMEDIATELY on purpose: the free function switches
-    // the hooks off, which is only allowed outside GC, in the deferred free.
-    data_type.flags = 0;
-    data_type
+    fn mark(&self) {
+        Collector::mark(self);
+    }
+
+    fn update_references(&self) {
+        Collector::update_references(self);
+    }
 }
 
-static COLLECTOR_TYPE: DataType = DataType(data_type());
-
-unsafe extern "C" fn collector_mark(data: *mut c_void) {
-    let _ = catch_unwind(AssertUnwindSafe(|| {
-        // SAFETY: Ruby passes the pointer given to rb_data_typed_object_wrap.
-        unsafe { &*(data as *const Collector) }.mark();
-    }));
-}
-
-unsafe extern "C" fn collector_compact(data: *mut c_void) {
-    let _ = catch_unwind(AssertUnwindSafe(|| {
-        // SAFETY: as in collector_mark.
-        unsafe { &*(data as *const Collector) }.update_references();
-    }));
-}
-
-unsafe extern "C" fn collector_free(data: *mut c_void) {
-    let _ = catch_unwind(AssertUnwindSafe(|| {
-        // SAFETY: the Box leaked in `collector_alloc`, freed exactly once here.
-        drop(unsafe { Box::from_raw(data as *mut Collector) });
-    }));
-}
-
-unsafe extern "C" fn collector_size(data: *const c_void) -> rb_sys::size_t {
-    catch_unwind(AssertUnwindSafe(|| {
-        // SAFETY: as in collector_mark.
-        unsafe { &*(data as *const Collector) }.memory_bytes() as rb_sys::size_t
-    }))
-    .unwrap_or(0)
-}
+static COLLECTOR_TYPE: DataType = DataType::of::<Collector>();
 
 pub unsafe extern "C" fn collector_alloc(klass: VALUE) -> VALUE {
-    method_entry(|| {
-        let collector = Box::into_raw(Box::new(Collector::new()));
-        let wrapped = protect(|| {
-            // SAFETY: `collector` is a valid heap pointer handed to Ruby, which
-            // frees it through collector_free.
-            unsafe { rb_data_typed_object_wrap(klass, collector.cast(), &COLLECTOR_TYPE.0) }
-        });
-        if wrapped.is_err() {
-            // SAFETY: Ruby did not take ownership; we still own the Box.
-            drop(unsafe { Box::from_raw(collector) });
-        }
-        wrapped
-    })
+    method_entry(|| typed_data::wrap(klass, Collector::new(), &COLLECTOR_TYPE))
 }
 
 fn collector_of(object: VALUE) -> RbResult<&'static Collector> {
-    // SAFETY: these read the object's header only after RTYPEDDATA_P
-    // confirmed it is typed data; the data pointer was set by collector_alloc.
-    unsafe {
-        if !RTYPEDDATA_P(object) || !std::ptr::eq(RTYPEDDATA_TYPE(object), &COLLECTOR_TYPE.0) {
-            return Err(RbError::type_error(
-                "expected a MemprofilerPprof::Collector",
-            ));
-        }
-        let data = RTYPEDDATA_GET_DATA(object) as *const Collector;
-        if data.is_null() {
-            return Err(RbError::state("collector is not initialized"));
-        }
-        Ok(&*data)
-    }
+    typed_data::get(object, &COLLECTOR_TYPE)
 }
 
 fn float_arg(value: VALUE, name: &str) -> RbResult<f64> {

@@ -4,20 +4,16 @@
 //! objects. Adding runs without the GVL, so the merger sits behind a
 //! mutex: two threads adding to one merger take turns.
 
-use std::ffi::c_void;
-use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::ffi::CStr;
 use std::sync::{Mutex, TryLockError};
 
-use rb_sys::{
-    rb_ary_push, rb_data_type_struct, rb_data_type_struct__bindgen_ty_1, rb_data_type_t,
-    rb_data_typed_object_wrap, rb_ull2inum, Qfalse, Qnil, Qtrue, RTYPEDDATA_GET_DATA, RTYPEDDATA_P,
-    RTYPEDDATA_TYPE, VALUE,
-};
+use rb_sys::{rb_ary_push, rb_ull2inum, Qfalse, Qnil, Qtrue, VALUE};
 
 use super::errors::{method_entry, protect, RbError, RbResult};
 use super::gvl::without_gvl;
 use super::method_table::{method_def, MethodDef, MethodKind};
 use super::profile_class::{memory_refusal, profile_of, wrap};
+use super::typed_data::{self, DataType, TypedData};
 use analysis::decoded_profile::ViewError;
 use analysis::merge::Merger;
 use analysis::read_budget::READ_BUDGET;
@@ -25,34 +21,20 @@ use analysis::read_budget::READ_BUDGET;
 /// The merger, until `finish` takes it.
 type Wrapped = Mutex<Option<Merger>>;
 
-struct DataType(rb_data_type_t);
+impl TypedData for Wrapped {
+    const NAME: &'static CStr = c"MemprofilerPprof::Profile::Merger";
+    const NOUN: &'static str = "merger";
+    // Dropping it frees Rust memory only.
+    const FREE_IMMEDIATELY: bool = true;
 
-// SAFETY: immutable after initialisation; its pointers point at static data.
-unsafe impl Sync for DataType {}
+    fn memory_bytes(&self) -> usize {
+        // (Busy in another thread: its last size is not known; say 0.)
+        self.try_lock().ok().map_or(0, |merger| {
+            merger.as_ref().map_or(0, |m| m.memory_bytes() as usize)
+        })
+    }
 
-const fn data_type() -> rb_data_type_t {
-    // SAFETY: all-zero is a valid rb_data_type_t; the fields used are set below.
-    let mut functions: rb_data_type_struct__bindgen_ty_1 = unsafe { std::mem::zeroed() };
-    functions.dfree = Some(merger_free);
-    functions.dsize = Some(merger_size);
-    // SAFETY: as above.
-    let mut data_type: rb_data_type_struct = unsafe { std::mem::zeroed() };
-    data_type.wrap_struct_name = c"MemprofilerPprof::Profile::Merger".as_ptr();
-    data_type.function = functions;
-    // RUBY_TYPED_FREE_IMMEDIATELY: freeing is plain Rust memory.
-    data_type.flags = 1;
-    data_type
-}
-
-static MERGER_TYPE: DataType = DataType(data_type());
-
-unsafe extern "C" fn merger_free(data: *mut c_void) {
-    let _ = catch_unwind(AssertUnwindSafe(|| {
-        if data.is_null() {
-            return;
-        }
-        // SAFETY: the Box leaked in `merger_alloc`, freed exactly once here.
-        let wrapped = unsafe { Box::from_raw(data as *mut Wrapped) };
+    fn release(wrapped: Box<Self>) {
         // Locked while nothing can be using it: a forked child's copy of a
         // merger a thread of the parent was changing. Its tables may be
         // half-changed, so it is leaked rather than dropped.
@@ -60,55 +42,24 @@ unsafe extern "C" fn merger_free(data: *mut c_void) {
         if busy {
             std::mem::forget(wrapped);
         }
-    }));
+    }
 }
 
-unsafe extern "C" fn merger_size(data: *const c_void) -> rb_sys::size_t {
-    catch_unwind(AssertUnwindSafe(|| {
-        // SAFETY: Ruby passes the pointer given to rb_data_typed_object_wrap.
-        let wrapped = unsafe { &*(data as *const Wrapped) };
-        // (Busy in another thread: its last size is not known; say 0.)
-        wrapped.try_lock().ok().map_or(0, |merger| {
-            merger.as_ref().map_or(0, |m| m.memory_bytes()) as rb_sys::size_t
-        })
-    }))
-    .unwrap_or(0)
-}
+static MERGER_TYPE: DataType = DataType::of::<Wrapped>();
 
 /// Ruby's allocator for the class: an empty merger held to the read budget.
 pub unsafe extern "C" fn merger_alloc(klass: VALUE) -> VALUE {
     method_entry(|| {
-        let pointer = Box::into_raw(Box::new(Mutex::new(Some(Merger::within(&READ_BUDGET)))));
-        let wrapped = protect(|| {
-            // SAFETY: `pointer` is a valid heap pointer handed to Ruby, which
-            // frees it through merger_free.
-            unsafe { rb_data_typed_object_wrap(klass, pointer.cast(), &MERGER_TYPE.0) }
-        });
-        if wrapped.is_err() {
-            // SAFETY: Ruby did not take ownership; we still own the Box.
-            drop(unsafe { Box::from_raw(pointer) });
-        }
-        wrapped
+        typed_data::wrap(
+            klass,
+            Mutex::new(Some(Merger::within(&READ_BUDGET))),
+            &MERGER_TYPE,
+        )
     })
 }
 
 fn merger_of(object: VALUE) -> RbResult<&'static Wrapped> {
-    // SAFETY: the typed-data header is read only once RTYPEDDATA_P says the
-    // object is typed data (self is always a heap object), and its type
-    // compared before the data is used. The data was set by merger_alloc
-    // and lives as long as the object, which the caller keeps alive (self).
-    unsafe {
-        if !RTYPEDDATA_P(object) || !std::ptr::eq(RTYPEDDATA_TYPE(object), &MERGER_TYPE.0) {
-            return Err(RbError::type_error(
-                "expected a MemprofilerPprof::Profile::Merger",
-            ));
-        }
-        let data = RTYPEDDATA_GET_DATA(object) as *const Wrapped;
-        if data.is_null() {
-            return Err(RbError::state("merger is not initialized"));
-        }
-        Ok(&*data)
-    }
+    typed_data::get(object, &MERGER_TYPE)
 }
 
 /// Runs `work` on the merger without the GVL; None when it has finished.

@@ -20,6 +20,7 @@ mod method_table;
 mod process_identity;
 mod profile_class;
 mod registry;
+mod typed_data;
 #[cfg(test)]
 mod vm_tests;
 mod window_timer;

@@ -4,20 +4,18 @@
 //! validating arguments. The wrapped data holds no Ruby objects, so there is
 //! nothing to mark or move.
 
-use std::ffi::{c_long, c_void};
-use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::ffi::{c_long, CStr};
 
 use rb_sys::{
-    rb_ary_new_capa, rb_ary_push, rb_data_type_struct, rb_data_type_struct__bindgen_ty_1,
-    rb_data_type_t, rb_data_typed_object_wrap, rb_float_new, rb_ll2inum, rb_str_new, rb_ull2inum,
-    rb_utf8_str_new, ruby_value_type, Qfalse, Qnil, Qtrue, NIL_P, RB_TYPE_P, RSTRING_LEN,
-    RSTRING_PTR, RTYPEDDATA_GET_DATA, RTYPEDDATA_P, RTYPEDDATA_TYPE, TEST, VALUE,
+    rb_ary_new_capa, rb_ary_push, rb_float_new, rb_ll2inum, rb_str_new, rb_ull2inum,
+    rb_utf8_str_new, Qfalse, Qnil, Qtrue, NIL_P, RSTRING_LEN, RSTRING_PTR, TEST, VALUE,
 };
 
 use super::convert::{array_elements, count_arg, fixnum, is_string, rust_string};
 use super::errors::{method_entry, protect, RbError, RbResult};
 use super::gvl::without_gvl;
 use super::method_table::{method_def, MethodDef, MethodKind};
+use super::typed_data::{self, DataType, TypedData};
 use analysis::decoded_profile::{
     decompress_within, DecodedProfile, ReadError, ViewError, SHAPE_KEYS,
 };
@@ -32,79 +30,26 @@ use analysis::InputSet;
 use pprof::function_errors::parse_function_errors;
 use pprof::process_comment::processes_named;
 
-struct DataType(rb_data_type_t);
+impl TypedData for DecodedProfile {
+    const NAME: &'static CStr = c"MemprofilerPprof::Profile";
+    const NOUN: &'static str = "profile";
+    // Dropping it frees Rust memory only.
+    const FREE_IMMEDIATELY: bool = true;
 
-// SAFETY: immutable after initialisation; its pointers point at static data.
-unsafe impl Sync for DataType {}
-
-const fn data_type() -> rb_data_type_t {
-    // SAFETY: all-zero is a valid rb_data_type_t; the fields used are set below.
-    let mut functions: rb_data_type_struct__bindgen_ty_1 = unsafe { std::mem::zeroed() };
-    functions.dfree = Some(profile_free);
-    functions.dsize = Some(profile_size);
-    // SAFETY: as above.
-    let mut data_type: rb_data_type_struct = unsafe { std::mem::zeroed() };
-    data_type.wrap_struct_name = c"MemprofilerPprof::Profile".as_ptr();
-    data_type.function = functions;
-    // RUBY_TYPED_FREE_IMMEDIATELY: freeing is plain Rust memory.
-    data_type.flags = 1;
-    data_type
+    fn memory_bytes(&self) -> usize {
+        DecodedProfile::memory_bytes(self)
+    }
 }
 
-static PROFILE_TYPE: DataType = DataType(data_type());
-
-unsafe extern "C" fn profile_free(data: *mut c_void) {
-    let _ = catch_unwind(AssertUnwindSafe(|| {
-        if !data.is_null() {
-            // SAFETY: the Box leaked in `wrap`, freed exactly once here.
-            drop(unsafe { Box::from_raw(data as *mut DecodedProfile) });
-        }
-    }));
-}
-
-unsafe extern "C" fn profile_size(data: *const c_void) -> rb_sys::size_t {
-    catch_unwind(AssertUnwindSafe(|| {
-        // SAFETY: Ruby passes the pointer given to rb_data_typed_object_wrap.
-        let profile = unsafe { &*(data as *const DecodedProfile) };
-        profile.memory_bytes() as rb_sys::size_t
-    }))
-    .unwrap_or(0)
-}
+static PROFILE_TYPE: DataType = DataType::of::<DecodedProfile>();
 
 /// Hands `profile` to Ruby as an instance of `klass`.
 pub(super) fn wrap(klass: VALUE, profile: DecodedProfile) -> RbResult<VALUE> {
-    let pointer = Box::into_raw(Box::new(profile));
-    let wrapped = protect(|| {
-        // SAFETY: `pointer` is a valid heap pointer; Ruby frees it through
-        // profile_free.
-        unsafe { rb_data_typed_object_wrap(klass, pointer.cast(), &PROFILE_TYPE.0) }
-    });
-    if wrapped.is_err() {
-        // SAFETY: Ruby did not take ownership; we still own the Box.
-        drop(unsafe { Box::from_raw(pointer) });
-    }
-    wrapped
+    typed_data::wrap(klass, profile, &PROFILE_TYPE)
 }
 
 pub(super) fn profile_of(object: VALUE) -> RbResult<&'static DecodedProfile> {
-    // SAFETY: RB_TYPE_P handles immediates (nil, Integers) and reads only the
-    // flags of heap objects; the typed-data header is read only once the
-    // object is known to be T_DATA, and its type pointer compared before the
-    // data is used. The data was set by `wrap` and lives as long as the
-    // object, which the caller keeps alive (self, or an Array argument).
-    unsafe {
-        if !RB_TYPE_P(object, ruby_value_type::RUBY_T_DATA)
-            || !RTYPEDDATA_P(object)
-            || !std::ptr::eq(RTYPEDDATA_TYPE(object), &PROFILE_TYPE.0)
-        {
-            return Err(RbError::type_error("expected a MemprofilerPprof::Profile"));
-        }
-        let data = RTYPEDDATA_GET_DATA(object) as *const DecodedProfile;
-        if data.is_null() {
-            return Err(RbError::state("profile is not initialized"));
-        }
-        Ok(&*data)
-    }
+    typed_data::get(object, &PROFILE_TYPE)
 }
 
 fn string_arg(value: VALUE, name: &str) -> RbResult<String> {
