@@ -7,11 +7,10 @@ use super::decoded_profile::DecodedProfile;
 use super::display::{rank, shown};
 use super::grouping::{frame_label, FrameGroups, GroupBy, PathShortener};
 use super::units::{format_duration, format_percent, format_time_utc, format_value};
-use crate::InputSet;
+use crate::{InputMap, InputSet};
 use pprof::function_errors::{parse_function_errors, FunctionErrors, SPINE_FALLBACK_SHARE};
 use pprof::heap_profile::SAMPLE_TYPES;
 use pprof::spread_comment::{parse_spread_comment, spread_line, TotalSpread};
-use sampler::fast_hash::FastHashMap;
 
 #[derive(Debug, Clone)]
 pub struct TopOptions {
@@ -386,7 +385,7 @@ fn row_errors(
     profile: &DecodedProfile,
     options: &TopOptions,
     sample_type: &str,
-) -> Option<(FastHashMap<String, FunctionErrors>, usize)> {
+) -> Option<(InputMap<String, FunctionErrors>, usize)> {
     if options.by != GroupBy::Function || options.focus.is_some() {
         return None;
     }
@@ -395,7 +394,7 @@ fn row_errors(
         .position(|(name, _)| *name == sample_type)?;
     // By the label a row shows: names cut short alike are one label, and
     // which one's error it is cannot be told.
-    let mut errors: FastHashMap<String, FunctionErrors> = FastHashMap::default();
+    let mut errors: InputMap<String, FunctionErrors> = InputMap::default();
     let mut ambiguous = Vec::new();
     for (name, function) in parse_function_errors(&profile.comments()) {
         let label = shown(&name).into_owned();

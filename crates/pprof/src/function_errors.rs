@@ -17,6 +17,8 @@
 //! which functions each emitted stack holds, named as the profile names
 //! them (blocks included), and works the comments out once per flush.
 
+use std::collections::HashMap;
+
 use sampler::fast_hash::FastHashMap;
 use sampler::spread::{keyed_spreads, widen_for_unobserved, Spread, UnseenWeights};
 use sampler::stack_table::StackId;
@@ -116,9 +118,10 @@ const COMMENT_STEM: &str = "relative standard error of a function";
 
 /// The errors the comments give, by function name (a profile without them
 /// gives none; a name given twice, as merged profiles would, is left out:
-/// which profile's it is cannot be told).
-pub fn parse_function_errors<S: AsRef<str>>(comments: &[S]) -> FastHashMap<String, FunctionErrors> {
-    let mut errors = FastHashMap::default();
+/// which profile's it is cannot be told). Keyed by names a file being read
+/// chooses: std's randomly keyed hasher, so crafted names cannot collide.
+pub fn parse_function_errors<S: AsRef<str>>(comments: &[S]) -> HashMap<String, FunctionErrors> {
+    let mut errors = HashMap::new();
     let mut repeated = Vec::new();
     for comment in comments {
         let Some((name, parsed)) = parse_line(comment.as_ref()) else {
