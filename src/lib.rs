@@ -12,7 +12,8 @@
 //! - `analysis`: reading profiles back (any tool's): top, diff, merge,
 //!   flame graphs.
 //!
-//! All but this crate are unit-tested with `cargo test` without a Ruby VM,
-//! and all but this crate and the lock forbid `unsafe`.
+//! All but this crate are unit-tested with `cargo test` without a Ruby VM;
+//! `sampler`, `pprof` and `analysis` forbid `unsafe` (the lock and the
+//! tests' helpers are the argued exceptions, ARCHITECTURE.md).
 
 mod ruby;

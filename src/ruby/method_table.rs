@@ -55,6 +55,8 @@ macro_rules! method_def {
         $crate::ruby::method_table::method_def!(@typed $name, $func, 8, $kind, (V, V, V, V, V, V, V, V, V))
     };
     (@typed $name:literal, $func:expr, $arity:literal, $kind:expr, ($($v:ident),+)) => {{
+        // The arity is the signature's: self and one VALUE per argument.
+        const _: () = assert!([$(stringify!($v)),+].len() == $arity + 1);
         type Signature = unsafe extern "C" fn($($crate::ruby::method_table::$v),+) -> ::rb_sys::VALUE;
         // The coercion is the check: it fails to compile unless `$func`
         // takes exactly self and `$arity` VALUEs and returns a VALUE.

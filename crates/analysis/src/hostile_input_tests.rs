@@ -5,8 +5,8 @@
 //! that every view ends, without a panic, in bounded memory.
 //!
 //! The fuzz test is ignored by a plain `cargo test` (it runs for a while);
-//! script/test runs it, in release mode, with `cargo test --release --lib
-//! fuzzed -- --ignored`, for MEMPROFILER_FUZZ_SECONDS (default 10) from a
+//! script/test runs it, in release mode, with `cargo test --release -p
+//! memprofiler_pprof_analysis --lib fuzzed -- --ignored`, for MEMPROFILER_FUZZ_SECONDS (default 10) from a
 //! seed printed at the end and on failure; MEMPROFILER_FUZZ_SEED repeats a
 //! run.
 

@@ -5,7 +5,7 @@
 //! sampler lock is taken, but its holders run with the GVL, which the GC's
 //! thread has: a holder on this same thread (never by the collector's
 //! rules) is refused as a re-entry and counted, not deadlocked
-//! (sampler/lock.rs).
+//! (crates/lock).
 
 use std::sync::atomic::Ordering;
 

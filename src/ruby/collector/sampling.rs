@@ -5,7 +5,7 @@
 //!   (FREEOBJ always is): they never allocate a Ruby object, call Ruby,
 //!   release the GVL, or add or remove hooks. They take the sampler lock
 //!   (NEWOBJ without waiting: a busy lock is a counted drop), whose holders
-//!   all run with the GVL (sampler/lock.rs); a panic is counted, never
+//!   all run with the GVL (crates/lock); a panic is counted, never
 //!   unwound.
 //! - `measure_pending` and `next_window` run from the postponed job (GVL
 //!   held, outside GC): they may take the lock, and in light mode call

@@ -480,8 +480,8 @@ fn big_stacks(n: usize) -> Vec<FlameStack<'static>> {
         .collect()
 }
 
-/// `FLAMEGRAPH_SAMPLE_OUT=/tmp/sample.html cargo test --lib -- --ignored
-/// write_sample_page` writes a small page (and the SVG next to it, as
+/// `FLAMEGRAPH_SAMPLE_OUT=/tmp/sample.html cargo test -p memprofiler_pprof_analysis --lib --
+/// --ignored write_sample_page` writes a small page (and the SVG next to it, as
 /// .svg) to look at in a browser; FLAMEGRAPH_BIG_SAMPLE_OUT, a page of
 /// big_input's 200k stacks.
 #[test]

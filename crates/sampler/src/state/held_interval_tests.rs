@@ -250,8 +250,8 @@ fn allocate_on(st: &mut SamplerState, object: usize, stack: &[u64], alive: bool)
 
 /// Timing, not a check: what a flush cut short costs at the end, in one
 /// hold, with the default cap's and a million allocation samples on
-/// distinct stacks (`cargo test --release --lib give_back_cost --
-/// --ignored --nocapture`).
+/// distinct stacks (`cargo test --release -p memprofiler_pprof_sampler --lib
+/// give_back_cost -- --ignored --nocapture`).
 #[test]
 #[ignore = "a timing to read, not a check"]
 fn give_back_cost() {

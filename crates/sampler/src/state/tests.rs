@@ -961,7 +961,7 @@ fn named_class_of_a_live_sample_freed_mid_flush_keeps_its_name() {
     );
 }
 
-/// Timing, not a check: `cargo test --release --lib detach_cost -- --ignored --nocapture`.
+/// Timing, not a check: `cargo test --release -p memprofiler_pprof_sampler --lib detach_cost -- --ignored --nocapture`.
 #[test]
 #[ignore = "a timing to read, not a check"]
 fn detach_cost_on_a_large_heap() {
