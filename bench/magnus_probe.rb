@@ -27,8 +27,9 @@ def instructions(script, dir)
 end
 
 Dir.mktmpdir("magnus_probe") do |dir|
-  run!("cargo", "build", "--release", "--quiet", "--manifest-path", File.join(PROBE, "Cargo.toml"),
-       "--target-dir", File.join(dir, "target"))
+  # Built against the Ruby that runs the loops (rb-sys reads RUBY).
+  run!({ "RUBY" => RbConfig.ruby }, "cargo", "build", "--release", "--locked", "--quiet",
+       "--manifest-path", File.join(PROBE, "Cargo.toml"), "--target-dir", File.join(dir, "target"))
   library = File.join(dir, "magnus_probe.so")
   File.rename(File.join(dir, "target", "release", "libmagnus_probe.so"), library)
   loop_of = lambda do |call|
@@ -36,7 +37,7 @@ Dir.mktmpdir("magnus_probe") do |dir|
       "while i < #{CALLS}; x = #{call}; i += 1; end; exit(x == #{CALLS + 1} ? 0 : 1)"
   end
   base = instructions(loop_of.call("i + 2"), dir)
-  rows = { "magnus method!" => "o.add(i, 2)", "by hand (the gem's way)" => "o.raw_add(i, 2)" }
+  rows = { "magnus method!" => "o.add(i, 2)", "raw extern \"C\"" => "o.raw_add(i, 2)" }
   puts "#{RUBY_DESCRIPTION}; #{CALLS} calls, instructions per call over the loop alone (callgrind)"
   rows.each do |name, call|
     per_call = (instructions(loop_of.call(call), dir) - base) / CALLS.to_f

@@ -49,7 +49,7 @@ impl TypedData for Collector {
     }
 }
 
-static COLLECTOR_TYPE: DataType = DataType::of::<Collector>();
+static COLLECTOR_TYPE: DataType<Collector> = DataType::of();
 
 pub unsafe extern "C" fn collector_alloc(klass: VALUE) -> VALUE {
     method_entry(|| typed_data::wrap(klass, Collector::new(), &COLLECTOR_TYPE))

@@ -26,6 +26,7 @@ impl TypedData for Wrapped {
     const NOUN: &'static str = "merger";
     // Dropping it frees Rust memory only.
     const FREE_IMMEDIATELY: bool = true;
+    const HOLDS_OBJECTS: bool = false;
 
     fn memory_bytes(&self) -> usize {
         // (Busy in another thread: its last size is not known; say 0.)
@@ -45,7 +46,7 @@ impl TypedData for Wrapped {
     }
 }
 
-static MERGER_TYPE: DataType = DataType::of::<Wrapped>();
+static MERGER_TYPE: DataType<Wrapped> = DataType::of();
 
 /// Ruby's allocator for the class: an empty merger held to the read budget.
 pub unsafe extern "C" fn merger_alloc(klass: VALUE) -> VALUE {

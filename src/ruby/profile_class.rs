@@ -35,13 +35,14 @@ impl TypedData for DecodedProfile {
     const NOUN: &'static str = "profile";
     // Dropping it frees Rust memory only.
     const FREE_IMMEDIATELY: bool = true;
+    const HOLDS_OBJECTS: bool = false;
 
     fn memory_bytes(&self) -> usize {
         DecodedProfile::memory_bytes(self)
     }
 }
 
-static PROFILE_TYPE: DataType = DataType::of::<DecodedProfile>();
+static PROFILE_TYPE: DataType<DecodedProfile> = DataType::of();
 
 /// Hands `profile` to Ruby as an instance of `klass`.
 pub(super) fn wrap(klass: VALUE, profile: DecodedProfile) -> RbResult<VALUE> {

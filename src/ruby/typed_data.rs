@@ -1,8 +1,9 @@
 //! A Rust value owned by a Ruby object (TypedData): the data type Ruby
 //! calls back through, handing the value to Ruby, and finding it again.
 //! The classes (`collector_class`, `profile_class`, `merger_class`) each
-//! implement `TypedData` for what they wrap and keep one `DataType` static,
-//! whose address is the type's identity.
+//! implement `TypedData` for what they wrap and keep one `DataType<T>` in a
+//! `static` (not a `const`: each use of a const may be a copy at another
+//! address), whose address is the type's identity.
 //!
 //! When these run: `wrap` and `get` with the GVL held, outside GC. The
 //! callbacks are Ruby's: `dmark` and `dcompact` during GC (no allocation,
@@ -11,6 +12,7 @@
 //! lets a panic out.
 
 use std::ffi::{c_void, CStr};
+use std::marker::PhantomData;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use rb_sys::{
@@ -30,17 +32,20 @@ pub trait TypedData: Sized + 'static {
     /// Whether Ruby may free it during GC (RUBY_TYPED_FREE_IMMEDIATELY):
     /// only if dropping it does nothing a GC forbids.
     const FREE_IMMEDIATELY: bool;
-    /// Whether it holds Ruby objects: then `mark` and `update_references`
-    /// are Ruby's dmark and dcompact.
-    const HOLDS_OBJECTS: bool = false;
+    /// Whether it holds Ruby objects: only then are `mark` and
+    /// `update_references` Ruby's dmark and dcompact. No default, so that an
+    /// impl cannot write a `mark` that is never called.
+    const HOLDS_OBJECTS: bool;
 
     /// Heap bytes it owns (`ObjectSpace.memsize_of`).
     fn memory_bytes(&self) -> usize;
 
-    /// Marks the Ruby objects it keeps (during GC: no allocation).
+    /// Marks the Ruby objects it keeps (during GC: no allocation). Called
+    /// only when `HOLDS_OBJECTS`.
     fn mark(&self) {}
 
     /// Follows the objects compaction moved (during GC: no allocation).
+    /// Called only when `HOLDS_OBJECTS`.
     fn update_references(&self) {}
 
     /// Ruby is done with the value; dropping it is the default.
@@ -49,15 +54,17 @@ pub trait TypedData: Sized + 'static {
     }
 }
 
-/// A class's data type, kept in a static: Ruby keeps pointers to it.
-pub struct DataType(rb_data_type_t);
+/// A class's data type, kept in a static: Ruby keeps pointers to it. Typed
+/// by what it wraps, so that `wrap` and `get` cannot pair a value with
+/// another class's data type.
+pub struct DataType<T>(rb_data_type_t, PhantomData<fn() -> T>);
 
 // SAFETY: immutable after initialisation; its pointers point at static
-// data (the name and the callbacks).
-unsafe impl Sync for DataType {}
+// data (the name and the callbacks). No T is stored.
+unsafe impl<T> Sync for DataType<T> {}
 
-impl DataType {
-    pub const fn of<T: TypedData>() -> DataType {
+impl<T: TypedData> DataType<T> {
+    pub const fn of() -> DataType<T> {
         // SAFETY: all-zero is a valid rb_data_type_t (null pointers, no
         // callbacks); the fields used are set below.
         let mut functions: rb_data_type_struct__bindgen_ty_1 = unsafe { std::mem::zeroed() };
@@ -73,10 +80,12 @@ impl DataType {
         data_type.function = functions;
         // RUBY_TYPED_FREE_IMMEDIATELY is 1.
         data_type.flags = if T::FREE_IMMEDIATELY { 1 } else { 0 };
-        DataType(data_type)
+        DataType(data_type, PhantomData)
     }
 }
 
+// Ruby calls dmark, dcompact and dsize only for an object whose data is
+// set; only dfree can see a null pointer (an allocation that failed).
 unsafe extern "C" fn mark<T: TypedData>(data: *mut c_void) {
     let _ = catch_unwind(AssertUnwindSafe(|| {
         // SAFETY: Ruby passes the pointer `wrap` gave it, alive until dfree.
@@ -108,9 +117,12 @@ unsafe extern "C" fn size<T: TypedData>(data: *const c_void) -> rb_sys::size_t {
     .unwrap_or(0)
 }
 
-/// Hands `value` to Ruby as an instance of `klass`, typed `data_type`
-/// (which must be `DataType::of::<T>()`).
-pub fn wrap<T: TypedData>(klass: VALUE, value: T, data_type: &'static DataType) -> RbResult<VALUE> {
+/// Hands `value` to Ruby as an instance of `klass`, typed `data_type`.
+pub fn wrap<T: TypedData>(
+    klass: VALUE,
+    value: T,
+    data_type: &'static DataType<T>,
+) -> RbResult<VALUE> {
     let pointer = Box::into_raw(Box::new(value));
     let wrapped = protect(|| {
         // SAFETY: `pointer` is a valid heap pointer; Ruby owns it from here
@@ -126,7 +138,7 @@ pub fn wrap<T: TypedData>(klass: VALUE, value: T, data_type: &'static DataType) 
 
 /// The value `object` wraps, if it is of `data_type` (a TypeError
 /// otherwise, for any VALUE: immediates, other objects, other data).
-pub fn get<T: TypedData>(object: VALUE, data_type: &'static DataType) -> RbResult<&'static T> {
+pub fn get<T: TypedData>(object: VALUE, data_type: &'static DataType<T>) -> RbResult<&'static T> {
     // SAFETY: RB_TYPE_P handles immediates (nil, Integers) and reads only
     // the flags of heap objects; the typed-data header is read only once
     // the object is known to be T_DATA, and its type compared before the

@@ -1,6 +1,8 @@
 //! The same two-argument method bound twice: through magnus's `method!`
-//! (`add`), and by hand as the gem binds its methods (`raw_add`: an
-//! `extern "C"` function, arguments converted by hand, panics caught).
+//! (`add`, whose `&self` is type-checked), and by hand (`raw_add`: an
+//! `extern "C"` function, arguments converted by hand, panics caught, no
+//! check of self; the gem's methods add a type check of a few
+//! instructions and `method_entry`'s error mapping).
 //! bench/magnus_probe.rb counts the instructions of a call of each.
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
