@@ -1,0 +1,94 @@
+# frozen_string_literal: true
+
+# What the profiler's own threads cost a server, thread by thread: puma
+# serving the Rails-depth app (bench/lib/rails_app.ru, as bench/run rails)
+# under wrk, each configuration in a fresh puma, alternating; each thread's
+# context switches a second and CPU time, read from /proc (Linux only).
+#
+#   ruby bench/thread_costs.rb                  # the defaults beside no profiler, 3 runs of 10 s each
+#   ruby bench/thread_costs.rb --runs 5 --seconds 20 --app puma_app.ru
+#
+# The windows' timer thread (memprofiler-windows) wakes for the sampling
+# windows' polls: each wake-up costs two context switches and a postponed
+# job in a request thread. The flusher thread (a FileFlusher writing every
+# second, as in bench/run puma and rails) builds and gzips a profile. Count
+# figures (wake-ups, switches) move far less with the machine's load than
+# requests a second do; read CPU to about ±20% on a shared machine.
+
+require "optparse"
+require_relative "lib/puma_bench"
+
+options = { runs: 3, seconds: 10, app: "rails_app.ru", configs: ["no profiler", "memprofiler_pprof_rs 0.01"] }
+OptionParser.new do |o|
+  o.banner = "usage: ruby bench/thread_costs.rb [options]"
+  o.on("--runs N", Integer, "runs per configuration (default 3)") { |v| options[:runs] = v }
+  o.on("--seconds N", Integer, "seconds of wrk per run (default 10)") { |v| options[:seconds] = v }
+  o.on("--app RACKUP", "rails_app.ru (default) or puma_app.ru") { |v| options[:app] = v }
+  o.on("--config NAME", "a configuration of bench/lib/configs.rb, beside no profiler (repeatable)") do |v|
+    options[:configs] = ["no profiler"] if options[:configs].size == 2 && !options[:custom]
+    options[:custom] = true
+    options[:configs] << v
+  end
+end.parse!
+abort "thread_costs.rb: reads /proc/PID/task, which this system does not have" unless File.directory?("/proc/self/task")
+abort "thread_costs.rb: --runs and --seconds must be at least 1" unless options[:runs].positive? && options[:seconds].positive?
+unknown = options[:configs] - BenchConfigs::ALL.keys
+abort "thread_costs.rb: unknown configuration #{unknown.first.inspect}" unless unknown.empty?
+missing = %w[puma wrk].find { |tool| !system("command -v #{tool} >/dev/null 2>&1") }
+abort "thread_costs.rb: #{missing} is not installed (script/bootstrap --bench installs it)" if missing
+
+PATHS = { "rails_app.ru" => "/products?page=3", "puma_app.ru" => "/?page=3" }.freeze
+path = PATHS.fetch(options[:app]) { abort "thread_costs.rb: --app is rails_app.ru or puma_app.ru" }
+CLOCK_TICKS = PumaBench::CLOCK_TICKS
+# Thread names (as Linux keeps them: 15 bytes) and what they are.
+THREAD_KINDS = { "memprofiler-win" => :timer, "memprofiler_ppr" => :flusher, "puma srv tp" => :requests }.freeze
+
+# Per thread of `pid`, by kind: [context switches, CPU ticks].
+def thread_counts(pid)
+  Dir["/proc/#{pid}/task/*"].each_with_object(Hash.new { |h, k| h[k] = [0, 0] }) do |task, sums|
+    name = File.read("#{task}/comm").strip
+    status = File.read("#{task}/status")
+    switches = %w[voluntary nonvoluntary].sum { |kind| status[/^#{kind}_ctxt_switches:\s+(\d+)/, 1].to_i }
+    fields = File.read("#{task}/stat").split(") ", 2).last.split
+    kind = THREAD_KINDS.find { |prefix, _| name.start_with?(prefix) }&.last || :other
+    sums[kind][0] += switches
+    sums[kind][1] += fields[11].to_i + fields[12].to_i
+  rescue Errno::ENOENT, Errno::ESRCH
+    next # a thread that ended as we read
+  end
+end
+
+results = Hash.new { |h, k| h[k] = [] }
+options[:runs].times do
+  options[:configs].each do |config|
+    PumaBench.serve(config, options[:app]) do |url, _dir, pid|
+      PumaBench.wrk(url + path, 3, PumaBench::THREADS) # warm-up: templates, caches, the windows' rates
+      before = thread_counts(pid)
+      run = PumaBench.wrk(url + path, options[:seconds], PumaBench::THREADS)
+      after = thread_counts(pid)
+      deltas = after.to_h { |kind, (switches, ticks)| [kind, [switches - before[kind][0], ticks - before[kind][1]]] }
+      results[config] << { requests: run[:requests], seconds: options[:seconds], deltas: deltas }
+    end
+    print "."
+  end
+end
+puts
+
+puts "#{options[:app]} under puma (#{PumaBench::THREADS} threads), wrk #{options[:seconds]} s, medians of " \
+     "#{options[:runs]} runs; per second of wrk, or per request"
+header = format("%-30s %10s %12s %14s %12s %13s %14s", "configuration", "requests", "CPU/request",
+                "request thr cs", "timer cs/s", "timer CPU", "flusher CPU")
+puts header, "-" * header.size
+results.each do |config, runs|
+  per = lambda do |kind, index, per_request: false|
+    BenchReport.median(runs.map do |r|
+      value = r[:deltas].fetch(kind, [0, 0])[index].to_f
+      per_request ? value / r[:requests] : value / r[:seconds]
+    end)
+  end
+  cpu_per_request = BenchReport.median(runs.map { |r| r[:deltas].values.sum { |_, ticks| ticks }.to_f / r[:requests] })
+  puts format("%-30s %10d %9.1f ms %14.0f %12.0f %11.1f %% %12.1f %%", config, BenchReport.median(runs.map { |r| r[:requests] }),
+              cpu_per_request * 1000.0 / CLOCK_TICKS, per.call(:requests, 0), per.call(:timer, 0),
+              per.call(:timer, 1) * 100.0 / CLOCK_TICKS, per.call(:flusher, 1) * 100.0 / CLOCK_TICKS)
+end
+puts "(cs: context switches a second, voluntary and not; timer and flusher CPU: share of one core)"
