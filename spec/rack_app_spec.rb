@@ -627,10 +627,16 @@ RSpec.describe MemprofilerPprof::RackApp do
 
     def url(path) = "http://127.0.0.1:#{@port}#{path}"
 
+    def go_cache
+      @go_cache ||= Open3.capture2("go", "env", "GOCACHE").first.strip
+    end
+
+    # pprof keeps what it fetched under HOME, so HOME is a fresh folder;
+    # GOCACHE stays the user's, or go builds its pprof tool again (~30 s).
     def go_pprof_url(target)
       home = File.join(@dir, "home")
       FileUtils.mkdir_p(home)
-      env = { "PPROF_TMPDIR" => home, "HOME" => home }
+      env = { "PPROF_TMPDIR" => home, "HOME" => home, "GOCACHE" => go_cache }
       Open3.capture3(env, "go", "tool", "pprof", "-top", target)
     end
 
