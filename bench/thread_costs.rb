@@ -7,6 +7,7 @@
 #
 #   ruby bench/thread_costs.rb                  # the defaults beside no profiler, 3 runs of 10 s each
 #   ruby bench/thread_costs.rb --runs 5 --seconds 20 --app puma_app.ru
+#   ruby bench/thread_costs.rb --config "memprofiler_pprof_rs 0.01, mode: :exact"   # instead of the defaults
 #
 # The windows' timer thread (memprofiler-windows) wakes for the sampling
 # windows' polls: each wake-up costs two context switches and a postponed
@@ -19,17 +20,16 @@ require "optparse"
 require_relative "lib/puma_bench"
 
 options = { runs: 3, seconds: 10, app: "rails_app.ru", configs: ["no profiler", "memprofiler_pprof_rs 0.01"] }
+chosen = []
 OptionParser.new do |o|
   o.banner = "usage: ruby bench/thread_costs.rb [options]"
   o.on("--runs N", Integer, "runs per configuration (default 3)") { |v| options[:runs] = v }
   o.on("--seconds N", Integer, "seconds of wrk per run (default 10)") { |v| options[:seconds] = v }
   o.on("--app RACKUP", "rails_app.ru (default) or puma_app.ru") { |v| options[:app] = v }
-  o.on("--config NAME", "a configuration of bench/lib/configs.rb, beside no profiler (repeatable)") do |v|
-    options[:configs] = ["no profiler"] if options[:configs].size == 2 && !options[:custom]
-    options[:custom] = true
-    options[:configs] << v
-  end
+  o.on("--config NAME", "a configuration of bench/lib/configs.rb instead of the defaults, beside no profiler " \
+                        "(repeatable)") { |v| chosen << v }
 end.parse!
+options[:configs] = (["no profiler"] + chosen).uniq unless chosen.empty?
 abort "thread_costs.rb: reads /proc/PID/task, which this system does not have" unless File.directory?("/proc/self/task")
 abort "thread_costs.rb: --runs and --seconds must be at least 1" unless options[:runs].positive? && options[:seconds].positive?
 unknown = options[:configs] - BenchConfigs::ALL.keys
@@ -37,10 +37,13 @@ abort "thread_costs.rb: unknown configuration #{unknown.first.inspect}" unless u
 missing = %w[puma wrk].find { |tool| !system("command -v #{tool} >/dev/null 2>&1") }
 abort "thread_costs.rb: #{missing} is not installed (script/bootstrap --bench installs it)" if missing
 
-PATHS = { "rails_app.ru" => "/products?page=3", "puma_app.ru" => "/?page=3" }.freeze
-path = PATHS.fetch(options[:app]) { abort "thread_costs.rb: --app is rails_app.ru or puma_app.ru" }
+# Each app's path and wrk connections, as bench/run rails and puma use them.
+APPS = { "rails_app.ru" => ["/products?page=3", PumaBench::THREADS],
+         "puma_app.ru" => ["/?page=3", PumaBench::CONNECTIONS] }.freeze
+path, connections = APPS.fetch(options[:app]) { abort "thread_costs.rb: --app is rails_app.ru or puma_app.ru" }
 CLOCK_TICKS = PumaBench::CLOCK_TICKS
-# Thread names (as Linux keeps them: 15 bytes) and what they are.
+# Thread names (as Linux keeps them: 15 bytes) and what they are. (With a
+# FileFlusher the only memprofiler_pprof_rs Ruby thread is the flusher's.)
 THREAD_KINDS = { "memprofiler-win" => :timer, "memprofiler_ppr" => :flusher, "puma srv tp" => :requests }.freeze
 
 # Per thread of `pid`, by kind: [context switches, CPU ticks].
@@ -49,7 +52,8 @@ def thread_counts(pid)
     name = File.read("#{task}/comm").strip
     status = File.read("#{task}/status")
     switches = %w[voluntary nonvoluntary].sum { |kind| status[/^#{kind}_ctxt_switches:\s+(\d+)/, 1].to_i }
-    fields = File.read("#{task}/stat").split(") ", 2).last.split
+    stat = File.read("#{task}/stat")
+    fields = stat[(stat.rindex(")") + 2)..].split # (a name may hold ") ")
     kind = THREAD_KINDS.find { |prefix, _| name.start_with?(prefix) }&.last || :other
     sums[kind][0] += switches
     sums[kind][1] += fields[11].to_i + fields[12].to_i
@@ -62,12 +66,14 @@ results = Hash.new { |h, k| h[k] = [] }
 options[:runs].times do
   options[:configs].each do |config|
     PumaBench.serve(config, options[:app]) do |url, _dir, pid|
-      PumaBench.wrk(url + path, 3, PumaBench::THREADS) # warm-up: templates, caches, the windows' rates
+      PumaBench.wrk(url + path, 3, connections) # warm-up: templates, caches, the windows' rates
       before = thread_counts(pid)
-      run = PumaBench.wrk(url + path, options[:seconds], PumaBench::THREADS)
+      cpu_before = PumaBench.cpu_seconds(pid)
+      run = PumaBench.wrk(url + path, options[:seconds], connections)
+      cpu = PumaBench.cpu_seconds(pid) - cpu_before
       after = thread_counts(pid)
       deltas = after.to_h { |kind, (switches, ticks)| [kind, [switches - before[kind][0], ticks - before[kind][1]]] }
-      results[config] << { requests: run[:requests], seconds: options[:seconds], deltas: deltas }
+      results[config] << { requests: run[:requests], seconds: options[:seconds], cpu: cpu, deltas: deltas }
     end
     print "."
   end
@@ -80,15 +86,10 @@ header = format("%-30s %10s %12s %14s %12s %13s %14s", "configuration", "request
                 "request thr cs", "timer cs/s", "timer CPU", "flusher CPU")
 puts header, "-" * header.size
 results.each do |config, runs|
-  per = lambda do |kind, index, per_request: false|
-    BenchReport.median(runs.map do |r|
-      value = r[:deltas].fetch(kind, [0, 0])[index].to_f
-      per_request ? value / r[:requests] : value / r[:seconds]
-    end)
-  end
-  cpu_per_request = BenchReport.median(runs.map { |r| r[:deltas].values.sum { |_, ticks| ticks }.to_f / r[:requests] })
+  per = ->(kind, index) { BenchReport.median(runs.map { |r| r[:deltas].fetch(kind, [0, 0])[index].fdiv(r[:seconds]) }) }
+  cpu_per_request = BenchReport.median(runs.map { |r| r[:cpu] / r[:requests] })
   puts format("%-30s %10d %9.1f ms %14.0f %12.0f %11.1f %% %12.1f %%", config, BenchReport.median(runs.map { |r| r[:requests] }),
-              cpu_per_request * 1000.0 / CLOCK_TICKS, per.call(:requests, 0), per.call(:timer, 0),
+              cpu_per_request * 1000.0, per.call(:requests, 0), per.call(:timer, 0),
               per.call(:timer, 1) * 100.0 / CLOCK_TICKS, per.call(:flusher, 1) * 100.0 / CLOCK_TICKS)
 end
 puts "(cs: context switches a second, voluntary and not; timer and flusher CPU: share of one core)"

@@ -138,7 +138,9 @@ module PumaBench
 
   # User and system time of process `pid` so far (its threads included).
   def cpu_seconds(pid)
-    fields = File.read("/proc/#{pid}/stat").split(") ", 2).last.split
+    stat = File.read("/proc/#{pid}/stat")
+    # (The name before it, in parentheses, may hold ") " itself.)
+    fields = stat[(stat.rindex(")") + 2)..].split
     (Integer(fields[11]) + Integer(fields[12])).fdiv(CLOCK_TICKS)
   end
 

@@ -10,10 +10,9 @@ use prost::Message;
 
 use super::Profile;
 
-/// A flush gzips inside the profiled process: level 4 takes 40-45% less
-/// time than zlib's default 6 for 1-2% more bytes, where level 1 would
-/// cost a quarter to a third more bytes (docs/performance.md,
-/// `examples/gzip_levels.rs`).
+/// A flush gzips inside the profiled process: a level faster than zlib's
+/// default 6 for a few percent more bytes; the fastest levels cost far
+/// more bytes (docs/performance.md, `examples/gzip_levels.rs`).
 pub const LEVEL: u32 = 4;
 
 /// Serialises and gzips a profile, the form pprof tools read (the tests'
