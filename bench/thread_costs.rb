@@ -52,11 +52,9 @@ def thread_counts(pid)
     name = File.read("#{task}/comm").strip
     status = File.read("#{task}/status")
     switches = %w[voluntary nonvoluntary].sum { |kind| status[/^#{kind}_ctxt_switches:\s+(\d+)/, 1].to_i }
-    stat = File.read("#{task}/stat")
-    fields = stat[(stat.rindex(")") + 2)..].split # (a name may hold ") ")
     kind = THREAD_KINDS.find { |prefix, _| name.start_with?(prefix) }&.last || :other
     sums[kind][0] += switches
-    sums[kind][1] += fields[11].to_i + fields[12].to_i
+    sums[kind][1] += PumaBench.cpu_ticks("#{task}/stat")
   rescue Errno::ENOENT, Errno::ESRCH
     next # a thread that ended as we read
   end

@@ -138,10 +138,16 @@ module PumaBench
 
   # User and system time of process `pid` so far (its threads included).
   def cpu_seconds(pid)
-    stat = File.read("/proc/#{pid}/stat")
-    # (The name before it, in parentheses, may hold ") " itself.)
+    cpu_ticks("/proc/#{pid}/stat").fdiv(CLOCK_TICKS)
+  end
+
+  # User and system clock ticks from a /proc stat file (a process's or a
+  # thread's).
+  def cpu_ticks(stat_path)
+    stat = File.read(stat_path)
+    # (The name before them, in parentheses, may hold ") " itself.)
     fields = stat[(stat.rindex(")") + 2)..].split
-    (Integer(fields[11]) + Integer(fields[12])).fdiv(CLOCK_TICKS)
+    Integer(fields[11]) + Integer(fields[12])
   end
 
   def latency(out, percentile)
