@@ -109,7 +109,19 @@ struct ProfileBuilder<'a> {
     method_key_of_frame: FastHashMap<FrameRef, u32>,
     /// `stack_locations`' buffer: each position's info.
     infos: Vec<Option<&'a FrameInfo>>,
+    /// A frame's function by what names it: the frame, the block of it
+    /// that ran (`NO_BLOCK`: none), and for a C method the outer frame
+    /// whose file it is shown in (`TRUNCATION_FRAME`: its own). Saves
+    /// hashing its strings again at every stack it is in.
+    function_of_frame: FastHashMap<(FrameRef, usize, FrameRef), u64>,
+    /// The last stack's location ids: merged samples come sorted by stack,
+    /// and samples of one stack that differ by class, age or labels follow
+    /// each other.
+    last_stack: Option<(StackId, Vec<u64>)>,
 }
+
+/// `function_of_frame`'s key for a frame that ran none of its blocks.
+const NO_BLOCK: usize = usize::MAX;
 
 impl<'a> ProfileBuilder<'a> {
     fn new(
@@ -128,6 +140,8 @@ impl<'a> ProfileBuilder<'a> {
             method_keys: FastHashMap::default(),
             method_key_of_frame: FastHashMap::default(),
             infos: Vec::new(),
+            function_of_frame: FastHashMap::default(),
+            last_stack: None,
         }
     }
 
@@ -194,27 +208,48 @@ impl<'a> ProfileBuilder<'a> {
                 let function = self.function_id("(truncated stack)", "", 0);
                 self.location_id(function, 0)
             } else if let Some(info) = infos[i] {
-                let (filename, line) = match &info.filename {
-                    Some(file) => (file.as_str(), i64::from(frame.line)),
-                    // A C method: its caller's file and line (the nearest
-                    // outer frame that has a file).
+                // A C method: its caller's file and line (the nearest
+                // outer frame that has a file).
+                let file_from = match info.filename {
+                    Some(_) => None,
                     None => frames[i + 1..]
                         .iter()
                         .zip(&infos[i + 1..])
-                        .find_map(|(outer, info)| {
-                            Some((info.as_ref()?.filename.as_deref()?, i64::from(outer.line)))
-                        })
-                        .unwrap_or(("(C function)", 0)),
+                        .find(|(_, info)| info.is_some_and(|info| info.filename.is_some())),
                 };
-                let block = blocks_ran
-                    .get(i)
-                    .copied()
-                    .flatten()
-                    .zip(info.blocks.as_deref())
-                    .map(|(index, blocks)| blocks.block(index));
-                let function = match block {
-                    Some(block) => self.function_id(&block.name, filename, block.start_line),
-                    None => self.function_id(&info.name, filename, info.start_line),
+                let line = match file_from {
+                    Some((outer, _)) => i64::from(outer.line),
+                    None if info.filename.is_some() => i64::from(frame.line),
+                    None => 0,
+                };
+                let block_index = blocks_ran.get(i).copied().flatten();
+                let key = (
+                    frame.frame,
+                    block_index.unwrap_or(NO_BLOCK),
+                    file_from.map_or(TRUNCATION_FRAME, |(outer, _)| outer.frame),
+                );
+                let function = match self.function_of_frame.get(&key) {
+                    Some(&function) => function,
+                    None => {
+                        let filename = match (&info.filename, file_from) {
+                            (Some(file), _) => file.as_str(),
+                            (None, Some((_, outer))) => outer
+                                .and_then(|outer| outer.filename.as_deref())
+                                .unwrap_or("(C function)"),
+                            (None, None) => "(C function)",
+                        };
+                        let block = block_index
+                            .zip(info.blocks.as_deref())
+                            .map(|(index, blocks)| blocks.block(index));
+                        let function = match block {
+                            Some(block) => {
+                                self.function_id(&block.name, filename, block.start_line)
+                            }
+                            None => self.function_id(&info.name, filename, info.start_line),
+                        };
+                        self.function_of_frame.insert(key, function);
+                        function
+                    }
                 };
                 self.location_id(function, line)
             } else {
@@ -321,7 +356,14 @@ impl<'a> ProfileBuilder<'a> {
             let Some(frames) = snapshot.stacks.get(&stack) else {
                 continue;
             };
-            let mut location_id = self.stack_locations(frames);
+            let mut location_id = match &self.last_stack {
+                Some((last, ids)) if *last == stack => ids.clone(),
+                _ => {
+                    let ids = self.stack_locations(frames);
+                    self.last_stack = Some((stack, ids.clone()));
+                    ids
+                }
+            };
             if meta.function_spreads.is_some() && function_comments.get().is_none() {
                 function_keys.add_stack(stack, &location_id, &self.profile, &self.strings);
             }
@@ -1029,6 +1071,51 @@ mod tests {
         assert_eq!(foo_functions, 1);
         assert_eq!(profile.location.len(), 4);
         assert!(profile.function.iter().all(|f| f.system_name == 0));
+    }
+
+    #[test]
+    fn a_c_method_is_named_at_its_caller_in_each_stack() {
+        // One C method under two callers in two files, and under one caller
+        // at two lines: names are looked up once per frame, but the file
+        // and line stay each stack's own.
+        let mut state = SamplerState::new(GapSampler::new(1.0, 1), 100, 100);
+        let stacks = [
+            [frame(24, 0), frame(8, 12), frame(16, 30)],
+            [frame(24, 0), frame(32, 5), frame(16, 31)],
+            [frame(24, 0), frame(8, 14), frame(16, 30)],
+        ];
+        for (i, stack) in stacks.iter().enumerate() {
+            record(&mut state, 0x1000 + i * 40, stack);
+        }
+        state.measure_pending(|_| Some(40));
+        let snapshot = state.take_snapshot(0, |_| Some(40));
+        let mut frames = FastHashMap::default();
+        frames.insert(FrameRef(8), info("Foo#bar", Some("app.rb"), 10));
+        frames.insert(FrameRef(16), info("<main>", Some("app.rb"), 1));
+        frames.insert(FrameRef(24), info("String#*", None, 0));
+        frames.insert(FrameRef(32), info("Baz#qux", Some("lib.rb"), 3));
+        let profile = build_profile(&snapshot, &frames, &classes(), &meta());
+        let mut leaves: Vec<String> = profile
+            .sample
+            .iter()
+            .filter(|s| s.value[0] > 0)
+            .map(|s| function_names(&profile, s)[..2].join(" <- "))
+            .collect();
+        leaves.sort();
+        assert_eq!(
+            leaves,
+            vec![
+                "String#*@app.rb:12 <- Foo#bar@app.rb:12",
+                "String#*@app.rb:14 <- Foo#bar@app.rb:14",
+                "String#*@lib.rb:5 <- Baz#qux@lib.rb:5",
+            ]
+        );
+        let c_functions = profile
+            .function
+            .iter()
+            .filter(|f| string(&profile, f.name) == "String#*")
+            .count();
+        assert_eq!(c_functions, 2, "one function per file it is shown in");
     }
 
     #[test]
