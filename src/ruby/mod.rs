@@ -23,6 +23,7 @@ mod registry;
 mod typed_data;
 #[cfg(test)]
 mod vm_tests;
+mod window_alarm;
 mod window_timer;
 
 use rb_sys::{
