@@ -217,7 +217,7 @@ module MemprofilerPprof
     # steps that need the GVL (measuring live objects, naming frames).
     # These are ruby_memprofiler_pprof 0.0.4's keywords, but on by default
     # here: with both, a flush of 50,000 live samples holds the GVL for at
-    # most ~3 ms at a time instead of ~130 ms in one go (see
+    # most ~3 ms at a time instead of ~100 ms in one go (see
     # bench/run flush). Pass false to get that gem's behaviour.
     #
     # max_profile_bytes: if the uncompressed profile would be larger, the

@@ -17,6 +17,7 @@ mod labels;
 mod merger_class;
 mod method_blocks;
 mod method_table;
+mod monotonic_clock;
 mod process_identity;
 mod profile_class;
 mod registry;

@@ -15,7 +15,9 @@ use std::thread::Thread;
 #[cfg(not(target_os = "linux"))]
 use std::time::Duration;
 
-use super::window_timer::monotonic_ns;
+#[cfg(target_os = "linux")]
+use super::monotonic_clock::monotonic_base_ns;
+use super::monotonic_clock::monotonic_ns;
 
 pub struct Alarm {
     /// The time set last (monotonic ns).
@@ -61,7 +63,7 @@ impl Alarm {
         #[cfg(target_os = "linux")]
         {
             let _ = before;
-            let raw = monotonic_raw_ns(at_ns);
+            let raw = clock_monotonic_at(at_ns);
             let value = libc::timespec {
                 tv_sec: (raw / 1_000_000_000) as libc::time_t,
                 tv_nsec: (raw % 1_000_000_000) as libc::c_long,
@@ -102,13 +104,18 @@ impl Alarm {
             let mut expirations = 0u64;
             // SAFETY: reads 8 bytes into a u64 that outlives the call; a
             // timerfd blocks until it has expired at least once.
-            unsafe {
+            let read = unsafe {
                 libc::read(
                     self.fd,
                     (&mut expirations as *mut u64).cast(),
                     std::mem::size_of::<u64>(),
                 )
             };
+            if read < 0 && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted
+            {
+                // Never expected: rather than spin, sleep a while.
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
         }
         #[cfg(not(target_os = "linux"))]
         loop {
@@ -121,11 +128,13 @@ impl Alarm {
         }
     }
 
-    /// In a forked child, for the parent's alarm: release what it holds.
+    /// In a forked child, at once, for the parent's alarm: release what it
+    /// holds (async-signal-safe).
     pub fn forget(&self) {
         #[cfg(target_os = "linux")]
-        // SAFETY: the child's copy of the descriptor; the parent's stays
-        // open. No thread of the child waits on it or sets it again.
+        // SAFETY: called in the child before any of its code runs, so the
+        // descriptor is still the child's copy of the timerfd (the
+        // parent's stays open); nothing sets or waits on it again.
         unsafe {
             libc::close(self.fd);
         }
@@ -133,20 +142,10 @@ impl Alarm {
 }
 
 /// `monotonic_ns` on the clock a timerfd counts (CLOCK_MONOTONIC, which
-/// `Instant` reads on Linux), saturating far in the future.
+/// `monotonic_ns` reads on Linux), at least 1 (0 would disarm the timer)
+/// and at most ten years ahead (a timespec's seconds must not overflow).
 #[cfg(target_os = "linux")]
-fn monotonic_raw_ns(ns: u64) -> u64 {
-    static BASE: OnceLock<u64> = OnceLock::new();
-    let base = *BASE.get_or_init(|| {
-        let mut now = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: writes the current time into `now`.
-        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
-        let raw = (now.tv_sec as u64) * 1_000_000_000 + now.tv_nsec as u64;
-        raw.saturating_sub(monotonic_ns())
-    });
-    // At most ten years ahead: a timespec's seconds must not overflow.
-    base.saturating_add(ns.min(monotonic_ns().saturating_add(315_360_000_000_000_000)))
+fn clock_monotonic_at(ns: u64) -> u64 {
+    let ns = ns.min(monotonic_ns().saturating_add(315_360_000_000_000_000));
+    monotonic_base_ns().saturating_add(ns).max(1)
 }

@@ -24,21 +24,16 @@
 //! It sleeps on an alarm (ruby/window_alarm.rs) that the job sets to its
 //! next deadline whenever that changes, so a job never wakes the thread
 //! only for it to sleep again. At exit it is stopped, and waited for,
-//! before Ruby tears down what the trigger writes to. In a forked child (where it does not exist) the next
-//! job starts another.
+//! before Ruby tears down what the trigger writes to. In a forked child
+//! (where it does not exist) the next job starts another.
 
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
+#[cfg(ruby_gte_3_3)]
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use super::monotonic_clock::monotonic_ns;
 use super::window_alarm::Alarm;
-
-/// Nanoseconds on a monotonic clock (from the first call): what polls and
-/// a window budget measure rates against, here and in the job alike.
-pub fn monotonic_ns() -> u64 {
-    static BASE: OnceLock<Instant> = OnceLock::new();
-    BASE.get_or_init(Instant::now).elapsed().as_nanos() as u64
-}
 
 /// A job not run this long after its trigger is triggered again, then
 /// after waits that double, up to the longest (see `run`).
@@ -82,8 +77,9 @@ fn alarm() -> Option<&'static Alarm> {
     unsafe { alarm.as_ref() }
 }
 
-/// From the job, after it changed `DEADLINE`: the thread wakes for it (the
-/// job has run, so the deadline is all the thread waits for). With the
+/// From the job (or a collector starting), after it changed `DEADLINE`:
+/// the thread wakes for it (no job is pending then, so the deadline is all
+/// the thread waits for). With the
 /// thread's own `set` and its second look at the deadline in `run`:
 /// either the thread sees this deadline, or this `set` comes after its.
 fn set_alarm(deadline: u64) {
@@ -149,20 +145,16 @@ pub fn schedule_no_later(in_ns: u64, trigger: fn()) {
 }
 
 fn start(trigger: fn()) {
+    // Once per process, whether or not a thread can be had.
+    OWNER.store(std::process::id(), Ordering::Release);
     let Some(alarm) = Alarm::new() else {
         // No timer: polls come from GCs only (windows still unbiased,
         // just armed less often).
         return;
     };
     let alarm: &'static Alarm = Box::leak(Box::new(alarm));
-    let inherited = ALARM.swap(alarm as *const Alarm as *mut Alarm, Ordering::AcqRel);
-    // SAFETY: null or the parent's leaked alarm, which no thread of this
-    // process waits on, and which nothing reaches any more.
-    if let Some(inherited) = unsafe { inherited.as_ref() } {
-        inherited.forget();
-    }
+    ALARM.store(alarm as *const Alarm as *mut Alarm, Ordering::Release);
     EXITED.store(false, Ordering::Release);
-    OWNER.store(std::process::id(), Ordering::Release);
     let spawned = std::thread::Builder::new()
         .name("memprofiler-windows".into())
         .stack_size(64 * 1024)
@@ -173,15 +165,20 @@ fn start(trigger: fn()) {
     }
 }
 
+/// In a forked child, at once (pthread_atfork: async-signal-safe calls
+/// only): the parent's alarm is not this process's to set, and its
+/// descriptor is closed before the child's code can reuse its number.
+pub fn after_fork_in_child() {
+    let inherited = ALARM.swap(std::ptr::null_mut(), Ordering::AcqRel);
+    // SAFETY: null or the parent's leaked alarm, which no thread of the
+    // child waits on and nothing reaches any more.
+    if let Some(inherited) = unsafe { inherited.as_ref() } {
+        inherited.forget();
+    }
+}
+
 fn run(trigger: fn(), alarm: &'static Alarm) {
     alarm.bind();
-    // Wake within microseconds of a deadline, not Linux's default 50 us
-    // slack.
-    #[cfg(target_os = "linux")]
-    // SAFETY: sets a property of this thread only.
-    unsafe {
-        libc::prctl(libc::PR_SET_TIMERSLACK, 1_000u64)
-    };
     // While a triggered job has not run: when to trigger it again, and
     // the wait after that.
     let mut retrigger_at = u64::MAX;
@@ -191,10 +188,18 @@ fn run(trigger: fn(), alarm: &'static Alarm) {
         let mut pending = JOB_PENDING.load(Ordering::SeqCst);
         let now = monotonic_ns();
         if !pending && deadline <= now {
+            // Taken only if no job moved it meanwhile (else decide again):
+            // a job between this and the trigger below then leaves its
+            // deadline for after the pending job has run.
+            if DEADLINE
+                .compare_exchange(deadline, u64::MAX, Ordering::SeqCst, Ordering::SeqCst)
+                .is_err()
+            {
+                continue;
+            }
             pending = true;
             deadline = u64::MAX;
             JOB_PENDING.store(true, Ordering::SeqCst);
-            DEADLINE.store(u64::MAX, Ordering::SeqCst);
             retrigger_wait = RETRIGGER_FIRST_NS;
             retrigger_at = now.saturating_add(retrigger_wait);
             if !STOP.load(Ordering::Acquire) {
