@@ -17,14 +17,12 @@ mod labels;
 mod merger_class;
 mod method_blocks;
 mod method_table;
-mod monotonic_clock;
 mod process_identity;
 mod profile_class;
 mod registry;
 mod typed_data;
 #[cfg(test)]
 mod vm_tests;
-mod window_alarm;
 mod window_timer;
 
 use rb_sys::{

@@ -227,7 +227,6 @@ unsafe extern "C" fn after_fork_in_child() {
     unsafe { collectors_while_forking() }.for_each(|c| c.reset_after_fork_in_child());
     ACTIVE.reinit_in_child();
     super::process_identity::after_fork_in_child();
-    window_timer::after_fork_in_child();
 }
 
 pub fn init() {

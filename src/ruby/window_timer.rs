@@ -21,19 +21,21 @@
 //! 1.6 ms while the job ran in the last 0.1 s, before 3.3). A process
 //! idle in IO or sleep runs no job: its wake-ups thin out to ten a second.
 //!
-//! It sleeps on an alarm (ruby/window_alarm.rs) that the job sets to its
-//! next deadline whenever that changes, so a job never wakes the thread
-//! only for it to sleep again. At exit it is stopped, and waited for,
-//! before Ruby tears down what the trigger writes to. In a forked child
-//! (where it does not exist) the next job starts another.
+//! At exit it is stopped, and waited for, before Ruby tears down what the
+//! trigger writes to. In a forked child (where it does not exist) the next
+//! job starts another.
 
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
-#[cfg(ruby_gte_3_3)]
 use std::sync::OnceLock;
+use std::thread::Thread;
 use std::time::{Duration, Instant};
 
-use super::monotonic_clock::monotonic_ns;
-use super::window_alarm::Alarm;
+/// Nanoseconds on a monotonic clock (from the first call): what polls and
+/// a window budget measure rates against, here and in the job alike.
+pub fn monotonic_ns() -> u64 {
+    static BASE: OnceLock<Instant> = OnceLock::new();
+    BASE.get_or_init(Instant::now).elapsed().as_nanos() as u64
+}
 
 /// A job not run this long after its trigger is triggered again, then
 /// after waits that double, up to the longest (see `run`).
@@ -58,44 +60,35 @@ static TRIGGER: OnceLock<fn()> = OnceLock::new();
 
 /// When to trigger the job next (monotonic ns); `u64::MAX`: not needed.
 static DEADLINE: AtomicU64 = AtomicU64::new(u64::MAX);
+/// Until when (monotonic ns) the thread sleeps: the job wakes it only for
+/// a deadline before that. (Waking costs a system call and two context
+/// switches, and the job runs for every batch of samples, not only when
+/// the thread asked.)
+static SLEEPING_UNTIL: AtomicU64 = AtomicU64::new(0);
 /// Triggered, and the job has not run since.
 static JOB_PENDING: AtomicBool = AtomicBool::new(false);
 static STOP: AtomicBool = AtomicBool::new(false);
-/// The alarm of this process's thread, if any (leaked: one per process
-/// that profiles with windows).
-static ALARM: AtomicPtr<Alarm> = AtomicPtr::new(std::ptr::null_mut());
+/// The thread of this process, if any (a leaked handle per thread started:
+/// one per process that profiles with windows).
+static THREAD: AtomicPtr<Thread> = AtomicPtr::new(std::ptr::null_mut());
 /// The process the thread runs in (after fork, the child has none).
 static OWNER: AtomicU32 = AtomicU32::new(0);
 /// The thread's loop has ended.
 static EXITED: AtomicBool = AtomicBool::new(true);
-/// The longest the thread sleeps with nothing to do.
-const IDLE_NS: u64 = 1_000_000_000;
 
-fn alarm() -> Option<&'static Alarm> {
-    let alarm = ALARM.load(Ordering::Acquire);
-    // SAFETY: null or a leaked Box, never freed.
-    unsafe { alarm.as_ref() }
-}
-
-/// From the job (or a collector starting), after it changed `DEADLINE`:
-/// the thread wakes for it (no job is pending then, so the deadline is all
-/// the thread waits for). With the
-/// thread's own `set` and its second look at the deadline in `run`:
-/// either the thread sees this deadline, or this `set` comes after its.
-fn set_alarm(deadline: u64) {
-    if deadline == u64::MAX {
-        // Nothing to wake for: the thread finds that out at its next wake.
-        return;
-    }
-    if let Some(alarm) = alarm() {
-        alarm.set(deadline);
+fn wake() {
+    let thread = THREAD.load(Ordering::Acquire);
+    if !thread.is_null() {
+        // SAFETY: a leaked Box, never freed; unparking a thread that is
+        // gone (a forked child's copy) does nothing.
+        unsafe { (*thread).unpark() };
     }
 }
 
 /// From the postponed job (GVL held), first: it ran, whatever it does next
 /// (a stopped or paused collector asks for no next poll).
 pub fn job_ran() {
-    JOB_PENDING.store(false, Ordering::SeqCst);
+    JOB_PENDING.store(false, Ordering::Release);
 }
 
 /// Before the process creates its first Ractor: from then on only the
@@ -109,11 +102,13 @@ pub fn ractors_started() {
 /// asks for it again) `in_ns` from now (None: only when asked again).
 /// Starts the thread in this process if it has none.
 pub fn schedule(in_ns: Option<u64>, trigger: fn()) {
-    JOB_PENDING.store(false, Ordering::SeqCst);
+    JOB_PENDING.store(false, Ordering::Release);
     let now = monotonic_ns();
     LAST_RAN.store(now, Ordering::Relaxed);
     let deadline = in_ns.map_or(u64::MAX, |d| now.saturating_add(d));
-    // SeqCst, with the thread's loads in `run` (see `set_alarm`).
+    // SeqCst, with the thread's store of SLEEPING_UNTIL and its second
+    // load of DEADLINE: either it sees this deadline, or this sees how
+    // long it sleeps.
     DEADLINE.store(deadline, Ordering::SeqCst);
     if STOP.load(Ordering::Relaxed) {
         return;
@@ -121,8 +116,9 @@ pub fn schedule(in_ns: Option<u64>, trigger: fn()) {
     if OWNER.load(Ordering::Acquire) != std::process::id() {
         watch_resumes(trigger);
         start(trigger);
-    } else {
-        set_alarm(deadline);
+        wake();
+    } else if deadline < SLEEPING_UNTIL.load(Ordering::SeqCst) {
+        wake();
     }
 }
 
@@ -139,102 +135,102 @@ pub fn schedule_no_later(in_ns: u64, trigger: fn()) {
         DEADLINE.store(deadline, Ordering::SeqCst);
         watch_resumes(trigger);
         start(trigger);
-    } else if DEADLINE.fetch_min(deadline, Ordering::SeqCst) > deadline {
-        set_alarm(deadline);
+        wake();
+    } else if DEADLINE.fetch_min(deadline, Ordering::SeqCst) > deadline
+        && deadline < SLEEPING_UNTIL.load(Ordering::SeqCst)
+    {
+        // (SeqCst, as in `schedule`.)
+        wake();
     }
+}
+
+/// Parks the thread until `until` (monotonic ns) at the latest, unless
+/// the deadline changed from `deadline` meanwhile.
+fn sleep_until(until: u64, deadline: u64) {
+    SLEEPING_UNTIL.store(until, Ordering::SeqCst);
+    if DEADLINE.load(Ordering::SeqCst) == deadline {
+        let now = monotonic_ns();
+        if until > now {
+            std::thread::park_timeout(Duration::from_nanos(until - now));
+        }
+    }
+    // Awake: a job's deadline must wake it again only if before now.
+    SLEEPING_UNTIL.store(0, Ordering::SeqCst);
 }
 
 fn start(trigger: fn()) {
-    // Once per process, whether or not a thread can be had.
-    OWNER.store(std::process::id(), Ordering::Release);
-    let Some(alarm) = Alarm::new() else {
-        // No timer: polls come from GCs only (windows still unbiased,
-        // just armed less often).
-        return;
-    };
-    let alarm: &'static Alarm = Box::leak(Box::new(alarm));
-    ALARM.store(alarm as *const Alarm as *mut Alarm, Ordering::Release);
     EXITED.store(false, Ordering::Release);
+    OWNER.store(std::process::id(), Ordering::Release);
     let spawned = std::thread::Builder::new()
         .name("memprofiler-windows".into())
         .stack_size(64 * 1024)
-        .spawn(move || run(trigger, alarm));
-    if spawned.is_err() {
-        // No thread: as without a timer.
-        EXITED.store(true, Ordering::Release);
+        .spawn(move || run(trigger));
+    match spawned {
+        Ok(handle) => {
+            let thread = Box::into_raw(Box::new(handle.thread().clone()));
+            THREAD.store(thread, Ordering::Release);
+        }
+        Err(_) => {
+            // No thread: polls come from GCs only (windows still unbiased,
+            // just armed less often).
+            EXITED.store(true, Ordering::Release);
+        }
     }
 }
 
-/// In a forked child, at once (pthread_atfork: async-signal-safe calls
-/// only): the parent's alarm is not this process's to set, and its
-/// descriptor is closed before the child's code can reuse its number.
-pub fn after_fork_in_child() {
-    let inherited = ALARM.swap(std::ptr::null_mut(), Ordering::AcqRel);
-    // SAFETY: null or the parent's leaked alarm, which no thread of the
-    // child waits on and nothing reaches any more.
-    if let Some(inherited) = unsafe { inherited.as_ref() } {
-        inherited.forget();
-    }
-}
-
-fn run(trigger: fn(), alarm: &'static Alarm) {
-    alarm.bind();
+fn run(trigger: fn()) {
+    // Wake within microseconds of a deadline, not Linux's default 50 us
+    // slack.
+    #[cfg(target_os = "linux")]
+    // SAFETY: sets a property of this thread only.
+    unsafe {
+        libc::prctl(libc::PR_SET_TIMERSLACK, 1_000u64)
+    };
     // While a triggered job has not run: when to trigger it again, and
     // the wait after that.
     let mut retrigger_at = u64::MAX;
     let mut retrigger_wait = RETRIGGER_FIRST_NS;
     while !STOP.load(Ordering::Acquire) {
-        let mut deadline = DEADLINE.load(Ordering::SeqCst);
-        let mut pending = JOB_PENDING.load(Ordering::SeqCst);
+        let deadline = DEADLINE.load(Ordering::SeqCst);
         let now = monotonic_ns();
-        if !pending && deadline <= now {
-            // Taken only if no job moved it meanwhile (else decide again):
-            // a job between this and the trigger below then leaves its
-            // deadline for after the pending job has run.
+        if JOB_PENDING.load(Ordering::Acquire) {
+            // Until the job has run (it wakes the thread with its next
+            // deadline). Ruby flags the job on the thread that ran last:
+            // if that one then waits (a pool thread back on its queue)
+            // while others run, the job waits with it and windows go by
+            // unhooked. So it is triggered again, for whichever thread runs
+            // then, after waits that double (a process idle in IO runs no
+            // job: it is woken less and less often). On Ruby 3.3 and later
+            // a thread that takes the GVL also triggers it (`on_resumed`).
+            if now >= retrigger_at {
+                if !STOP.load(Ordering::Acquire) {
+                    trigger();
+                }
+                retrigger_wait = (retrigger_wait * 2).min(longest_retrigger_wait(now));
+                retrigger_at = now.saturating_add(retrigger_wait);
+            }
+            sleep_until(retrigger_at, deadline);
+        } else if deadline == u64::MAX {
+            sleep_until(now.saturating_add(1_000_000_000), deadline);
+        } else if now < deadline {
+            sleep_until(deadline, deadline);
+        } else {
+            // Taken only if no job moved it meanwhile (else decide again): a
+            // job that runs between this and the trigger then leaves its
+            // deadline for after the pending job, rather than losing it to
+            // a job that may wait on an idle thread with none retriggered.
             if DEADLINE
                 .compare_exchange(deadline, u64::MAX, Ordering::SeqCst, Ordering::SeqCst)
                 .is_err()
             {
                 continue;
             }
-            pending = true;
-            deadline = u64::MAX;
             JOB_PENDING.store(true, Ordering::SeqCst);
             retrigger_wait = RETRIGGER_FIRST_NS;
             retrigger_at = now.saturating_add(retrigger_wait);
             if !STOP.load(Ordering::Acquire) {
                 trigger();
             }
-        } else if pending && now >= retrigger_at {
-            // The job has not run. Ruby flags it on the thread that ran
-            // last: if that one then waits (a pool thread back on its
-            // queue) while others run, the job waits with it and windows
-            // go by unhooked. So it is triggered again, for whichever
-            // thread runs then, after waits that double (a process idle in
-            // IO runs no job: it is woken less and less often). On Ruby 3.3
-            // and later a thread that takes the GVL also triggers it
-            // (`on_resumed`).
-            if !STOP.load(Ordering::Acquire) {
-                trigger();
-            }
-            retrigger_wait = (retrigger_wait * 2).min(longest_retrigger_wait(now));
-            retrigger_at = now.saturating_add(retrigger_wait);
-        }
-        let wake_at = if pending {
-            retrigger_at
-        } else if deadline == u64::MAX {
-            now.saturating_add(IDLE_NS)
-        } else {
-            deadline
-        };
-        alarm.set(wake_at);
-        // The job may have run, or moved the deadline, since the loads
-        // above, and its alarm been overwritten by this one: then decide
-        // again (see `set_alarm`).
-        if DEADLINE.load(Ordering::SeqCst) == deadline
-            && JOB_PENDING.load(Ordering::SeqCst) == pending
-        {
-            alarm.wait();
         }
     }
     EXITED.store(true, Ordering::Release);
@@ -312,12 +308,10 @@ pub fn stop_at_exit() {
     if OWNER.load(Ordering::Acquire) != std::process::id() {
         return;
     }
-    let Some(alarm) = alarm() else {
-        return;
-    };
+    wake();
     let began = Instant::now();
     while !EXITED.load(Ordering::Acquire) && began.elapsed() < Duration::from_millis(200) {
-        alarm.set(0);
         std::thread::sleep(Duration::from_micros(200));
+        wake();
     }
 }

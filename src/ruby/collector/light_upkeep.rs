@@ -14,7 +14,7 @@ use rb_sys::{rb_gc_count, VALUE};
 
 use crate::ruby::errors::RbResult;
 use crate::ruby::heap;
-use crate::ruby::monotonic_clock::monotonic_ns;
+use crate::ruby::window_timer::monotonic_ns;
 
 use super::Collector;
 

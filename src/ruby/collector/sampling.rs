@@ -22,9 +22,8 @@ use crate::ruby::convert::fixnum;
 use crate::ruby::gvl::current_thread;
 use crate::ruby::heap;
 use crate::ruby::labels;
-use crate::ruby::monotonic_clock::monotonic_ns;
 use crate::ruby::registry;
-use crate::ruby::window_timer;
+use crate::ruby::window_timer::{self, monotonic_ns};
 use sampler_lock::LockError;
 
 use super::{Collector, Sampler, SizeMeasurement};
