@@ -10,6 +10,7 @@ use rb_sys::{
 };
 
 use super::errors::{protect, RbError, RbResult};
+use sampler::types::ObjectAddress;
 
 /// The bits of an object's flags word that give its type (`RUBY_T_MASK`),
 /// read straight from the header in the hooks, where no Ruby call is allowed.
@@ -129,4 +130,15 @@ pub fn shown(value: VALUE) -> String {
         Some((end, _)) => format!("{}...", &text[..end]),
         None => text,
     }
+}
+
+/// The sampler's handle for the object `value` (its address).
+pub fn object_address(value: VALUE) -> ObjectAddress {
+    ObjectAddress(value as usize)
+}
+
+/// The VALUE at a sampled object's address (the caller knows whether an
+/// object still lives there).
+pub fn object_value(address: ObjectAddress) -> VALUE {
+    address.0 as VALUE
 }

@@ -18,9 +18,10 @@ use rb_sys::{
     ruby_value_type, Qnil, VALUE,
 };
 
-use super::convert::builtin_type;
+use super::convert::{builtin_type, object_value};
 use super::errors::{protect, RbResult};
 use sampler::fast_hash::FastHashMap;
+use sampler::types::ObjectAddress;
 
 type MemsizeOf = unsafe extern "C" fn(VALUE) -> usize;
 type ObjectPredicate = unsafe extern "C" fn(VALUE) -> c_int;
@@ -271,11 +272,11 @@ pub fn object_id(object: VALUE) -> RbResult<u64> {
 /// Ids are never reused, so a new object in a reused slot never passes.
 /// Needs `pages` taken since the last GC. Starts no GC: it asks Ruby for
 /// the id only of an object that already has one (a table lookup).
-pub fn is_same_object(pages: &HeapPages, address: usize, object_id: u64) -> bool {
-    if !pages.is_slot(address) {
+pub fn is_same_object(pages: &HeapPages, address: ObjectAddress, object_id: u64) -> bool {
+    if !pages.is_slot(address.0) {
         return false;
     }
-    let object = address as VALUE;
+    let object = object_value(address);
     if !is_live_object(object) {
         return false;
     }

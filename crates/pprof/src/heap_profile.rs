@@ -111,7 +111,8 @@ struct ProfileBuilder<'a> {
     infos: Vec<Option<&'a FrameInfo>>,
     /// A frame's function by what names it: the frame, the block of it
     /// that ran (`NO_BLOCK`: none), and for a C method the outer frame
-    /// whose file it is shown in (`TRUNCATION_FRAME`: its own). Saves
+    /// whose file it is shown in (`TRUNCATION_FRAME`, never a named
+    /// frame: none, so a Ruby frame's own file, or "(C function)"). Saves
     /// hashing its strings again at every stack it is in.
     function_of_frame: FastHashMap<(FrameRef, usize, FrameRef), u64>,
     /// The last stack's location ids: merged samples come sorted by stack,
@@ -822,6 +823,7 @@ mod tests {
     use sampler::gaps::GapSampler;
     use sampler::label_sets::LabelSets;
     use sampler::state::{ObjectInfo, SamplerState};
+    use sampler::types::ObjectAddress;
     use std::io::Read;
 
     fn info(name: &str, file: Option<&str>, start_line: i64) -> FrameInfo {
@@ -843,7 +845,12 @@ mod tests {
     /// Records a sampled allocation of `object` with `stack` (weight 1).
     fn record(state: &mut SamplerState, object: usize, stack: &[Frame]) {
         let admission = state.admission(1.0);
-        state.record_allocation(object, ObjectInfo::default(), stack, admission);
+        state.record_allocation(
+            ObjectAddress(object),
+            ObjectInfo::default(),
+            stack,
+            admission,
+        );
     }
 
     /// A profile with two samples of one stack, one of another, and a C frame.
@@ -898,11 +905,11 @@ mod tests {
         for (i, (class, gc_count)) in [(1, 0), (1, 3), (2, 5)].into_iter().enumerate() {
             let admission = state.admission(1.0);
             let info = ObjectInfo::new(ClassRef(class), gc_count);
-            state.record_allocation(0x1000 + i * 40, info, &stack, admission);
+            state.record_allocation(ObjectAddress(0x1000 + i * 40), info, &stack, admission);
         }
         state.measure_pending(|_| Some(40));
         // The first String is freed.
-        assert!(state.record_free(0x1000));
+        assert!(state.record_free(ObjectAddress(0x1000)));
         let snapshot = state.take_snapshot(9, |_| Some(40));
         let mut frames = FastHashMap::default();
         frames.insert(FrameRef(8), info("Foo#bar", Some("app.rb"), 10));
@@ -1241,10 +1248,10 @@ mod tests {
             let admission = state.admission(1.0);
             let mut info = ObjectInfo::new(ClassRef(1), 0);
             info.labels = labels;
-            state.record_allocation(0x1000 + i * 40, info, &stack, admission);
+            state.record_allocation(ObjectAddress(0x1000 + i * 40), info, &stack, admission);
         }
         state.measure_pending(|_| Some(40));
-        assert!(state.record_free(0x1000 + 80));
+        assert!(state.record_free(ObjectAddress(0x1000 + 80)));
         let snapshot = state.take_snapshot(0, |_| Some(40));
         let mut frames = FastHashMap::default();
         frames.insert(FrameRef(8), info("Foo#bar", Some("app.rb"), 10));
@@ -1380,7 +1387,7 @@ mod tests {
         let mut state = SamplerState::new(GapSampler::new(1.0, 1), 10, 10);
         let admission = state.admission(1.0);
         state.record_allocation(
-            0x1000,
+            ObjectAddress(0x1000),
             ObjectInfo::default(),
             &[frame(8, 1), frame(99, 2), frame(TRUNCATION_FRAME.0, 0)],
             admission,
@@ -1468,13 +1475,18 @@ mod tests {
                 .collect();
             let admission = state.admission(1.0);
             let object = ObjectInfo::new(ClassRef(i), 0);
-            state.record_allocation(0x10_0000 + i as usize * 40, object, &stack, admission);
+            state.record_allocation(
+                ObjectAddress(0x10_0000 + i as usize * 40),
+                object,
+                &stack,
+                admission,
+            );
         }
         for f in 1..=3_000u64 {
             frames.insert(FrameRef(8 * f), info(&format!("M{f}#m"), Some("app.rb"), 1));
         }
-        state.measure_pending(|object| Some(40 + (object as u64 % 1_000)));
-        let snapshot = state.take_snapshot(0, |object| Some(40 + (object as u64 % 1_000)));
+        state.measure_pending(|object| Some(40 + (object.0 as u64 % 1_000)));
+        let snapshot = state.take_snapshot(0, |object| Some(40 + (object.0 as u64 % 1_000)));
         // Each stack's object of its own class: with a class frame, every
         // sample has a location more and a function of its own.
         let classes: FastHashMap<ClassRef, String> = (0..2_000)
@@ -1574,7 +1586,7 @@ mod tests {
             }
             record(&mut state, 0x10_0000 + i as usize * 40, &stack);
         }
-        let size = |object: usize| Some(40 + (object as u64 / 40) % 1_000);
+        let size = |object: ObjectAddress| Some(40 + (object.0 as u64 / 40) % 1_000);
         state.measure_pending(size);
         let snapshot = state.take_snapshot(0, size);
         (snapshot, frames)

@@ -67,7 +67,7 @@ impl AddressFilter {
     /// missing the cache on every free as a fully hashed index would.
     #[inline]
     fn bucket(&self, address: ObjectAddress) -> &AtomicU8 {
-        let granule = address as u64 >> 5;
+        let granule = address.0 as u64 >> 5;
         let region = granule >> self.log2;
         let scramble = region.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32;
         &self.counts[((granule ^ scramble) & self.mask) as usize]
@@ -124,15 +124,19 @@ mod tests {
         let filter = AddressFilter::new(16);
         let tracked: Vec<usize> = (0..2_000).map(|i| 0x7f00_0000_0000 + i * 40 * 7).collect();
         for &a in &tracked {
-            filter.insert(a);
+            filter.insert(ObjectAddress(a));
         }
-        assert!(tracked.iter().all(|&a| filter.may_contain(a)));
+        assert!(tracked
+            .iter()
+            .all(|&a| filter.may_contain(ObjectAddress(a))));
         let checked = test_support::miri_scaled(100_000);
         // Spread over the same range however many are checked (fewer under
         // Miri): neighbouring addresses share buckets' neighbourhoods.
         let stride = 40 * (100_000 / checked);
         let others = (0..checked).map(|i| 0x5500_0000_0000 + i * stride);
-        let false_positives = others.filter(|&a| filter.may_contain(a)).count();
+        let false_positives = others
+            .filter(|&a| filter.may_contain(ObjectAddress(a)))
+            .count();
         // 2,000 of 65,536 buckets used: about 3% expected.
         assert!(
             false_positives < checked * 6 / 100,
@@ -145,14 +149,18 @@ mod tests {
         let filter = AddressFilter::new(4); // 16 buckets: collisions certain
         let addresses: Vec<usize> = (0..64).map(|i| 0x1000 + i * 40).collect();
         for &a in &addresses {
-            filter.insert(a);
+            filter.insert(ObjectAddress(a));
         }
         for (i, &a) in addresses.iter().enumerate() {
-            filter.remove(a);
+            filter.remove(ObjectAddress(a));
             // Everything not yet removed is still found.
-            assert!(addresses[i + 1..].iter().all(|&b| filter.may_contain(b)));
+            assert!(addresses[i + 1..]
+                .iter()
+                .all(|&b| filter.may_contain(ObjectAddress(b))));
         }
-        assert!(addresses.iter().all(|&a| !filter.may_contain(a)));
+        assert!(addresses
+            .iter()
+            .all(|&a| !filter.may_contain(ObjectAddress(a))));
     }
 
     #[test]
@@ -160,14 +168,14 @@ mod tests {
         let filter = AddressFilter::new(4);
         let address = 0x2000;
         for _ in 0..300 {
-            filter.insert(address);
+            filter.insert(ObjectAddress(address));
         }
         for _ in 0..300 {
-            filter.remove(address);
+            filter.remove(ObjectAddress(address));
         }
-        assert!(filter.may_contain(address));
+        assert!(filter.may_contain(ObjectAddress(address)));
         filter.rebuild(std::iter::empty());
-        assert!(!filter.may_contain(address));
+        assert!(!filter.may_contain(ObjectAddress(address)));
         assert_eq!(
             filter.memory_bytes(),
             std::mem::size_of::<AddressFilter>() + 16

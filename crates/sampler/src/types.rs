@@ -7,8 +7,18 @@
 //! | `FrameRef`    | a frame VALUE (0: cut off) | a frame held by name (`3, 5, 7, ...`) |
 //! | `ClassRef`    | a class VALUE (0: none)    | low 3 bits `001` internal VM type, `101` hidden object's type, `011` class held by name; the type or name index above them |
 
-/// Address of a sampled Ruby object (its VALUE). Never dereferenced here.
-pub type ObjectAddress = usize;
+/// Address of a sampled Ruby object (its VALUE). Never dereferenced here;
+/// a type of its own so that no other number (a sample id, an object id, a
+/// size) can be passed for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(transparent)]
+pub struct ObjectAddress(pub usize);
+
+impl ObjectAddress {
+    /// No object (0 is Ruby's `false`, never an object's address): a
+    /// record whose object was freed.
+    pub const NONE: ObjectAddress = ObjectAddress(0);
+}
 
 /// A frame: the VALUE that `rb_profile_frames` returned (a method entry
 /// or iseq, even), or a frame held by name since a flush named it (odd).

@@ -13,9 +13,8 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use rb_sys::VALUE;
-
 use crate::ruby::classes::resolve_classes;
+use crate::ruby::convert::object_value;
 use crate::ruby::errors::{RbError, RbResult};
 use crate::ruby::frames::resolve_frames;
 use crate::ruby::gvl::{current_thread, GvlHolds};
@@ -31,6 +30,7 @@ use pprof::spread_comment::{format_spread_comment, total_spreads, TotalSpread};
 use sampler::gaps::mix_seed;
 use sampler::spread::{spreads, widen_for_unobserved, UnseenWeights};
 use sampler::state::{DropCounters, InuseCutoff};
+use sampler::types::ObjectAddress;
 use sampler::windows::{IntervalTally, WindowPolicy};
 
 use super::{window_seed, Collector, Sampler};
@@ -256,7 +256,7 @@ impl Collector {
         //    other threads let run in between, so that a flush of a large
         //    heap never holds the GVL for long.
         let light = self.is_light();
-        let mut measure = |object: usize| heap::object_size(object as VALUE);
+        let mut measure = |object: ObjectAddress| heap::object_size(object_value(object));
         if light {
             self.settle_light()?;
         }
@@ -309,11 +309,11 @@ impl Collector {
         // An allocation sample still unmeasured is sized here, if its
         // object's free is watched (not in light mode: its address could be
         // stale).
-        let mut measure_unmeasured = |object: usize| {
+        let mut measure_unmeasured = |object: ObjectAddress| {
             if light {
                 None
             } else {
-                heap::object_size(object as VALUE)
+                heap::object_size(object_value(object))
             }
         };
         // The allocation samples, in chunks (a million of them take tens of

@@ -12,6 +12,7 @@ use std::sync::atomic::Ordering;
 use rb_sys::{rb_gc_count, rb_gc_location, rb_gc_mark, VALUE};
 
 use crate::ruby::classes::is_class_value;
+use crate::ruby::convert::{object_address, object_value};
 use crate::ruby::frames::BacktraceBuffer;
 use crate::ruby::registry;
 
@@ -56,7 +57,7 @@ impl Collector {
                     for object in sampler.state.pending_objects() {
                         // SAFETY: as above; each is an object a NEWOBJ hook
                         // received and this mark has kept alive since.
-                        unsafe { rb_gc_mark(object as VALUE) };
+                        unsafe { rb_gc_mark(object_value(object)) };
                     }
                 }
                 self.marked_at_gc.store(gc_count, Ordering::Relaxed);
@@ -76,7 +77,7 @@ impl Collector {
                 Ok(mut sampler) => sampler.state.forget_addresses(gc_count, |object| {
                     // SAFETY: called from dcompact, only for addresses
                     // whose page is still there (see forget_addresses).
-                    unsafe { rb_gc_location(object as VALUE) as usize }
+                    object_address(unsafe { rb_gc_location(object_value(object)) })
                 }),
                 Err(_) => self.count_internal_error(),
             }
@@ -87,7 +88,7 @@ impl Collector {
             Ok(mut sampler) => sampler.state.relocate_objects(|object| {
                 // SAFETY: called from dcompact; every tracked address is a live
                 // object or its forwarding (T_MOVED) slot.
-                unsafe { rb_gc_location(object as VALUE) as usize }
+                object_address(unsafe { rb_gc_location(object_value(object)) })
             }),
             Err(_) => self.count_internal_error(),
         }

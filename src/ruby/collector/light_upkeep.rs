@@ -10,11 +10,14 @@
 
 use std::sync::atomic::Ordering;
 
-use rb_sys::{rb_gc_count, VALUE};
+use rb_sys::rb_gc_count;
 
+use crate::ruby::convert::object_value;
 use crate::ruby::errors::RbResult;
 use crate::ruby::heap;
 use crate::ruby::window_timer::monotonic_ns;
+
+use sampler::types::ObjectAddress;
 
 use super::Collector;
 
@@ -78,7 +81,7 @@ impl Collector {
             let found = heap::find_objects_by_id(&ids)?;
             let placed: Vec<_> = unresolved
                 .iter()
-                .map(|&(id, _)| (id, found.get(&id.index()).copied()))
+                .map(|&(id, _)| (id, found.get(&id.index()).map(|&a| ObjectAddress(a))))
                 .collect();
             // (Nothing in the walk allocates, so no compaction can have run
             // meanwhile; the epoch check keeps that true if it ever does.)
@@ -105,12 +108,12 @@ impl Collector {
             // Pinned by the mark, so alive. A dead one would mean a path
             // that left it unmarked: counted (the torture fails on it) and
             // never asked for an id (see forget_pending).
-            if !heap::is_live_object(object as VALUE) {
+            if !heap::is_live_object(object_value(object)) {
                 self.count_internal_error();
                 gone.push(object);
                 continue;
             }
-            ids.push((id, object, heap::object_id(object as VALUE)?));
+            ids.push((id, object, heap::object_id(object_value(object))?));
         }
         // (The last rb_obj_id may have run such a GC too; measuring reads
         // the objects. Nothing below allocates.)
@@ -125,7 +128,7 @@ impl Collector {
                 }
                 s.state.assign_object_ids(&ids);
                 s.state
-                    .measure_pending(|object| heap::object_size(object as VALUE));
+                    .measure_pending(|object| heap::object_size(object_value(object)));
             } else {
                 s.state.forget_pending();
             }

@@ -18,7 +18,7 @@ use std::sync::atomic::Ordering;
 use rb_sys::{rb_trace_arg_t, rb_tracearg_lineno, rb_tracearg_object, VALUE};
 
 use crate::ruby::classes::object_info;
-use crate::ruby::convert::fixnum;
+use crate::ruby::convert::{fixnum, object_address, object_value};
 use crate::ruby::gvl::current_thread;
 use crate::ruby::heap;
 use crate::ruby::labels;
@@ -87,7 +87,7 @@ impl Collector {
         let admission = state.admission(weight);
         if admission.is_dropped() {
             // Still forget a sample whose address was reused without a free.
-            state.record_free(object as usize);
+            state.record_free(object_address(object));
             return;
         }
         // SAFETY: we are in the NEWOBJ hook for `object`, on a Ruby thread
@@ -97,7 +97,7 @@ impl Collector {
             info.set_window(sampled.window, sampled.window_probability);
         }
         info.labels = labels::current();
-        state.record_allocation(object as usize, info, frames, admission);
+        state.record_allocation(object_address(object), info, frames, admission);
         if let Some(began_ns) = began_ns {
             windows.record_sample_time(monotonic_ns().saturating_sub(began_ns));
         }
@@ -118,7 +118,7 @@ impl Collector {
     #[inline]
     fn on_freeobj(&self, object: VALUE) {
         // Nearly every freed object was never sampled: no lock for those.
-        if !self.free_filter.may_contain(object as usize) {
+        if !self.free_filter.may_contain(object_address(object)) {
             return;
         }
         match self.sampler.lock() {
@@ -126,7 +126,9 @@ impl Collector {
                 // A sample that dies before its measurement ran is sized now.
                 sampler
                     .state
-                    .record_free_measuring(object as usize, |o| heap::size_at_free(o as VALUE));
+                    .record_free_measuring(object_address(object), |o| {
+                        heap::size_at_free(object_value(o))
+                    });
             }
             // Only possible if the collector's own locked code triggered a
             // GC, which it is written never to do.
@@ -159,7 +161,7 @@ impl Collector {
             self.has_pending.store(false, Ordering::Relaxed);
             sampler
                 .state
-                .measure_pending(|object| heap::object_size(object as VALUE));
+                .measure_pending(|object| heap::object_size(object_value(object)));
         }
     }
 

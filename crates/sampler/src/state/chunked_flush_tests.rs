@@ -90,8 +90,8 @@ fn records_remapped_in_chunks_with_frees_and_new_samples() {
     let mut next = 0x100000usize;
     let mut first_names = FastHashMap::default();
     for i in 0..300u64 {
-        rec(&mut st, next, 0x5000, &[8 * (i + 1000), 16]);
-        objects.push(next);
+        rec(&mut st, ObjectAddress(next), 0x5000, &[8 * (i + 1000), 16]);
+        objects.push(ObjectAddress(next));
         next += 0x40;
         first_names.insert(FrameRef(8 * (i + 1000)), info("Leaf#a"));
     }
@@ -105,8 +105,8 @@ fn records_remapped_in_chunks_with_frees_and_new_samples() {
     // Same path through new frame values: all merge at the next detach.
     let mut again = FastHashMap::default();
     for i in 0..300u64 {
-        rec(&mut st, next, 0x5000, &[8 * (i + 5000), 16]);
-        objects.push(next);
+        rec(&mut st, ObjectAddress(next), 0x5000, &[8 * (i + 5000), 16]);
+        objects.push(ObjectAddress(next));
         next += 0x40;
         again.insert(FrameRef(8 * (i + 5000)), info("Leaf#a"));
     }
@@ -140,8 +140,8 @@ fn records_remapped_in_chunks_with_frees_and_new_samples() {
         // New samples (reusing freed record slots): never on a forwarded id.
         for _ in 0..3 {
             let leaf = 8 * rng.random_range(9000..9010u64);
-            let id = rec(&mut st, next, 0x5000, &[leaf, 16]).expect("sampled");
-            objects.push(next);
+            let id = rec(&mut st, ObjectAddress(next), 0x5000, &[leaf, 16]).expect("sampled");
+            objects.push(ObjectAddress(next));
             next += 0x40;
             let stack = st.records[id.0 as usize].stack;
             assert_eq!(
@@ -167,17 +167,17 @@ fn records_remapped_in_chunks_with_frees_and_new_samples() {
 fn end_flush_at_every_step() {
     for stop_at in 0..200usize {
         let mut st = state(100_000, 100_000);
-        let mut objects = Vec::new();
+        let mut objects: Vec<ObjectAddress> = Vec::new();
         let mut next = 0x100000usize;
         let mut names1 = FastHashMap::default();
         for i in 0..100u64 {
             rec(
                 &mut st,
-                next,
+                ObjectAddress(next),
                 0x5000 + 8 * (i % 3),
                 &[8 * (i % 10 + 1000), 16],
             );
-            objects.push(next);
+            objects.push(ObjectAddress(next));
             next += 0x40;
             names1.insert(FrameRef(8 * (i % 10 + 1000)), info(&format!("M{}", i % 5)));
         }
@@ -190,11 +190,11 @@ fn end_flush_at_every_step() {
         for i in 0..200u64 {
             rec(
                 &mut st,
-                next,
+                ObjectAddress(next),
                 0x5000 + 8 * (i % 3),
                 &[8 * (i % 20 + 2000), 16],
             );
-            objects.push(next);
+            objects.push(ObjectAddress(next));
             next += 0x40;
             names2.insert(FrameRef(8 * (i % 20 + 2000)), info(&format!("M{}", i % 7)));
         }
@@ -205,9 +205,9 @@ fn end_flush_at_every_step() {
             if let Some(o) = objects.pop() {
                 st.record_free(o);
             }
-            let id = rec(st, *next, 0x5000, &[8 * 3000, 16]).unwrap();
+            let id = rec(st, ObjectAddress(*next), 0x5000, &[8 * 3000, 16]).unwrap();
             let _ = id;
-            objects.push(*next);
+            objects.push(ObjectAddress(*next));
             *next += 0x40;
         };
         'flush: {
@@ -281,8 +281,8 @@ fn random_chunked_flushes_with_churn_and_early_ends() {
                 let depth = rng.random_range(0..4usize);
                 let stack: Vec<u64> = (0..depth).map(|_| 8 * rng.random_range(1..9u64)).collect();
                 let class = classes[rng.random_range(0..classes.len())];
-                if rec(st, *next, class.0, &stack).is_some() {
-                    objects.push(*next);
+                if rec(st, ObjectAddress(*next), class.0, &stack).is_some() {
+                    objects.push(ObjectAddress(*next));
                 }
                 *next += 40;
             }

@@ -218,7 +218,7 @@ impl SamplerState {
         let record = self.records.get(index)?;
         let live = record.refs > 0
             && record.marks.liveness() == Liveness::Live
-            && record.object != 0
+            && record.object != ObjectAddress::NONE
             && !record.marks.taken_in_walk();
         (live && self.live.get(&record.object) == Some(&SampleId(index as u32)))
             .then_some(record.object)

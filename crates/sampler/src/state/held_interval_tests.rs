@@ -17,12 +17,12 @@ fn allocate(st: &mut SamplerState, first: usize, count: usize) {
         let object = 0x10_0000 + 0x40 * (first + i);
         let admission = st.admission(1.0);
         st.record_allocation(
-            object,
+            ObjectAddress(object),
             ObjectInfo::default(),
             &frames(&[8 * (first + i) as u64 + 8, 16]),
             admission,
         );
-        st.record_free(object);
+        st.record_free(ObjectAddress(object));
     }
     st.measure_pending(|_| Some(40));
 }
@@ -232,8 +232,8 @@ fn a_parked_sample_given_back_follows_its_stack_into_a_merge() {
     assert_eq!(allocated(&next), 2.0);
     assert_eq!(next.stacks.len(), 1, "one path");
     // Everything goes once the live ones die.
-    st.record_free(0x1000);
-    st.record_free(0x3000);
+    st.record_free(ObjectAddress(0x1000));
+    st.record_free(ObjectAddress(0x3000));
     assert_eq!(delivered_flush(&mut st), (0.0, 0));
     assert!(st.stacks().is_empty());
 }
@@ -241,9 +241,14 @@ fn a_parked_sample_given_back_follows_its_stack_into_a_merge() {
 /// One sample of weight 1 on `stack` at `object`, kept alive or freed.
 fn allocate_on(st: &mut SamplerState, object: usize, stack: &[u64], alive: bool) {
     let admission = st.admission(1.0);
-    st.record_allocation(object, ObjectInfo::default(), &frames(stack), admission);
+    st.record_allocation(
+        ObjectAddress(object),
+        ObjectInfo::default(),
+        &frames(stack),
+        admission,
+    );
     if !alive {
-        st.record_free(object);
+        st.record_free(ObjectAddress(object));
     }
     st.measure_pending(|_| Some(40));
 }

@@ -167,17 +167,24 @@ mod tests {
                 map.moved_up_to(to, to == records.len());
             }
             let object = 8 * (i + 1);
-            records.push(object);
-            assert_eq!(map.insert(object, SampleId(i as u32)), None);
+            records.push(ObjectAddress(object));
+            assert_eq!(map.insert(ObjectAddress(object), SampleId(i as u32)), None);
             if i % 3 == 2 {
-                assert_eq!(map.remove(&(8 * i)), Some(SampleId(i as u32 - 1)));
+                assert_eq!(
+                    map.remove(&ObjectAddress(8 * i)),
+                    Some(SampleId(i as u32 - 1))
+                );
             }
         }
         assert!(moves > 0);
         assert_eq!(map.len(), 100_000 - 100_000 / 3);
         for i in 0..100_000usize {
             let expected = (i % 3 != 1).then_some(SampleId(i as u32));
-            assert_eq!(map.get(&(8 * (i + 1))).copied(), expected, "{i}");
+            assert_eq!(
+                map.get(&ObjectAddress(8 * (i + 1))).copied(),
+                expected,
+                "{i}"
+            );
         }
         assert_eq!(map.keys().count(), map.len());
     }
@@ -187,7 +194,7 @@ mod tests {
         let mut map = LiveMap::default();
         let mut i = 0u32;
         while !(map.current.len() >= MOVE_FROM && map.current.len() == map.current.capacity()) {
-            map.insert(8 * (i as usize + 1), SampleId(i));
+            map.insert(ObjectAddress(8 * (i as usize + 1)), SampleId(i));
             i += 1;
         }
         assert!(map.previous.is_empty());
@@ -199,7 +206,10 @@ mod tests {
     #[test]
     fn an_address_mapped_again_in_a_full_table_keeps_one_entry() {
         let (mut map, n) = full_map();
-        assert_eq!(map.insert(8, SampleId(999_999)), Some(SampleId(0)));
+        assert_eq!(
+            map.insert(ObjectAddress(8), SampleId(999_999)),
+            Some(SampleId(0))
+        );
         assert_eq!(map.len(), n as usize);
         assert!(map.moving_from().is_none());
     }
@@ -209,7 +219,9 @@ mod tests {
     #[test]
     fn the_moved_out_table_is_let_go_once_empty() {
         let (mut map, n) = full_map();
-        let mut records: Vec<ObjectAddress> = (0..n as usize).map(|i| 8 * (i + 1)).collect();
+        let mut records: Vec<ObjectAddress> = (0..n as usize)
+            .map(|i| ObjectAddress(8 * (i + 1)))
+            .collect();
         let mut i = n as usize;
         while map.moving_from().is_some() || i == n as usize {
             if let Some(from) = map.moving_from() {
@@ -219,8 +231,8 @@ mod tests {
                 }
                 map.moved_up_to(to, to == records.len());
             }
-            records.push(8 * (i + 1));
-            map.insert(8 * (i + 1), SampleId(i as u32));
+            records.push(ObjectAddress(8 * (i + 1)));
+            map.insert(ObjectAddress(8 * (i + 1)), SampleId(i as u32));
             i += 1;
         }
         assert_eq!(
@@ -236,15 +248,18 @@ mod tests {
         let mut map = LiveMap::default();
         let mut i = 0u32;
         while map.moving_from().is_none() {
-            map.insert(8 * (i as usize + 1), SampleId(i));
+            map.insert(ObjectAddress(8 * (i as usize + 1)), SampleId(i));
             i += 1;
         }
         // Object 8 is still in the previous table: mapped again, it moves.
-        assert_eq!(map.insert(8, SampleId(999_999)), Some(SampleId(0)));
-        assert_eq!(map.get(&8), Some(&SampleId(999_999)));
+        assert_eq!(
+            map.insert(ObjectAddress(8), SampleId(999_999)),
+            Some(SampleId(0))
+        );
+        assert_eq!(map.get(&ObjectAddress(8)), Some(&SampleId(999_999)));
         assert_eq!(map.len(), i as usize);
-        assert_eq!(map.remove(&8), Some(SampleId(999_999)));
-        assert_eq!(map.get(&8), None);
+        assert_eq!(map.remove(&ObjectAddress(8)), Some(SampleId(999_999)));
+        assert_eq!(map.get(&ObjectAddress(8)), None);
         map.moved_up_to(0, true);
         assert_eq!(map.moving_from(), None);
         assert_eq!(map.len(), i as usize - 1);

@@ -252,7 +252,7 @@ impl SamplerState {
             self.live.remove(&object);
             self.free_filter.remove(object);
             // Unknown until resolved; a flush walking the live list skips it.
-            self.records[id.0 as usize].object = 0;
+            self.records[id.0 as usize].object = ObjectAddress::NONE;
             self.unresolved.push(id);
         }
         // What is left is safe to read.

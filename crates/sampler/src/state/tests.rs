@@ -74,8 +74,8 @@ fn totals(snapshot: &FlushSnapshot) -> [f64; 4] {
 #[test]
 fn live_objects_stay_until_freed_and_allocations_reset_each_flush() {
     let mut st = state(100, 100);
-    record(&mut st, 0x1000, &[8, 16]);
-    record(&mut st, 0x2000, &[8, 16]);
+    record(&mut st, ObjectAddress(0x1000), &[8, 16]);
+    record(&mut st, ObjectAddress(0x2000), &[8, 16]);
     st.measure_pending(|_| Some(40));
 
     let first = st.take_snapshot(0, |_| Some(40));
@@ -84,12 +84,12 @@ fn live_objects_stay_until_freed_and_allocations_reset_each_flush() {
     assert_eq!(first.allocation_samples, 2);
     assert_eq!(first.stacks.len(), 1);
 
-    assert!(st.record_free(0x1000));
+    assert!(st.record_free(ObjectAddress(0x1000)));
     let second = st.take_snapshot(0, |_| Some(100));
     st.deliver_flush();
     assert_eq!(totals(&second), [0.0, 0.0, 1.0, 100.0]);
 
-    assert!(st.record_free(0x2000));
+    assert!(st.record_free(ObjectAddress(0x2000)));
     let third = st.take_snapshot(0, |_| Some(100));
     st.deliver_flush();
     assert!(third.samples.is_empty());
@@ -114,14 +114,14 @@ fn names(entries: &[(u64, &str)]) -> FastHashMap<FrameRef, FrameInfo> {
 #[test]
 fn named_frames_let_go_of_ruby_objects_and_samples_follow_merged_stacks() {
     let mut st = state(100, 100);
-    record(&mut st, 0x1000, &[8, 16]);
+    record(&mut st, ObjectAddress(0x1000), &[8, 16]);
     st.measure_pending(|_| Some(40));
     let first = st.take_snapshot(0, |_| Some(40));
     st.detach_resolved_frames(&names(&[(8, "A#a"), (16, "<main>")]));
     st.deliver_flush();
     assert_eq!(st.stacks().frame_count(), 0);
     // The next interval: the same path, its method entry elsewhere.
-    record(&mut st, 0x2000, &[24, 16]);
+    record(&mut st, ObjectAddress(0x2000), &[24, 16]);
     st.measure_pending(|_| Some(40));
     let second = st.take_snapshot(0, |_| Some(40));
     // Both samples are in the profile; the new one's names come from
@@ -133,8 +133,8 @@ fn named_frames_let_go_of_ruby_objects_and_samples_follow_merged_stacks() {
     assert_eq!(st.stacks().len(), 1, "the two stacks merged");
     assert_eq!(st.stacks().frame_count(), 0);
     // Frees release the merged stack through both samples.
-    assert!(st.record_free(0x1000));
-    assert!(st.record_free(0x2000));
+    assert!(st.record_free(ObjectAddress(0x1000)));
+    assert!(st.record_free(ObjectAddress(0x2000)));
     let third = st.take_snapshot(0, |_| Some(40));
     st.deliver_flush();
     assert!(third.samples.is_empty());
@@ -152,7 +152,7 @@ fn named_classes_replace_ruby_classes_and_go_with_their_samples() {
     };
     for object in [0x1000, 0x2000] {
         let admission = st.admission(1.0);
-        st.record_allocation(object, info, &frames(&[8]), admission);
+        st.record_allocation(ObjectAddress(object), info, &frames(&[8]), admission);
     }
     st.measure_pending(|_| Some(40));
     let _ = st.take_snapshot(0, |_| Some(40));
@@ -174,11 +174,11 @@ fn named_classes_replace_ruby_classes_and_go_with_their_samples() {
     );
     st.deliver_flush();
 
-    assert!(st.record_free(0x1000));
+    assert!(st.record_free(ObjectAddress(0x1000)));
     let _ = st.take_snapshot(0, |_| Some(40));
     st.deliver_flush();
     assert_eq!(st.named_class_count(), 1);
-    assert!(st.record_free(0x2000));
+    assert!(st.record_free(ObjectAddress(0x2000)));
     let _ = st.take_snapshot(0, |_| Some(40));
     st.deliver_flush();
     assert_eq!(
@@ -191,9 +191,9 @@ fn named_classes_replace_ruby_classes_and_go_with_their_samples() {
 #[test]
 fn allocation_of_a_freed_object_still_counts_with_its_pending_size() {
     let mut st = state(100, 100);
-    record(&mut st, 0x1000, &[8]);
+    record(&mut st, ObjectAddress(0x1000), &[8]);
     st.measure_pending(|_| Some(5_000));
-    st.record_free(0x1000);
+    st.record_free(ObjectAddress(0x1000));
     let snap = st.take_snapshot(0, |_| panic!("no live object to measure"));
     assert_eq!(totals(&snap), [1.0, 5_000.0, 0.0, 0.0]);
 }
@@ -202,7 +202,7 @@ fn allocation_of_a_freed_object_still_counts_with_its_pending_size() {
 fn caps_are_respected_and_drops_counted() {
     let mut st = state(3, 2);
     for i in 0..5 {
-        record(&mut st, 0x1000 + i * 40, &[8]);
+        record(&mut st, ObjectAddress(0x1000 + i * 40), &[8]);
     }
     assert_eq!(st.allocation_count(), 3);
     assert!(st.live_count() <= 2);
@@ -230,7 +230,7 @@ fn a_full_live_map_thins_but_still_estimates_the_whole_live_heap() {
         for i in 0..20_000usize {
             let admission = st.admission(1.0);
             st.record_allocation(
-                0x1000 + i * 40,
+                ObjectAddress(0x1000 + i * 40),
                 ObjectInfo::default(),
                 &frames(&[8]),
                 admission,
@@ -253,16 +253,16 @@ fn a_full_live_map_keeps_heavy_samples_whole_and_thins_light_ones() {
     // 50 window samples weighing 5,000 among 5,000 warm-up samples weighing
     // 100, all alive, in a map of 500: the heavy ones are all kept at their
     // weight, the light ones estimated without bias.
-    const HEAVY: ObjectAddress = 0x1000_0000;
+    const HEAVY: ObjectAddress = ObjectAddress(0x1000_0000);
     let mut light_errors = Vec::new();
     for seed in 0..20 {
         let mut st = SamplerState::new(GapSampler::new(1.0, seed), 1_000_000, 500);
         st.reseed(seed);
         for i in 0..5_050usize {
             let (object, weight) = if i % 101 == 100 {
-                (HEAVY + i * 40, 5_000.0)
+                (ObjectAddress(HEAVY.0 + i * 40), 5_000.0)
             } else {
-                (0x1000 + i * 40, 100.0)
+                (ObjectAddress(0x1000 + i * 40), 100.0)
             };
             let admission = st.admission(weight);
             st.record_allocation(object, ObjectInfo::default(), &frames(&[8]), admission);
@@ -290,14 +290,14 @@ fn a_weight_beyond_f32_does_not_stop_live_tracking() {
         admission.live
     };
     for i in 0..99 {
-        push(&mut st, 0x1000 + i * 8, 10.0);
+        push(&mut st, ObjectAddress(0x1000 + i * 8), 10.0);
     }
-    push(&mut st, 0x10_0000, 1e39);
-    push(&mut st, 0x20_0000, 10.0);
+    push(&mut st, ObjectAddress(0x10_0000), 1e39);
+    push(&mut st, ObjectAddress(0x20_0000), 10.0);
     assert!(st.live_threshold.is_finite());
-    st.record_free(0x10_0000);
+    st.record_free(ObjectAddress(0x10_0000));
     let tracked = (0..1_000)
-        .filter(|i| push(&mut st, 0x30_0000 + i * 8, 10.0))
+        .filter(|i| push(&mut st, ObjectAddress(0x30_0000 + i * 8), 10.0))
         .count();
     assert!(tracked > 0);
     let snap = st.take_snapshot(0, |_| Some(40));
@@ -310,7 +310,7 @@ fn the_live_map_recovers_its_rate_once_objects_die() {
     for i in 0..1_000usize {
         let admission = st.admission(1.0);
         st.record_allocation(
-            0x1000 + i * 40,
+            ObjectAddress(0x1000 + i * 40),
             ObjectInfo::default(),
             &frames(&[8]),
             admission,
@@ -324,7 +324,7 @@ fn the_live_map_recovers_its_rate_once_objects_die() {
     for i in 0..50usize {
         let admission = st.admission(1.0);
         st.record_allocation(
-            0x9_0000 + i * 40,
+            ObjectAddress(0x9_0000 + i * 40),
             ObjectInfo::default(),
             &frames(&[8]),
             admission,
@@ -345,7 +345,7 @@ fn a_full_allocation_list_keeps_a_uniform_sample_of_the_whole_interval() {
             let stack = if i < 1_000 { [8] } else { [16] };
             let admission = st.admission(1.0);
             st.record_allocation(
-                0x1000 + i * 40,
+                ObjectAddress(0x1000 + i * 40),
                 ObjectInfo::default(),
                 &frames(&stack),
                 admission,
@@ -374,7 +374,7 @@ fn thinned_samples_keep_their_reservoir_slot() {
     let mut st = state(10, 100);
     st.set_allocation_retain_rate(0.5);
     for i in 0..10 {
-        record(&mut st, 0x1000 + i * 40, &[8]);
+        record(&mut st, ObjectAddress(0x1000 + i * 40), &[8]);
     }
     st.measure_pending_with(&mut |_| Some(40), &mut alternating_draws());
     assert_eq!(st.allocation_count(), 5);
@@ -386,8 +386,8 @@ fn thinned_samples_keep_their_reservoir_slot() {
 #[test]
 fn reused_address_without_free_replaces_the_old_sample() {
     let mut st = state(100, 100);
-    record(&mut st, 0x1000, &[8]);
-    record(&mut st, 0x1000, &[16]);
+    record(&mut st, ObjectAddress(0x1000), &[8]);
+    record(&mut st, ObjectAddress(0x1000), &[16]);
     assert_eq!(st.live_count(), 1);
     let snap = st.take_snapshot(0, |_| Some(40));
     let live: Vec<_> = snap.samples.iter().filter(|s| s.values[2] > 0.0).collect();
@@ -398,9 +398,9 @@ fn reused_address_without_free_replaces_the_old_sample() {
 #[test]
 fn objects_found_invalid_at_flush_count_as_freed() {
     let mut st = state(100, 100);
-    record(&mut st, 0x1000, &[8]);
-    record(&mut st, 0x2000, &[8]);
-    let snap = st.take_snapshot(0, |addr| (addr == 0x2000).then_some(40));
+    record(&mut st, ObjectAddress(0x1000), &[8]);
+    record(&mut st, ObjectAddress(0x2000), &[8]);
+    let snap = st.take_snapshot(0, |addr| (addr == ObjectAddress(0x2000)).then_some(40));
     assert_eq!(snap.heap_samples, 1);
     assert_eq!(st.live_count(), 1);
 }
@@ -408,8 +408,8 @@ fn objects_found_invalid_at_flush_count_as_freed() {
 #[test]
 fn pending_sizes_skip_freed_records() {
     let mut st = state(100, 100);
-    record(&mut st, 0x1000, &[8]);
-    st.record_free(0x1000);
+    record(&mut st, ObjectAddress(0x1000), &[8]);
+    st.record_free(ObjectAddress(0x1000));
     let mut measured = 0;
     st.measure_pending(|_| {
         measured += 1;
@@ -422,15 +422,15 @@ fn pending_sizes_skip_freed_records() {
 #[test]
 fn samples_outside_the_live_map_are_measured_while_their_free_is_watched() {
     let mut st = state(100, 0);
-    record(&mut st, 0x1000, &[8]);
-    record(&mut st, 0x2000, &[8]);
-    st.record_free(0x2000); // freed before it was measured: never touched
+    record(&mut st, ObjectAddress(0x1000), &[8]);
+    record(&mut st, ObjectAddress(0x2000), &[8]);
+    st.record_free(ObjectAddress(0x2000)); // freed before it was measured: never touched
     let mut measured = Vec::new();
     st.measure_pending(|address| {
         measured.push(address);
         Some(500)
     });
-    assert_eq!(measured, vec![0x1000]);
+    assert_eq!(measured, vec![ObjectAddress(0x1000)]);
     // Once measured they are no longer watched (nor touched again).
     let snap = st.take_snapshot(0, |_| panic!("no live object to measure"));
     assert_eq!(totals(&snap), [2.0, 500.0, 0.0, 0.0]);
@@ -440,7 +440,7 @@ fn samples_outside_the_live_map_are_measured_while_their_free_is_watched() {
 fn thinned_out_samples_are_still_measured() {
     let mut st = SamplerState::new(GapSampler::new(1.0, 9), 1_000, 10);
     for i in 0..100 {
-        record(&mut st, 0x1000 + i * 40, &[8]);
+        record(&mut st, ObjectAddress(0x1000 + i * 40), &[8]);
     }
     let mut measured = 0;
     st.measure_pending(|_| {
@@ -455,12 +455,12 @@ fn thinned_out_samples_are_still_measured() {
 #[test]
 fn stop_tracking_live_forgets_addresses_but_keeps_allocations() {
     let mut st = state(100, 100);
-    record(&mut st, 0x1000, &[8]);
-    record(&mut st, 0x2000, &[8]);
+    record(&mut st, ObjectAddress(0x1000), &[8]);
+    record(&mut st, ObjectAddress(0x2000), &[8]);
     st.measure_pending(|_| Some(40));
     st.stop_tracking_live();
     assert_eq!(st.live_count(), 0);
-    assert!(!st.record_free(0x1000));
+    assert!(!st.record_free(ObjectAddress(0x1000)));
     let snap = st.take_snapshot(0, |_| panic!("nothing is tracked"));
     assert_eq!(totals(&snap), [2.0, 80.0, 0.0, 0.0]);
 }
@@ -468,25 +468,25 @@ fn stop_tracking_live_forgets_addresses_but_keeps_allocations() {
 #[test]
 fn relocation_moves_live_keys_and_pending_measurements() {
     let mut st = state(100, 100);
-    record(&mut st, 0x1000, &[8]);
-    record(&mut st, 0x2000, &[16]);
+    record(&mut st, ObjectAddress(0x1000), &[8]);
+    record(&mut st, ObjectAddress(0x2000), &[16]);
     // 0x1000 moves to 0x2000's old place and 0x2000 moves elsewhere.
     st.relocate_objects(|a| match a {
-        0x1000 => 0x2000,
-        0x2000 => 0x3000,
+        ObjectAddress(0x1000) => ObjectAddress(0x2000),
+        ObjectAddress(0x2000) => ObjectAddress(0x3000),
         other => other,
     });
     let mut keys: Vec<_> = st.live_objects().collect();
     keys.sort();
-    assert_eq!(keys, vec![0x2000, 0x3000]);
+    assert_eq!(keys, vec![ObjectAddress(0x2000), ObjectAddress(0x3000)]);
     let mut measured = Vec::new();
     st.measure_pending(|a| {
         measured.push(a);
         Some(40)
     });
     measured.sort();
-    assert_eq!(measured, vec![0x2000, 0x3000]);
-    assert!(st.record_free(0x3000));
+    assert_eq!(measured, vec![ObjectAddress(0x2000), ObjectAddress(0x3000)]);
+    assert!(st.record_free(ObjectAddress(0x3000)));
     let snap = st.take_snapshot(0, |_| Some(40));
     let live: Vec<_> = snap.samples.iter().filter(|s| s.values[2] > 0.0).collect();
     assert_eq!(live.len(), 1);
@@ -498,7 +498,7 @@ fn allocation_retain_rate_thins_the_allocation_list_and_reweights() {
     let mut st = state(1_000, 1_000);
     st.set_allocation_retain_rate(0.5);
     for i in 0..1_000 {
-        record(&mut st, 0x1000 + i * 40, &[8]);
+        record(&mut st, ObjectAddress(0x1000 + i * 40), &[8]);
     }
     // Alternating draws: exactly half are kept.
     st.measure_pending_with(&mut |_| Some(40), &mut alternating_draws());
@@ -514,7 +514,7 @@ fn allocation_retain_rate_thins_the_allocation_list_and_reweights() {
 #[test]
 fn stacks_are_not_pruned_while_a_flush_resolves_them() {
     let mut st = state(100, 100);
-    record(&mut st, 0x1000, &[8]);
+    record(&mut st, ObjectAddress(0x1000), &[8]);
     let snap = st.take_snapshot(0, |_| Some(40));
     assert!(st.flush_in_progress());
     st.clear(); // e.g. start! from another thread mid-flush
@@ -533,8 +533,8 @@ fn classes_of_a_flush_stay_held_until_it_finishes() {
         ..ObjectInfo::default()
     };
     let admission = st.admission(1.0);
-    st.record_allocation(0x1000, info, &frames(&[8]), admission);
-    st.record_free(0x1000);
+    st.record_allocation(ObjectAddress(0x1000), info, &frames(&[8]), admission);
+    st.record_free(ObjectAddress(0x1000));
     let snap = st.take_snapshot(7, |_| Some(40));
     assert_eq!(snap.samples[0].class, 0x5000);
     assert!(
@@ -555,7 +555,7 @@ fn live_samples_carry_their_gc_age() {
         gc_count: 3,
         ..ObjectInfo::default()
     };
-    st.record_allocation(0x1000, info, &frames(&[8]), admission);
+    st.record_allocation(ObjectAddress(0x1000), info, &frames(&[8]), admission);
     let snap = st.take_snapshot(10, |_| Some(40));
     let ages: Vec<_> = snap.samples.iter().map(|s| s.gc_age).collect();
     assert_eq!(ages, vec![Some(7), None]);
@@ -573,12 +573,12 @@ fn inuse_under(counts: &[u32], cutoff: InuseCutoff) -> (Vec<u32>, usize) {
             ..ObjectInfo::default()
         };
         let object = 0x1000 + count as usize * 0x100;
-        st.record_allocation(object, info, &frames(&[8]), admission);
+        st.record_allocation(ObjectAddress(object), info, &frames(&[8]), admission);
     }
     let measuring = st.begin_flush();
     let mut measured = Vec::new();
     while !st.measure_live(&measuring, cutoff, 2, &mut |object| {
-        measured.push(((object - 0x1000) / 0x100) as u32);
+        measured.push(((object.0 - 0x1000) / 0x100) as u32);
         Some(40)
     }) {}
     let (snap, _) = st.end_snapshot(measuring, &mut |_| Some(40));
@@ -622,7 +622,7 @@ fn a_sample_left_out_as_too_young_counts_at_a_later_flush() {
         gc_count: u32::MAX,
         ..ObjectInfo::default()
     };
-    st.record_allocation(0x1000, info, &frames(&[8]), admission);
+    st.record_allocation(ObjectAddress(0x1000), info, &frames(&[8]), admission);
     let cutoff = InuseCutoff::last_completed_gc(u32::MAX, false);
     let first = st.take_snapshot_with(cutoff, |_| Some(40));
     assert_eq!((totals(&first)[2], first.too_young), (0.0, 1));
@@ -637,7 +637,12 @@ fn a_sample_left_out_as_too_young_counts_at_a_later_flush() {
 fn weights_scale_values() {
     let mut st = SamplerState::new(GapSampler::new(0.5, 1), 10, 10);
     let admission = st.admission(100.0);
-    st.record_allocation(0x1000, ObjectInfo::default(), &frames(&[8]), admission);
+    st.record_allocation(
+        ObjectAddress(0x1000),
+        ObjectInfo::default(),
+        &frames(&[8]),
+        admission,
+    );
     let snap = st.take_snapshot(0, |_| Some(40));
     assert_eq!(totals(&snap), [100.0, 4_000.0, 100.0, 4_000.0]);
 }
@@ -645,8 +650,8 @@ fn weights_scale_values() {
 #[test]
 fn clear_forgets_everything() {
     let mut st = state(1, 100);
-    record(&mut st, 0x1000, &[8]);
-    record(&mut st, 0x2000, &[8]);
+    record(&mut st, ObjectAddress(0x1000), &[8]);
+    record(&mut st, ObjectAddress(0x2000), &[8]);
     st.clear();
     assert_eq!(st.live_count(), 0);
     assert_eq!(st.allocation_count(), 0);
@@ -664,15 +669,21 @@ fn the_free_filter_never_hides_a_tracked_address() {
         let object = 0x10_0000 + (rng.random::<u64>() % 2_000) as usize * 40;
         match rng.random::<u32>() % 10 {
             0..=4 => {
-                record(&mut st, object, &[round % 7]);
+                record(&mut st, ObjectAddress(object), &[round % 7]);
             }
             5..=7 => {
-                st.record_free(object);
+                st.record_free(ObjectAddress(object));
             }
             8 => st.measure_pending(|_| Some(40)),
             _ => {
                 if round % 1_000 == 9 {
-                    st.relocate_objects(|a| if a % 80 == 0 { a + 8 } else { a });
+                    st.relocate_objects(|a| {
+                        if a.0 % 80 == 0 {
+                            ObjectAddress(a.0 + 8)
+                        } else {
+                            a
+                        }
+                    });
                 } else if round % 5_000 == 19 {
                     st.clear();
                 } else {
@@ -693,7 +704,7 @@ fn the_free_filter_never_hides_a_tracked_address() {
     // tracked set.
     let set_bits = (0..4_000usize)
         .map(|i| 0x10_0000 + i * 40)
-        .filter(|&a| filter.may_contain(a))
+        .filter(|&a| filter.may_contain(ObjectAddress(a)))
         .count();
     assert!(
         set_bits <= 2 * (st.live.len() + st.watched.len()) + 1_200,
@@ -704,12 +715,12 @@ fn the_free_filter_never_hides_a_tracked_address() {
 #[test]
 fn a_sample_freed_before_its_measurement_is_sized_at_free() {
     let mut st = state(10, 10);
-    record(&mut st, 0x1000, &[1]);
-    record(&mut st, 0x2000, &[1]);
+    record(&mut st, ObjectAddress(0x1000), &[1]);
+    record(&mut st, ObjectAddress(0x2000), &[1]);
     assert_eq!(st.pending_count(), 2);
-    assert!(st.record_free_measuring(0x1000, |_| Some(123)));
+    assert!(st.record_free_measuring(ObjectAddress(0x1000), |_| Some(123)));
     // Without a size at free (a type not measurable there): stays 0.
-    assert!(st.record_free_measuring(0x2000, |_| None));
+    assert!(st.record_free_measuring(ObjectAddress(0x2000), |_| None));
     st.measure_pending(|_| panic!("both were freed"));
     let snapshot = st.take_snapshot(0, |_| None);
     let mut spaces: Vec<f64> = snapshot.samples.iter().map(|s| s.values[1]).collect();
@@ -725,12 +736,12 @@ fn classes_of_live_samples_stay_held_while_a_flush_walks() {
         class: ClassRef(0x5550),
         ..ObjectInfo::default()
     };
-    st.record_allocation(0x1000, info, &frames(&[1]), admission);
+    st.record_allocation(ObjectAddress(0x1000), info, &frames(&[1]), admission);
     st.measure_pending(|_| Some(40));
     let measuring = st.begin_flush();
     assert!(st.measure_live(&measuring, InuseCutoff::at_flush(0), 10, &mut |_| Some(40)));
     // The object dies before the flush names its class.
-    st.record_free(0x1000);
+    st.record_free(ObjectAddress(0x1000));
     assert!(st.held_classes().any(|c| c == 0x5550));
     let (snapshot, _naming) = st.end_snapshot(measuring, &mut |_| Some(40));
     assert_eq!(snapshot.heap_samples, 1);
@@ -744,7 +755,7 @@ fn a_watched_address_never_points_at_a_reused_record() {
     // thinning moves unmeasured samples to the watched map.
     let mut st = state(0, 4);
     for i in 0..5 {
-        record(&mut st, 0x1000 + i * 0x100, &[i as u64]);
+        record(&mut st, ObjectAddress(0x1000 + i * 0x100), &[i as u64]);
     }
     let watched: Vec<ObjectAddress> = st.watched.keys().copied().collect();
     for &object in &watched {
@@ -785,7 +796,7 @@ fn a_record_keeps_its_liveness_marks_and_labels() {
     let mut info = ObjectInfo::new(ClassRef(8), 3);
     info.labels = LabelSetId(49_999);
     let id = st
-        .record_allocation(0x1000, info, &frames(&[1]), admission)
+        .record_allocation(ObjectAddress(0x1000), info, &frames(&[1]), admission)
         .expect("recorded");
     assert_eq!(st.records[id.index()].info(), info);
 }
@@ -794,7 +805,7 @@ fn a_record_keeps_its_liveness_marks_and_labels() {
 fn a_flush_measured_in_chunks_sees_what_was_live_when_it_began() {
     let mut st = state(100, 100);
     for i in 0..10 {
-        record(&mut st, 0x1000 + i * 0x100, &[i as u64]);
+        record(&mut st, ObjectAddress(0x1000 + i * 0x100), &[i as u64]);
     }
     st.measure_pending(|_| Some(40));
     let measuring = st.begin_flush();
@@ -802,9 +813,9 @@ fn a_flush_measured_in_chunks_sees_what_was_live_when_it_began() {
     assert!(!st.measure_live(&measuring, InuseCutoff::at_flush(0), 4, &mut measure));
     // Between chunks: one object freed, one new allocation, and a
     // compaction that moves every object.
-    st.record_free(0x1000 + 9 * 0x100);
-    record(&mut st, 0x9000, &[99]);
-    st.relocate_objects(|a| a + 8);
+    st.record_free(ObjectAddress(0x1000 + 9 * 0x100));
+    record(&mut st, ObjectAddress(0x9000), &[99]);
+    st.relocate_objects(|a| ObjectAddress(a.0 + 8));
     while !st.measure_live(&measuring, InuseCutoff::at_flush(0), 4, &mut measure) {}
     let (snapshot, _naming) = st.end_snapshot(measuring, &mut measure);
     st.deliver_flush();
@@ -827,7 +838,7 @@ fn a_flush_measured_in_chunks_sees_what_was_live_when_it_began() {
 fn a_flush_measured_in_chunks_measures_the_samples_taken_before_it_began() {
     let mut st = state(100, 100);
     for i in 0..10 {
-        record(&mut st, 0x1000 + i * 0x100, &[i as u64]);
+        record(&mut st, ObjectAddress(0x1000 + i * 0x100), &[i as u64]);
     }
     st.measure_pending(|_| Some(40));
     drop(st.take_snapshot(0, |_| Some(40)));
@@ -835,9 +846,9 @@ fn a_flush_measured_in_chunks_measures_the_samples_taken_before_it_began() {
     let measuring = st.begin_flush();
     let mut measure = |_| Some(40);
     assert!(!st.measure_live(&measuring, InuseCutoff::at_flush(0), 4, &mut measure));
-    st.record_free(0x1000 + 2 * 0x100); // measured already
-    st.record_free(0x1000 + 7 * 0x100); // not yet: its slot is free
-    let new = record(&mut st, 0x9000, &[99]).unwrap();
+    st.record_free(ObjectAddress(0x1000 + 2 * 0x100)); // measured already
+    st.record_free(ObjectAddress(0x1000 + 7 * 0x100)); // not yet: its slot is free
+    let new = record(&mut st, ObjectAddress(0x9000), &[99]).unwrap();
     assert_eq!(new, SampleId(7), "the freed record's slot, not yet walked");
     while !st.measure_live(&measuring, InuseCutoff::at_flush(0), 4, &mut measure) {}
     let (snapshot, _naming) = st.end_snapshot(measuring, &mut measure);
@@ -865,8 +876,8 @@ fn a_flush_measured_in_chunks_measures_the_samples_taken_before_it_began() {
 #[test]
 fn a_forked_child_keeps_live_samples_but_not_the_parents_allocations() {
     let mut st = SamplerState::new(GapSampler::new(0.5, 9), 1, 100);
-    record(&mut st, 0x1000, &[8]);
-    record(&mut st, 0x2000, &[9]); // the list is full: counted as seen
+    record(&mut st, ObjectAddress(0x1000), &[8]);
+    record(&mut st, ObjectAddress(0x2000), &[9]); // the list is full: counted as seen
     let seed_before = st.gaps.seed();
     st.start_child_interval(4242);
     assert_ne!(st.gaps.seed(), seed_before);
@@ -878,7 +889,7 @@ fn a_forked_child_keeps_live_samples_but_not_the_parents_allocations() {
     st.deliver_flush();
     // Both stacks are still held by the live samples.
     assert!(!st.stacks().is_empty());
-    assert!(st.record_free(0x1000));
+    assert!(st.record_free(ObjectAddress(0x1000)));
 }
 
 #[test]
@@ -908,19 +919,19 @@ fn rec_class(st: &mut SamplerState, object: ObjectAddress, class: ClassRef, stac
 #[test]
 fn named_class_of_an_allocation_sample_outlives_its_last_record() {
     let mut st = state(100, 100);
-    rec_class(&mut st, 0x1000, ClassRef(0x7000), &[8]);
+    rec_class(&mut st, ObjectAddress(0x1000), ClassRef(0x7000), &[8]);
     st.measure_pending(|_| Some(40));
     let _ = st.take_snapshot(0, |_| Some(40));
     // Another thread samples an object of the same class mid-flush.
-    rec_class(&mut st, 0x2000, ClassRef(0x7000), &[8]);
+    rec_class(&mut st, ObjectAddress(0x2000), ClassRef(0x7000), &[8]);
     let names: FastHashMap<ClassRef, String> = [(ClassRef(0x7000), "Foo".to_string())]
         .into_iter()
         .collect();
     st.detach_resolved_classes(&names);
     st.deliver_flush();
     st.measure_pending(|_| Some(40));
-    assert!(st.record_free(0x1000));
-    assert!(st.record_free(0x2000));
+    assert!(st.record_free(ObjectAddress(0x1000)));
+    assert!(st.record_free(ObjectAddress(0x2000)));
     let snap = st.take_snapshot(0, |_| Some(40));
     st.deliver_flush();
     assert_eq!(snap.allocation_samples, 1);
@@ -938,7 +949,7 @@ fn named_class_of_an_allocation_sample_outlives_its_last_record() {
 #[test]
 fn named_class_of_a_live_sample_freed_mid_flush_keeps_its_name() {
     let mut st = state(100, 100);
-    rec_class(&mut st, 0x1000, ClassRef(0x7000), &[8]);
+    rec_class(&mut st, ObjectAddress(0x1000), ClassRef(0x7000), &[8]);
     st.measure_pending(|_| Some(40));
     let _ = st.take_snapshot(0, |_| Some(40));
     let names: FastHashMap<ClassRef, String> = [(ClassRef(0x7000), "Foo".to_string())]
@@ -949,7 +960,7 @@ fn named_class_of_a_live_sample_freed_mid_flush_keeps_its_name() {
     let measuring = st.begin_flush();
     let mut m = |_: ObjectAddress| Some(40u64);
     while !st.measure_live(&measuring, InuseCutoff::at_flush(0), 1, &mut m) {}
-    assert!(st.record_free(0x1000)); // freed while the flush yielded
+    assert!(st.record_free(ObjectAddress(0x1000))); // freed while the flush yielded
     let (snap, _naming) = st.end_snapshot(measuring, &mut m);
     st.deliver_flush();
     assert_eq!(snap.heap_samples, 1);
@@ -990,7 +1001,7 @@ fn detach_cost_on_a_large_heap() {
             class: ClassRef(0x100000 + (i as u64 % 2000) * 0x28),
             ..ObjectInfo::default()
         };
-        st.record_allocation(0x1000_0000 + i * 40, info, p, admission);
+        st.record_allocation(ObjectAddress(0x1000_0000 + i * 40), info, p, admission);
     }
     st.measure_pending(|_| Some(40));
     let t = std::time::Instant::now();
@@ -1047,7 +1058,7 @@ fn detach_cost_on_a_large_heap() {
             class: ClassRef(0x100000 + (i as u64 % 2000) * 0x28),
             ..ObjectInfo::default()
         };
-        st.record_allocation(0x2000_0000 + i * 40, info, p, admission);
+        st.record_allocation(ObjectAddress(0x2000_0000 + i * 40), info, p, admission);
     }
     st.measure_pending(|_| Some(40));
     let measuring = st.begin_flush();
@@ -1085,7 +1096,7 @@ fn sample_expecting(
 ) {
     let admission = st.admission(1.0);
     let obj = *next_obj;
-    *next_obj += 40;
+    next_obj.0 += 40;
     if st
         .record_allocation(obj, ObjectInfo::default(), stack, admission)
         .is_some()
@@ -1112,7 +1123,7 @@ fn random_flushes_and_detaches_keep_names_and_refcounts() {
         };
         let mut gen: FastHashMap<u64, u32> = FastHashMap::default();
         let mut expected: FastHashMap<ObjectAddress, Vec<(String, i32)>> = FastHashMap::default();
-        let mut next_obj = 0x1000usize;
+        let mut next_obj = ObjectAddress(0x1000);
         for _round in 0..30 {
             for _ in 0..rng.random_range(0..20) {
                 let depth = rng.random_range(0..5usize);
@@ -1264,12 +1275,12 @@ fn a_flush_read_in_chunks_is_the_flush_read_at_once() {
     let fill = |st: &mut SamplerState| {
         for i in 0..50usize {
             let stack = [8 * (i as u64 % 7 + 1), 8 * (i as u64 + 100)];
-            record(st, 0x1000 + i * 0x40, &stack);
+            record(st, ObjectAddress(0x1000 + i * 0x40), &stack);
         }
         st.measure_pending(|_| Some(40));
         // Half die before the flush: their stacks go at once.
         for i in (0..50usize).step_by(2) {
-            st.record_free(0x1000 + i * 0x40);
+            st.record_free(ObjectAddress(0x1000 + i * 0x40));
         }
     };
     let mut whole = state(100, 100);
@@ -1284,7 +1295,7 @@ fn a_flush_read_in_chunks_is_the_flush_read_at_once() {
     while !st.read_allocations(&measuring, 7, &mut |_| Some(40)) {
         reads += 1;
         // Another thread frees objects between chunks: their stacks wait.
-        st.record_free(0x1000 + (2 * reads + 1) * 0x40);
+        st.record_free(ObjectAddress(0x1000 + (2 * reads + 1) * 0x40));
     }
     assert!(reads >= 7, "{reads}");
     let stacks_while_held = st.stacks().len();
@@ -1315,12 +1326,16 @@ fn name_the_path(st: &mut SamplerState, extra: u64) {
     let path = |i: u64| [8 * (i + 1000), 8 * (i + 1100), 16];
     let mut named = Vec::new();
     for i in 0..20u64 {
-        record(st, 0x10000 + i as usize * 0x40, &path(i));
+        record(st, ObjectAddress(0x10000 + i as usize * 0x40), &path(i));
         named.push((8 * (i + 1000), "Leaf#a"));
         named.push((8 * (i + 1100), "Mid#b"));
     }
     for j in 0..extra {
-        record(st, 0x40000 + j as usize * 0x40, &path(j % 20));
+        record(
+            st,
+            ObjectAddress(0x40000 + j as usize * 0x40),
+            &path(j % 20),
+        );
     }
     named.push((16, "<main>"));
     st.measure_pending(|_| Some(40));
@@ -1339,7 +1354,7 @@ fn the_named_path_again(
     let mut again = Vec::new();
     for i in 0..20u64 {
         let frames = [8 * (i + 200), 8 * (i + 300), 16];
-        record(st, 0x20000 + i as usize * 0x40, &frames);
+        record(st, ObjectAddress(0x20000 + i as usize * 0x40), &frames);
         again.push((8 * (i + 200), "Leaf#a"));
         again.push((8 * (i + 300), "Mid#b"));
     }
@@ -1391,7 +1406,7 @@ fn samples_of_merged_stacks_follow_them_between_batches() {
                 assert!(st.record_free(object));
                 freed.push(object);
             }
-            record(&mut st, 0x30000, &[8 * 999, 16]);
+            record(&mut st, ObjectAddress(0x30000), &[8 * 999, 16]);
         }
     }
     assert!(batches >= 9, "{batches}");
@@ -1402,11 +1417,14 @@ fn samples_of_merged_stacks_follow_them_between_batches() {
     assert_eq!(st.live_count(), 20 + 20 - freed.len() + 1);
     // Every sample is on a stored stack, and frees release them all.
     for i in 0..20usize {
-        assert!(st.record_free(0x10000 + i * 0x40));
+        assert!(st.record_free(ObjectAddress(0x10000 + i * 0x40)));
         let object = 0x20000 + i * 0x40;
-        assert_eq!(st.record_free(object), !freed.contains(&object));
+        assert_eq!(
+            st.record_free(ObjectAddress(object)),
+            !freed.contains(&ObjectAddress(object))
+        );
     }
-    assert!(st.record_free(0x30000));
+    assert!(st.record_free(ObjectAddress(0x30000)));
     let snapshot = st.take_snapshot(0, |_| Some(40));
     st.deliver_flush();
     // (The sample taken during the detach, in this interval's allocations.)
@@ -1465,11 +1483,11 @@ fn a_detach_cut_short_leaves_merged_stacks_to_the_next_flush() {
     assert_eq!(on_merged(&st), 0);
     // Every sample is on the stored stack, and frees release them all.
     for i in 0..20usize {
-        assert!(st.record_free(0x10000 + i * 0x40));
-        assert!(st.record_free(0x20000 + i * 0x40));
+        assert!(st.record_free(ObjectAddress(0x10000 + i * 0x40)));
+        assert!(st.record_free(ObjectAddress(0x20000 + i * 0x40)));
     }
     for j in 0..200usize {
-        assert!(st.record_free(0x40000 + j * 0x40));
+        assert!(st.record_free(ObjectAddress(0x40000 + j * 0x40)));
     }
     let _ = st.take_snapshot(0, |_| Some(40));
     st.deliver_flush();
@@ -1483,13 +1501,13 @@ fn a_detach_cut_short_leaves_merged_stacks_to_the_next_flush() {
 fn an_allocation_on_a_merged_stack_is_read_through_the_forwarding() {
     let mut st = state(1_000, 1_000);
     for i in 0..100usize {
-        record(&mut st, 0x10000 + i * 0x40, &[8, 16]);
+        record(&mut st, ObjectAddress(0x10000 + i * 0x40), &[8, 16]);
     }
     st.measure_pending(|_| Some(40));
     st.take_snapshot(0, |_| Some(40));
     st.detach_resolved_frames(&names(&[(8, "A#a"), (16, "<main>")]));
     st.deliver_flush();
-    record(&mut st, 0x2000, &[24, 32]);
+    record(&mut st, ObjectAddress(0x2000), &[24, 32]);
     st.measure_pending(|_| Some(40));
     let measuring = st.begin_flush();
     while !st.measure_live(
@@ -1500,7 +1518,7 @@ fn an_allocation_on_a_merged_stack_is_read_through_the_forwarding() {
     ) {}
     let (_snapshot, naming) = st.end_snapshot(measuring, &mut |_| Some(40));
     // In the next interval's allocation list, on the stack merged below.
-    record(&mut st, 0x3000, &[24, 32]);
+    record(&mut st, ObjectAddress(0x3000), &[24, 32]);
     st.measure_pending(|_| Some(40));
     let detaching = st.begin_detach(naming, &FastHashMap::default());
     let renamed = names(&[(24, "A#a"), (32, "<main>")]);
@@ -1523,13 +1541,17 @@ fn an_allocation_on_a_merged_stack_is_read_through_the_forwarding() {
 fn stacks_unused_after_a_flush_are_pruned_in_chunks() {
     let mut st = state(0, 5_000);
     for i in 0..3_000usize {
-        record(&mut st, 0x10000 + i * 0x40, &[8 * (i as u64 + 1), 16]);
+        record(
+            &mut st,
+            ObjectAddress(0x10000 + i * 0x40),
+            &[8 * (i as u64 + 1), 16],
+        );
     }
     st.measure_pending(|_| Some(40));
     // Every live sample dies during the flush: 3,000 stacks queued.
     st.take_snapshot(0, |_| Some(40));
     for i in 0..3_000usize {
-        st.record_free(0x10000 + i * 0x40);
+        st.record_free(ObjectAddress(0x10000 + i * 0x40));
     }
     st.deliver_flush();
     assert_eq!(st.stacks().len(), 3_000 - 1_024);
@@ -1549,7 +1571,7 @@ fn a_large_live_map_is_thinned_a_step_per_sample_and_stays_unbiased() {
     // among ones of 100): the thinning's threshold comes from a sample of
     // the weights, each new sample thins the next records, and the map
     // runs over its cap by at most one sample per step still to go.
-    const HEAVY: ObjectAddress = 0x4000_0000;
+    const HEAVY: ObjectAddress = ObjectAddress(0x4000_0000);
     const CAP: usize = 40_000;
     for seed in 0..3 {
         let mut st = SamplerState::new(GapSampler::new(1.0, seed), 10, CAP);
@@ -1559,10 +1581,10 @@ fn a_large_live_map_is_thinned_a_step_per_sample_and_stays_unbiased() {
         for i in 0..100_000usize {
             let (object, weight) = if i % 101 == 100 {
                 heavy_truth += 5_000.0;
-                (HEAVY + i * 40, 5_000.0)
+                (ObjectAddress(HEAVY.0 + i * 40), 5_000.0)
             } else {
                 light_truth += 100.0;
-                (0x1000 + i * 40, 100.0)
+                (ObjectAddress(0x1000 + i * 40), 100.0)
             };
             let admission = st.admission(weight);
             st.record_allocation(object, ObjectInfo::default(), &frames(&[8]), admission);
@@ -1596,17 +1618,17 @@ fn a_large_live_map_is_thinned_a_step_per_sample_and_stays_unbiased() {
 #[test]
 #[cfg_attr(miri, ignore = "statistical and slow under Miri")]
 fn a_tiny_map_beside_many_records_does_not_refuse_heavy_samples() {
-    const HEAVY: ObjectAddress = 0x4000_0000;
+    const HEAVY: ObjectAddress = ObjectAddress(0x4000_0000);
     let (seeds, heavies) = (400u64, 30usize);
     let ratios: Vec<f64> = (0..seeds)
         .map(|seed| {
             let mut st = SamplerState::new(GapSampler::new(1.0, seed), 1_000_000, 2);
             st.reseed(seed);
             for i in 0..3_000usize {
-                offer(&mut st, 0x1000 + i * 40, 1.0, 8);
+                offer(&mut st, ObjectAddress(0x1000 + i * 40), 1.0, 8);
             }
             for i in 0..heavies {
-                offer(&mut st, HEAVY + i * 40, 1e6, 9);
+                offer(&mut st, ObjectAddress(HEAVY.0 + i * 40), 1e6, 9);
             }
             let snap = st.take_snapshot(0, |object| Some(if object >= HEAVY { 1_000 } else { 40 }));
             let heavy: f64 = snap
@@ -1637,10 +1659,15 @@ fn a_thinning_ends_within_half_the_caps_samples() {
         let mut st = SamplerState::new(GapSampler::new(1.0, seed), 1_000_000, 10);
         st.reseed(seed);
         for i in 0..20_000usize {
-            offer(&mut st, 0x1000 + i * 40, 1.0, 8);
+            offer(&mut st, ObjectAddress(0x1000 + i * 40), 1.0, 8);
         }
         for i in 0..200usize {
-            offer(&mut st, 0x4000_0000 + i * 40, 1e6 * (1.0 + i as f64), 9);
+            offer(
+                &mut st,
+                ObjectAddress(0x4000_0000 + i * 40),
+                1e6 * (1.0 + i as f64),
+                9,
+            );
             assert!(
                 st.live_count() <= 10 + 5 + 1,
                 "seed {seed}: {}",
@@ -1663,6 +1690,7 @@ fn full_map_and_a_key_whose_removal_leaves_it_full() -> (SamplerState, ObjectAdd
     let mut objects = Vec::new();
     while st.live_count() < 7_168 {
         let object = 0x10_0000 + rng.random_range(0..1usize << 30) * 40;
+        let object = ObjectAddress(object);
         if st.live.get(&object).is_none() {
             record(&mut st, object, &[8]);
             objects.push(object);
@@ -1704,7 +1732,7 @@ fn relocating_onto_a_stale_key_of_a_full_live_map_keeps_the_moved_id() {
     assert_eq!(st.live.get(&onto), Some(&a));
     // Later samples move the previous table's entries over.
     for i in 0..20 {
-        record(&mut st, 0x9000_0000 + i * 40, &[8]);
+        record(&mut st, ObjectAddress(0x9000_0000 + i * 40), &[8]);
     }
     assert_eq!(st.live.get(&onto), Some(&a), "found under the stale id");
     assert!(st.record_free(onto));
