@@ -855,20 +855,29 @@ mod tests {
 
     /// A profile with two samples of one stack, one of another, and a C frame.
     fn example() -> (FlushSnapshot, FastHashMap<FrameRef, FrameInfo>) {
-        let mut state = SamplerState::new(GapSampler::new(1.0, 1), 100, 100);
         // leaf first: String#* (C) called from Foo#bar:12, called from <main>:30
         let leaf_c = [frame(24, 0), frame(8, 12), frame(16, 30)];
         let plain = [frame(8, 14), frame(16, 30)];
-        for (i, stack) in [&leaf_c[..], &leaf_c[..], &plain[..]].iter().enumerate() {
+        (snapshot_of(&[&leaf_c, &leaf_c, &plain]), example_frames())
+    }
+
+    /// One 40-byte sample allocated at each stack, all still alive.
+    fn snapshot_of(stacks: &[&[Frame]]) -> FlushSnapshot {
+        let mut state = SamplerState::new(GapSampler::new(1.0, 1), 100, 100);
+        for (i, stack) in stacks.iter().enumerate() {
             record(&mut state, 0x1000 + i * 40, stack);
         }
         state.measure_pending(|_| Some(40));
-        let snapshot = state.take_snapshot(0, |_| Some(40));
+        state.take_snapshot(0, |_| Some(40))
+    }
+
+    /// `example`'s frames: Foo#bar and <main> in app.rb, String#* in C.
+    fn example_frames() -> FastHashMap<FrameRef, FrameInfo> {
         let mut frames = FastHashMap::default();
         frames.insert(FrameRef(8), info("Foo#bar", Some("app.rb"), 10));
         frames.insert(FrameRef(16), info("<main>", Some("app.rb"), 1));
         frames.insert(FrameRef(24), info("String#*", None, 0));
-        (snapshot, frames)
+        frames
     }
 
     fn classes() -> FastHashMap<ClassRef, String> {
@@ -1085,21 +1094,12 @@ mod tests {
         // One C method under two callers in two files, and under one caller
         // at two lines: names are looked up once per frame, but the file
         // and line stay each stack's own.
-        let mut state = SamplerState::new(GapSampler::new(1.0, 1), 100, 100);
-        let stacks = [
-            [frame(24, 0), frame(8, 12), frame(16, 30)],
-            [frame(24, 0), frame(32, 5), frame(16, 31)],
-            [frame(24, 0), frame(8, 14), frame(16, 30)],
-        ];
-        for (i, stack) in stacks.iter().enumerate() {
-            record(&mut state, 0x1000 + i * 40, stack);
-        }
-        state.measure_pending(|_| Some(40));
-        let snapshot = state.take_snapshot(0, |_| Some(40));
-        let mut frames = FastHashMap::default();
-        frames.insert(FrameRef(8), info("Foo#bar", Some("app.rb"), 10));
-        frames.insert(FrameRef(16), info("<main>", Some("app.rb"), 1));
-        frames.insert(FrameRef(24), info("String#*", None, 0));
+        let snapshot = snapshot_of(&[
+            &[frame(24, 0), frame(8, 12), frame(16, 30)],
+            &[frame(24, 0), frame(32, 5), frame(16, 31)],
+            &[frame(24, 0), frame(8, 14), frame(16, 30)],
+        ]);
+        let mut frames = example_frames();
         frames.insert(FrameRef(32), info("Baz#qux", Some("lib.rb"), 3));
         let profile = build_profile(&snapshot, &frames, &classes(), &meta());
         let mut leaves: Vec<String> = profile
