@@ -89,6 +89,18 @@ pub const CLASS_LABEL: &str = "class";
 pub const GC_AGE_LABEL: &str = "gc_age";
 pub const GC_AGE_UNIT: &str = "collections";
 
+/// The nearest of `outer` frames that has a file, and the file: where a C
+/// method is shown.
+fn outer_file<'f>(
+    outer: &'f [Frame],
+    infos: &[Option<&'f FrameInfo>],
+) -> Option<(&'f Frame, &'f str)> {
+    outer
+        .iter()
+        .zip(infos)
+        .find_map(|(frame, info)| Some((frame, info.as_ref()?.filename.as_deref()?)))
+}
+
 struct ProfileBuilder<'a> {
     frames: &'a FastHashMap<FrameRef, FrameInfo>,
     classes: &'a FastHashMap<ClassRef, String>,
@@ -213,10 +225,7 @@ impl<'a> ProfileBuilder<'a> {
                 // outer frame that has a file).
                 let file_from = match info.filename {
                     Some(_) => None,
-                    None => frames[i + 1..]
-                        .iter()
-                        .zip(&infos[i + 1..])
-                        .find(|(_, info)| info.is_some_and(|info| info.filename.is_some())),
+                    None => outer_file(&frames[i + 1..], &infos[i + 1..]),
                 };
                 let line = match file_from {
                     Some((outer, _)) => i64::from(outer.line),
@@ -232,13 +241,11 @@ impl<'a> ProfileBuilder<'a> {
                 let function = match self.function_of_frame.get(&key) {
                     Some(&function) => function,
                     None => {
-                        let filename = match (&info.filename, file_from) {
-                            (Some(file), _) => file.as_str(),
-                            (None, Some((_, outer))) => outer
-                                .and_then(|outer| outer.filename.as_deref())
-                                .unwrap_or("(C function)"),
-                            (None, None) => "(C function)",
-                        };
+                        let filename = info
+                            .filename
+                            .as_deref()
+                            .or(file_from.map(|(_, file)| file))
+                            .unwrap_or("(C function)");
                         let block = block_index
                             .zip(info.blocks.as_deref())
                             .map(|(index, blocks)| blocks.block(index));
