@@ -64,5 +64,8 @@ request_id = 0
   File.binwrite(path, data.pprof_data)
   puts "wrote #{path}: #{data}"
 end
+# What holds the biggest sites' memory: the chain of references from a GC
+# root to a few of their sampled objects (walked in a forked child).
+puts collector.retention_report(top: 2, per_site: 2)
 collector.stop!
 puts "cache holds #{app.cache.size} pages"

@@ -49,6 +49,9 @@ module MemprofilerPprof
   autoload :SidekiqLabels, File.join(lib, "sidekiq_labels")
   autoload :SinatraLabels, File.join(lib, "sinatra_labels")
   autoload :CLI, File.join(lib, "cli")
+  autoload :Retention, File.join(lib, "retention")
+  autoload :RetentionError, File.join(lib, "retention")
+  autoload :RetentionReport, File.join(lib, "retention_report")
 end
 
 # Rails, when it is loaded first (as Bundler.require does after `require

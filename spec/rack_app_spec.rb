@@ -513,6 +513,54 @@ RSpec.describe MemprofilerPprof::RackApp do
     end
   end
 
+  describe "retainers" do
+    let(:kept) { Array.new(300) { |i| "kept #{i} " * 20 } }
+
+    before do
+      stub_const("RackAppSpecLeak", Module.new)
+      collector.start!
+      RackAppSpecLeak.const_set(:CACHE, kept)
+    end
+
+    it "serves what holds the biggest sites as text, or as JSON the CLI reads, without flushing" do
+      text = get("/debug/pprof/retainers?#{token_query}&top=3&per_site=2")
+      expect(text.status).to eq(200)
+      expect(text.content_type).to eq("text/plain; charset=utf-8")
+      expect(text.body).to match(/^   String: RackAppSpecLeak::CACHE \(constant\) -> Array\[\d+\] -> String$/)
+      expect_common_headers(text)
+
+      json = get("/debug/pprof/retainers?#{token_query}&format=json&site=rack_app_spec")
+      expect(json.content_type).to eq("application/json")
+      Dir.mktmpdir do |dir|
+        File.write(File.join(dir, "r.json"), json.body)
+        report = MemprofilerPprof::RetentionReport.load(File.join(dir, "r.json"))
+        expect(report.sites.map { |site| site["site"] }).to all(include("rack_app_spec.rb"))
+      end
+      expect(get("/debug/pprof/?#{token_query}").body).to include(">retainers</a>")
+      expect(app.flush_count).to eq(0)
+    end
+
+    it "answers bad parameters with 400, HEAD with headers only, and a report under way with 503" do
+      expect(get("/debug/pprof/retainers?#{token_query}&top=x").body).to eq("top must be a whole number\n")
+      zero = get("/debug/pprof/retainers?#{token_query}&top=0")
+      expect([zero.status, zero.body]).to eq([400, "top must be from 1 to 100, got 0\n"])
+      expect(get("/debug/pprof/retainers?#{token_query}&format=xml").status).to eq(400)
+      head = get("/debug/pprof/retainers?#{token_query}", method: "HEAD")
+      expect([head.status, head.body]).to eq([200, ""])
+      expect(get("/debug/pprof/retainers").status).to eq(401)
+
+      MemprofilerPprof::Retention::LOCK.synchronize do
+        busy = get("/debug/pprof/retainers?#{token_query}")
+        expect([busy.status, busy.headers["Retry-After"]]).to eq([503, "10"])
+        expect(busy.body).to eq("retention report failed: a retention report is already running in this process\n")
+      end
+      collector.stop!
+      stopped = get("/debug/pprof/retainers?#{token_query}")
+      expect([stopped.status, stopped.body]).to match([503, /needs a running collector/])
+      expect(logger.errors).to be_empty
+    end
+  end
+
   describe "mounting" do
     let(:inner) { ->(env) { [200, { "content-type" => "text/plain" }, ["app saw #{env['PATH_INFO']}"]] } }
 

@@ -52,6 +52,11 @@ RSpec.describe "MemprofilerPprof::Railtie in a Rails app", :slow do
         out, err, status = Open3.capture3(RbConfig.ruby, "-I", lib, exe, "diff", *files, "--by", "action")
         expect(status).to be_success, err
         expect(out).to match(/^By action: OrdersController#show grew most, \+/), out
+
+        # What holds the leaks, from the running server.
+        report = Net::HTTP.get(URI("http://127.0.0.1:#{port}/debug/pprof/retainers?token=rails-spec-token-0123&top=4"))
+        expect(report).to match(/^   String: OrdersController::CACHE \(constant\) -> Array\[\d+\] -> Array\[\d+\] -> String$/)
+        expect(report).to match(/^   String: ImportJob::KEPT \(constant\) -> Array\[\d+\] -> Array\[\d+\] -> String$/)
       end
     end
   end

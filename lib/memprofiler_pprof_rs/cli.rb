@@ -26,7 +26,8 @@ module MemprofilerPprof
       "top" => "the biggest users of memory, like go tool pprof -top",
       "diff" => "what grew between profiles of one process (leak hunting)",
       "flamegraph" => "an interactive HTML flame graph (or a static SVG)",
-      "merge" => "combine profiles from many processes into one"
+      "merge" => "combine profiles from many processes into one",
+      "retainers" => "what holds memory alive, from a saved retention report"
     }.freeze
 
     HELP = <<~TEXT.freeze
@@ -44,6 +45,7 @@ module MemprofilerPprof
         #{PROGRAM} diff tmp/profiles/heap-1234-*.pprof
         #{PROGRAM} flamegraph heap.pprof -o heap.html
         #{PROGRAM} merge tmp/profiles/*.pprof -o all.pprof
+        #{PROGRAM} retainers retainers.json
 
       Run `#{PROGRAM} COMMAND --help` for a command's options.
     TEXT
@@ -159,6 +161,22 @@ module MemprofilerPprof
 
         options[:limit] = value
       end
+    end
+
+    def retainers_options(opts, _options)
+      opts.banner = "usage: #{PROGRAM} retainers FILE"
+      opts.separator("")
+      opts.separator("Prints a retention report: for the sites with the most memory in use, the chain of")
+      opts.separator("references from a GC root that keeps each of a few sampled objects alive. FILE is")
+      opts.separator("written by RetentionReport#save (collector.retention_report.save(\"r.json\")) or served")
+      opts.separator("by the Rack endpoint's /debug/pprof/retainers?format=json.")
+    end
+
+    def retainers(files, _options)
+      raise UsageError, "retainers needs one FILE, got #{files.size}" unless files.size == 1
+
+      @stdout.print(RetentionReport.load(files.first).to_s)
+      0
     end
 
     def top_options(opts, options)

@@ -307,6 +307,22 @@ module MemprofilerPprof
       end
     end
 
+    # What keeps memory alive: for the `top` sites with the most estimated
+    # bytes in use (or those `sites` names: Strings found in a site's name,
+    # or Regexps), the shortest chain of references from a GC root to
+    # `per_site` of their sampled objects, each hop named (a constant, an
+    # instance variable, a Hash key, an Array index...). Returns a
+    # RetentionReport (#to_s for text, #save for the CLI). Made in a forked
+    # child that walks its copy of the heap: this process pays the fork and
+    # waits without the GVL, at most `timeout` seconds; a walk cut short by
+    # `timeout` or by `max_objects` (its memory bound) gives a partial report.
+    # Raises RetentionError when it cannot be made (no fork, another report
+    # running, the child did not answer).
+    def retention_report(top: 5, per_site: 3, sites: nil, timeout: 30, max_objects: 5_000_000)
+      Retention.report(self, top: top, per_site: per_site, sites: sites, timeout: timeout,
+                             max_objects: max_objects)
+    end
+
     # Hook failures caught inside the extension (should stay 0; for diagnosis).
     def internal_error_count
       _native_internal_error_count

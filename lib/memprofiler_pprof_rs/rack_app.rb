@@ -26,6 +26,11 @@ module MemprofilerPprof
   #                             ?seconds=N (1..300): flushes, waits N seconds and
   #                             returns the allocations of those N seconds
   #   ?debug=1                  a text summary (top 50 functions) instead
+  #   GET /debug/pprof/retainers what holds the sites with the most memory in
+  #                             use (Collector#retention_report), as text;
+  #                             ?top=N&per_site=N&site=TEXT&timeout=S,
+  #                             ?format=json for the report `memprofiler_pprof_rs
+  #                             retainers FILE` prints
   #
   # Security. Every request needs the token, as `?token=` (go tool pprof
   # cannot send headers) or `Authorization: Bearer <token>`; it is compared
@@ -80,6 +85,11 @@ module MemprofilerPprof
       "heap" => ["inuse_space", "Sampled objects still alive (in-use memory); ?gc=1 runs a GC first."]
     }.freeze
 
+    RETAINERS = "retainers"
+    RETAINERS_DESCRIPTION = "What holds the sites with the most memory in use: the chain of references from a " \
+                            "GC root to a few of their sampled objects (?top=5&per_site=3&site=TEXT&timeout=30, " \
+                            "format=json). Forks a child that walks the heap."
+
     LOOPBACK = [IPAddr.new("127.0.0.0/8"), IPAddr.new("::1/128")].freeze
 
     # Exceptions that become a 500. Others (SignalException, SystemExit, and
@@ -90,6 +100,7 @@ module MemprofilerPprof
     BINARY = "application/octet-stream"
     TEXT = "text/plain; charset=utf-8"
     HTML = "text/html; charset=utf-8"
+    JSON_TYPE = "application/json"
 
     attr_reader :collector, :wait_timeout, :logger, :allow_remote
     # Requests answered (whatever the status), errors logged (500s), the last
@@ -249,12 +260,13 @@ module MemprofilerPprof
       params, malformed = parse_query(query)
 
       name = route(env["PATH_INFO"])
-      return text(404, "not found: the profiles are #{PROFILES.keys.join(' and ')}\n", head) if name.nil?
+      return text(404, "not found: the profiles are #{PROFILES.keys.join(' and ')}, and #{RETAINERS}\n", head) if name.nil?
       unless %w[GET HEAD].include?(env["REQUEST_METHOD"])
         return text(405, "method not allowed: use GET\n", head, "allow" => "GET, HEAD")
       end
       return text(400, "malformed query string\n", head) if malformed
       return index(env, query_ok ? query_token : nil, head) if name == :index
+      return serve_retainers(params, head) if name == RETAINERS
 
       serve_profile(name, params, head)
     end
@@ -266,7 +278,34 @@ module MemprofilerPprof
       return :index if path.empty? || path == "/"
 
       match = path.match(%r{\A/([^/]+)\z})
-      match && PROFILES.key?(match[1]) ? match[1] : nil
+      match && (PROFILES.key?(match[1]) || match[1] == RETAINERS) ? match[1] : nil
+    end
+
+    # /retainers: a retention report, as text or JSON. One at a time per
+    # process (RetentionError otherwise: 503).
+    def serve_retainers(params, head)
+      options = {}
+      { "top" => 5, "per_site" => 3, "timeout" => 30 }.each do |name, default|
+        value = integer_param(params, name)
+        return text(400, "#{name} must be a whole number\n", head) if value == :invalid
+
+        options[name.to_sym] = value || default
+      end
+      options[:sites] = [params["site"]] if params["site"] && !params["site"].empty?
+      json = params["format"] == "json"
+      return text(400, "format must be json or left out (text)\n", head) if params.key?("format") && !json
+      return [200, headers(json ? JSON_TYPE : TEXT, nil, {}), []] if head
+
+      report = @collector.retention_report(**options)
+      json ? respond(200, report.to_json, JSON_TYPE, false) : respond(200, report.to_s, TEXT, false)
+    rescue ArgumentError => e
+      text(400, "#{e.message}\n", head)
+    rescue RetentionError, StateError => e
+      text(503, "retention report failed: #{e.message}\n", head, "retry-after" => "10")
+    rescue *RESCUED => e
+      detail = "#{e.class}: #{e.message}"
+      report_error("retention report failed", e, detail)
+      text(500, "retention report failed: #{detail}\n", head)
     end
 
     def serve_profile(name, params, head)
@@ -393,6 +432,9 @@ module MemprofilerPprof
         "<tr><td><a href=\"#{escape(plain)}\">#{name}</a></td><td><a href=\"#{escape(text)}\">text</a></td>" \
           "<td>#{escape(description)}</td></tr>"
       end
+      href = "#{base}/#{RETAINERS}#{"?#{token}" if token}"
+      rows << "<tr><td><a href=\"#{escape(href)}\">#{RETAINERS}</a></td><td></td>" \
+              "<td>#{escape(RETAINERS_DESCRIPTION)}</td></tr>"
       body = <<~HTML
         <!DOCTYPE html>
         <html><head><meta charset="utf-8"><title>#{escape(base)}/</title></head><body>

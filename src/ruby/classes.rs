@@ -77,6 +77,23 @@ pub unsafe fn object_info(object: VALUE) -> ObjectInfo {
     ObjectInfo::new(class, unsafe { rb_gc_count() } as u32)
 }
 
+/// Whether Ruby code may be handed `object`: it has a class (not one of
+/// Ruby's internal objects, such as an imemo, nor a hidden one, such as a
+/// string's shared buffer).
+///
+/// # Safety
+/// `object` must be a live object.
+pub unsafe fn is_visible_object(object: VALUE) -> bool {
+    // SAFETY: the caller's; reads two words of the header.
+    let (flags, klass) = unsafe {
+        let basic = &*(object as *const RBasic);
+        (basic.flags, basic.klass)
+    };
+    #[allow(clippy::unnecessary_cast)] // VALUE is 32 bits on 32-bit targets
+    let kind = builtin_type(flags) as u64;
+    has_class(kind) && klass != 0
+}
+
 /// Class handles that are real class VALUEs (to be marked).
 pub fn is_class_value(class: ClassRef) -> bool {
     is_ruby_class(class)

@@ -7,11 +7,13 @@ use std::ffi::{c_long, CStr};
 
 use rb_sys::{
     rb_ary_new_capa, rb_ary_push, rb_float_new, rb_hash_aset, rb_hash_new, rb_id2sym, rb_intern,
-    rb_obj_freeze, rb_str_new, rb_ull2inum, Qfalse, Qnil, Qtrue, FIX2LONG, FIXNUM_P, NIL_P,
-    NUM2DBL, RB_FLOAT_TYPE_P, TEST, VALUE,
+    rb_obj_freeze, rb_str_new, rb_ull2inum, rb_utf8_str_new, Qfalse, Qnil, Qtrue, FIX2LONG,
+    FIXNUM_P, NIL_P, NUM2DBL, RB_FLOAT_TYPE_P, TEST, VALUE,
 };
 
-use super::collector::{Collector, FlushOptions, FlushResult, Mode, SizeMeasurement};
+use super::collector::{Collector, FlushOptions, FlushResult, LiveSites, Mode, SizeMeasurement};
+use super::convert::object_value;
+use super::heap::GcOff;
 
 /// ProfileData's keys for the spread figures, in FlushResult's order.
 const SAMPLE_TYPE_NAMES: [&std::ffi::CStr; 4] = [
@@ -453,8 +455,82 @@ unsafe extern "C" fn native_flush(
     })
 }
 
+/// Collector#_native_live_sites(per_stack): for the child process of a
+/// retention report only (it runs a full GC and keeps GC off meanwhile):
+/// [[frames, objects, bytes, [object, ...]], ...], the stacks with tracked
+/// live objects by estimated bytes, largest first; frames leaf first, each
+/// [label, file or nil, line]; up to `per_stack` objects a stack.
+unsafe extern "C" fn native_live_sites(rb_self: VALUE, per_stack: VALUE) -> VALUE {
+    method_entry(|| {
+        let collector = collector_of(rb_self)?;
+        let per_stack = count_arg(per_stack, "per_stack")?;
+        if !collector.is_running() {
+            return Err(RbError::state(
+                "the collector is not running: its tracked objects are not known to be alive",
+            ));
+        }
+        // Light mode's new samples are pinned by the collector until they
+        // have ids: settled first, so that the full GC frees those that are
+        // garbage. Then, until the objects are in the arrays below, no GC
+        // may free one.
+        collector.forget_dead_samples()?;
+        let _gc_off = GcOff::after_full_gc();
+        let live = collector.live_sites(per_stack)?;
+        live_sites_value(&live)
+    })
+}
+
+fn ruby_string(text: &str) -> VALUE {
+    // SAFETY: copies the bytes into a new String (called under protect).
+    unsafe { rb_utf8_str_new(text.as_ptr().cast(), text.len() as c_long) }
+}
+
+fn live_sites_value(live: &LiveSites) -> RbResult<VALUE> {
+    // SAFETY: allocates arrays, strings and numbers (under protect, GC off);
+    // every object address is a live object (GcOff, Collector::live_sites).
+    protect(|| unsafe {
+        let sites = rb_ary_new_capa(live.sites.len() as c_long);
+        for site in &live.sites {
+            let frames = rb_ary_new_capa(site.frames.len() as c_long);
+            for frame in site.frames.iter() {
+                let entry = rb_ary_new_capa(3);
+                match live.frame_names.get(&frame.frame) {
+                    Some(info) => {
+                        rb_ary_push(entry, ruby_string(&info.name));
+                        let file = info.filename.as_deref().map_or(Qnil as VALUE, ruby_string);
+                        rb_ary_push(entry, file);
+                    }
+                    None => {
+                        rb_ary_push(entry, ruby_string("(truncated)"));
+                        rb_ary_push(entry, Qnil as VALUE);
+                    }
+                }
+                rb_ary_push(entry, rb_ull2inum(frame.line.max(0) as u64));
+                rb_ary_push(frames, entry);
+            }
+            let objects = rb_ary_new_capa(site.objects.len() as c_long);
+            for &object in &site.objects {
+                rb_ary_push(objects, object_value(object));
+            }
+            let entry = rb_ary_new_capa(4);
+            rb_ary_push(entry, frames);
+            rb_ary_push(entry, rb_float_new(site.objects_estimate));
+            rb_ary_push(entry, rb_float_new(site.bytes_estimate));
+            rb_ary_push(entry, objects);
+            rb_ary_push(sites, entry);
+        }
+        sites
+    })
+}
+
 pub fn methods() -> Vec<MethodDef> {
     vec![
+        method_def!(
+            c"_native_live_sites",
+            native_live_sites,
+            1,
+            MethodKind::Private
+        ),
         method_def!(
             c"_native_configure",
             native_configure,

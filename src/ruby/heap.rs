@@ -14,8 +14,8 @@ use std::ffi::{c_int, c_void, CStr};
 use std::sync::OnceLock;
 
 use rb_sys::{
-    rb_gc_count, rb_gc_latest_gc_info, rb_gc_stat, rb_id2sym, rb_intern, rb_obj_id, ruby_fl_type,
-    ruby_value_type, Qnil, VALUE,
+    rb_gc, rb_gc_count, rb_gc_disable, rb_gc_enable, rb_gc_latest_gc_info, rb_gc_stat, rb_id2sym,
+    rb_intern, rb_obj_id, ruby_fl_type, ruby_value_type, Qnil, Qtrue, VALUE,
 };
 
 use super::convert::{builtin_type, object_value};
@@ -416,4 +416,37 @@ pub fn allocation_counter() -> u64 {
     // SAFETY: a Symbol key makes rb_gc_stat return that one value, without
     // allocating.
     unsafe { rb_gc_stat(key) as u64 }
+}
+
+/// GC kept off from a full GC (marked and swept whole) until dropped, then
+/// left as it was: while it lives no object is freed or moved, and none is
+/// garbage waiting for a lazy sweep. For the child a retention report
+/// forks, which turns tracked addresses into objects.
+pub struct GcOff {
+    was_disabled: bool,
+}
+
+impl GcOff {
+    pub fn after_full_gc() -> GcOff {
+        // SAFETY: public GC controls, GVL held, outside GC. rb_gc does
+        // nothing while GC is disabled, so it is enabled for it first; it
+        // runs a full mark and an immediate sweep (a C-API GC's reason),
+        // and nothing allocates between its end and rb_gc_disable.
+        let was_disabled = unsafe {
+            let was_disabled = rb_gc_enable() == Qtrue as VALUE;
+            rb_gc();
+            rb_gc_disable();
+            was_disabled
+        };
+        GcOff { was_disabled }
+    }
+}
+
+impl Drop for GcOff {
+    fn drop(&mut self) {
+        if !self.was_disabled {
+            // SAFETY: as above.
+            unsafe { rb_gc_enable() };
+        }
+    }
 }

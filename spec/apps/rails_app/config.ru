@@ -1,7 +1,8 @@
 # frozen_string_literal: true
 
 # A Rails app of one file for spec/rails_spec.rb: two endpoints, one of
-# which keeps what it allocates, and an Active Job that does too. Profiled
+# which keeps what it allocates, and an Active Job that does too, with the
+# gem's pprof endpoint in front. Profiled
 # through the Railtie (config.memprofiler_pprof), with the settings the
 # spec passes as environment variables (MEMPROFILER_PPROF_RS_*).
 $LOAD_PATH.unshift(File.expand_path("../../../lib", __dir__))
@@ -73,4 +74,6 @@ class GcController < ActionController::Base
 end
 
 RailsApp.initialize!
+# The pprof endpoint, with what keeps memory alive at /debug/pprof/retainers.
+use MemprofilerPprof::RackApp::Middleware, MemprofilerPprof::EnvProfiler.collector, token: "rails-spec-token-0123"
 run RailsApp

@@ -104,6 +104,17 @@ impl Default for ObjectInfo {
     }
 }
 
+/// A tracked live sample, as `SamplerState::live_samples` lists it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LiveSample {
+    pub object: ObjectAddress,
+    pub stack: StackId,
+    /// How many live objects it stands for.
+    pub weight: f64,
+    /// Bytes, as last measured (0 until measured).
+    pub size: u64,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct SampleId(u32);
 
@@ -473,6 +484,21 @@ impl SamplerState {
     /// Every tracked (live) object's address, e.g. to check after a GC.
     pub fn live_objects(&self) -> impl Iterator<Item = ObjectAddress> + '_ {
         self.live.keys().copied()
+    }
+
+    /// Every tracked live sample: its object, the stack that allocated it,
+    /// how many objects it stands for, and its size as last measured (0
+    /// until measured). For a retention report's choice of sites.
+    pub fn live_samples(&self) -> impl Iterator<Item = LiveSample> + '_ {
+        self.live.iter().map(|(&object, &id)| {
+            let record = &self.records[id.index()];
+            LiveSample {
+                object,
+                stack: self.stacks.forwarded(record.stack),
+                weight: f64::from(record.weight),
+                size: record.size,
+            }
+        })
     }
 
     #[cfg(test)]

@@ -96,6 +96,36 @@ fn live_objects_stay_until_freed_and_allocations_reset_each_flush() {
     assert!(st.stacks().is_empty(), "unused stacks are pruned");
 }
 
+#[test]
+fn live_samples_list_each_tracked_object_with_its_stack_weight_and_size() {
+    let mut st = state(100, 100);
+    record(&mut st, ObjectAddress(0x1000), &[8, 16]);
+    record(&mut st, ObjectAddress(0x2000), &[9, 16]);
+    st.measure_pending(|object| {
+        Some(if object == ObjectAddress(0x1000) {
+            40
+        } else {
+            72
+        })
+    });
+    assert!(st.record_free(ObjectAddress(0x2000)));
+    record(&mut st, ObjectAddress(0x3000), &[8, 16]);
+
+    let mut live: Vec<_> = st.live_samples().collect();
+    live.sort_by_key(|sample| sample.object.0);
+    assert_eq!(live.len(), 2, "the freed one is not listed");
+    assert_eq!(live[0].object, ObjectAddress(0x1000));
+    assert_eq!((live[0].weight, live[0].size), (1.0, 40));
+    assert_eq!(live[1].object, ObjectAddress(0x3000));
+    assert_eq!(live[1].size, 0, "not measured yet");
+    assert_eq!(live[0].stack, live[1].stack, "same frames, same stack");
+    let frames = st.stacks().frames(live[0].stack);
+    assert_eq!(
+        frames.iter().map(|f| f.frame.0).collect::<Vec<_>>(),
+        [8, 16]
+    );
+}
+
 fn names(entries: &[(u64, &str)]) -> FastHashMap<FrameRef, FrameInfo> {
     entries
         .iter()

@@ -1,0 +1,261 @@
+# frozen_string_literal: true
+
+require "json"
+require_relative "retention/graph_walk"
+require_relative "retention/hop_names"
+require_relative "retention_report"
+
+module MemprofilerPprof
+  # A retention report could not be made: no fork on this platform, fork
+  # failed, another report is running, the walk's process did not answer.
+  class RetentionError < RuntimeError
+    include Error
+  end
+
+  # Collector#retention_report: what holds the sampled objects of the
+  # sites with the most memory in use. The parent forks; the child, which
+  # sees a copy of the heap, runs a full GC, picks the sites and a few of
+  # their sampled objects, walks the heap from the GC's roots for the
+  # shortest chain of references to each (GraphWalk), names every hop
+  # (HopNames) and writes the answer to a pipe as JSON, then exits. The
+  # parent pays the fork and waits without the GVL.
+  module Retention
+    # Sites and objects a report may ask for: each object is a target of
+    # the walk, and its path a line of the report.
+    MAX_TOP = 100
+    MAX_PER_SITE = 100
+    MAX_TIMEOUT = 3600
+    # The child's answer is a few KB a path; a larger one is a bug.
+    MAX_ANSWER_BYTES = 64 * 1024 * 1024
+    # The walk stops at this share of the timeout, leaving the rest for the
+    # GC before it and the answer after; the child is killed at the timeout.
+    WALK_SHARE = 0.8
+    # Frames kept for each site, leaf first.
+    SITE_FRAMES = 8
+
+    LOCK = Mutex.new
+
+    module_function
+
+    def report(collector, top:, per_site:, sites:, timeout:, max_objects:)
+      top = Collector.validate_count(top, :top)
+      per_site = Collector.validate_count(per_site, :per_site)
+      raise ArgumentError, "top must be from 1 to #{MAX_TOP}, got #{top}" unless top.between?(1, MAX_TOP)
+      raise ArgumentError, "per_site must be from 1 to #{MAX_PER_SITE}, got #{per_site}" unless
+        per_site.between?(1, MAX_PER_SITE)
+
+      timeout = validate_timeout(timeout)
+      max_objects = Collector.validate_count(max_objects, :max_objects)
+      raise ArgumentError, "max_objects must be at least 1, got 0" if max_objects.zero?
+
+      sites = validate_sites(sites)
+      check_can_walk(collector)
+      raise RetentionError, "a retention report is already running in this process" unless LOCK.try_lock
+
+      begin
+        in_child(timeout) do |deadline|
+          child_report(collector, top: top, per_site: per_site, sites: sites,
+                                  walk_deadline: deadline, max_objects: max_objects, timeout: timeout)
+        end
+      ensure
+        LOCK.unlock
+      end
+    end
+
+    def validate_timeout(timeout)
+      unless timeout.is_a?(Numeric) && timeout.real? && timeout.positive? && timeout <= MAX_TIMEOUT
+        raise ArgumentError, "timeout must be a number of seconds above 0 and at most #{MAX_TIMEOUT}, " \
+                             "got #{timeout.inspect}"
+      end
+      timeout.to_f
+    end
+
+    def validate_sites(sites)
+      return nil if sites.nil?
+
+      list = Array(sites)
+      bad = list.find { |site| !site.is_a?(String) && !site.is_a?(Regexp) }
+      raise ArgumentError, "sites must be Strings or Regexps naming sites, got #{bad.inspect}" if bad || list.empty?
+
+      list
+    end
+
+    def check_can_walk(collector)
+      unless collector.running?
+        raise StateError, "retention_report needs a running collector: only while it runs are its sampled " \
+                          "objects known to be alive"
+      end
+      if RactorSafety.ractors_used?
+        raise RetentionError, "retention reports are not available once Ractors are used: the collector " \
+                              "stops tracking objects then"
+      end
+      return if Process.respond_to?(:fork)
+
+      raise RetentionError, "retention reports need fork, which this platform does not have"
+    end
+
+    # Forks a child that yields its answer (a Hash) to the parent, which
+    # waits at most `timeout` seconds for it; the child's walk stops at
+    # WALK_SHARE of that.
+    def in_child(timeout)
+      started = clock
+      reader, writer = IO.pipe
+      pid = fork_child(reader, writer) { yield started + (timeout * WALK_SHARE) }
+      fork_seconds = clock - started
+      writer.close
+      answer = read_answer(reader, started + timeout)
+      unless answer
+        Process.kill(:KILL, pid)
+        Process.wait(pid)
+        pid = nil
+        raise RetentionError, "the retention walk did not answer within #{timeout} s (its process was killed); " \
+                              "give a larger timeout: or a smaller max_objects:"
+      end
+      _, status = Process.wait2(pid)
+      pid = nil
+      finish(answer, status, fork_seconds: fork_seconds, seconds: clock - started)
+    ensure
+      reader&.close
+      writer&.close unless writer.nil? || writer.closed?
+      if pid
+        Process.kill(:KILL, pid)
+        Process.wait(pid)
+      end
+    end
+
+    def fork_child(reader, writer)
+      Atfork.without_child_handlers do
+        Process.fork do
+          reader.close
+          answer = begin
+            JSON.generate(yield)
+          rescue Exception => e # rubocop:disable Lint/RescueException (the parent gets every failure as an answer)
+            JSON.generate({ "error" => "#{e.class}: #{e.message}" })
+          end
+          writer.write(answer)
+          writer.close
+        ensure
+          # No at_exit handler, finalizer or flusher of the parent's runs here.
+          exit!(0)
+        end
+      end
+    rescue NotImplementedError, SystemCallError => e
+      raise RetentionError, "a retention report could not fork: #{e.message}"
+    end
+
+    # The child's whole answer, or nil when it is not complete by `deadline`.
+    def read_answer(reader, deadline)
+      answer = +""
+      loop do
+        remaining = deadline - clock
+        return nil unless remaining.positive?
+        next unless IO.select([reader], nil, nil, remaining)
+
+        chunk = reader.read_nonblock(1 << 16, exception: false)
+        return answer if chunk.nil?
+        next if chunk == :wait_readable
+
+        answer << chunk
+        raise RetentionError, "the retention walk's answer is over #{MAX_ANSWER_BYTES} bytes" if
+          answer.bytesize > MAX_ANSWER_BYTES
+      end
+    end
+
+    def finish(answer, status, fork_seconds:, seconds:)
+      raise RetentionError, "the retention walk's process ended without an answer (#{status.inspect})" if answer.empty?
+
+      data = JSON.parse(answer)
+      raise RetentionError, "the retention walk failed: #{data['error']}" if data["error"]
+
+      RetentionReport.from_h(data.merge("fork_seconds" => fork_seconds, "seconds" => seconds))
+    end
+
+    # In the child: the report as plain data.
+    def child_report(collector, top:, per_site:, sites:, walk_deadline:, max_objects:, timeout:)
+      GC.auto_compact = false if GC.respond_to?(:auto_compact=) # (the walk keys internal objects by address)
+      chosen, targets = choose_sites(collector, top, per_site, sites)
+      exclude = {}.compare_by_identity
+      exclude[targets] = true
+      ObjectSpace.each_object(Collector) do |other|
+        exclude[other] = true
+        other.stop! if other.running? # (their hooks would sample the walk)
+      end
+      walk = GraphWalk.new(targets, exclude: exclude, deadline: walk_deadline, max_objects: max_objects).run
+      targets.each_pair { |object, site| chosen[site]["objects"] << object_entry(object, walk.paths[object]) }
+      {
+        "pid" => Process.ppid, "taken_at" => Time.now.utc.strftime("%Y-%m-%d %H:%M:%S UTC"), "sites" => chosen,
+        "objects_reached" => walk.reached, "stopped" => walk.stopped&.to_s, "timeout" => timeout,
+        "max_objects" => max_objects, "child_private_bytes" => private_bytes
+      }
+    end
+
+    # [sites as data, {object => its site's index}]: the sites by estimated
+    # bytes in use (those `sites` names, if given), `per_site` sampled
+    # objects each. The collector runs a full GC first, so every object
+    # listed is reachable.
+    def choose_sites(collector, top, per_site, wanted)
+      by_site = {}
+      collector.__send__(:_native_live_sites, per_site).each do |frames, objects, bytes, sampled|
+        name = site_name(frames)
+        site = by_site[name] ||= { "site" => name, "frames" => frame_names(frames), "inuse_objects" => 0.0,
+                                   "inuse_bytes" => 0.0, "sampled" => [] }
+        site["inuse_objects"] += objects
+        site["inuse_bytes"] += bytes
+        site["sampled"].concat(sampled.first(per_site - site["sampled"].size))
+      end
+      picked = by_site.values
+      picked.select! { |site| wanted.any? { |w| w.is_a?(Regexp) ? w.match?(site["site"]) : site["site"].include?(w) } } if wanted
+      picked = picked.max_by(top) { |site| site["inuse_bytes"] }
+      targets = {}.compare_by_identity
+      picked.each_with_index do |site, index|
+        site.delete("sampled").each { |object| targets[object] = index }
+        site["inuse_objects"] = site["inuse_objects"].round
+        site["inuse_bytes"] = site["inuse_bytes"].round
+        site["objects"] = []
+      end
+      [picked, targets]
+    end
+
+    # The allocating method, at the line of the first frame with a file (a
+    # method written in C is shown at its caller's line, as `top` does).
+    def site_name(frames)
+      label = frames.first&.first || "(no frames)"
+      _, file, line = frames.find { |_, f, _| f }
+      file ? "#{label} (#{file}:#{line})" : label
+    end
+
+    def frame_names(frames)
+      frames.first(SITE_FRAMES).map { |label, file, line| file ? "#{label} (#{file}:#{line})" : label }
+    end
+
+    # An object's class, and the hops of its path (nil: no path found).
+    def object_entry(object, path)
+      entry = { "class" => HopNames.class_name(object), "path" => nil }
+      return entry unless path
+
+      root = path.first
+      hops = path.each_cons(2).drop(1).map do |holder, held|
+        kind, reference = HopNames.describe(holder, held)
+        hop = { "class" => HopNames.class_name(holder), "kind" => kind, "ref" => reference }
+        hop["module"] = true if Module === holder # rubocop:disable Style/CaseEquality (BasicObjects)
+        hop["thread"] = HopNames.thread_name(holder) if Thread === holder # rubocop:disable Style/CaseEquality
+        hop
+      end
+      entry.merge("root" => { "kind" => root.kind.to_s, "name" => root.name }, "path" => hops)
+    end
+
+    # The child's own memory (pages it wrote, so copied from the parent's),
+    # where Linux says it.
+    def private_bytes
+      rollup = File.read("/proc/self/smaps_rollup")
+      kb = rollup.scan(/^Private_(?:Clean|Dirty):\s+(\d+) kB/).sum { |(n)| Integer(n) }
+      kb * 1024
+    rescue SystemCallError, IOError
+      nil
+    end
+
+    def clock
+      Process.clock_gettime(Process::CLOCK_MONOTONIC)
+    end
+  end
+end

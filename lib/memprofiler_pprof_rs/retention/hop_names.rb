@@ -1,0 +1,169 @@
+# frozen_string_literal: true
+
+module MemprofilerPprof
+  module Retention
+    # How one object holds the next on a retention path, in the terms a
+    # person uses: a constant, an instance variable, a Hash key, an Array
+    # index, a Struct member, a block's captured variable, a thread-local.
+    # Runs in the retention report's child. Core methods are called unbound,
+    # so that an object's own #class, #[] or #method_missing is never run,
+    # and a BasicObject is named too.
+    module HopNames
+      KERNEL_CLASS = Kernel.instance_method(:class)
+      KERNEL_IVARS = Kernel.instance_method(:instance_variables)
+      KERNEL_IVAR_GET = Kernel.instance_method(:instance_variable_get)
+      MODULE_NAME = Module.instance_method(:name)
+      MODULE_CONSTANTS = Module.instance_method(:constants)
+      MODULE_CONST_GET = Module.instance_method(:const_get)
+      MODULE_AUTOLOAD = Module.instance_method(:autoload?)
+      MODULE_CVARS = Module.instance_method(:class_variables)
+      MODULE_CVAR_GET = Module.instance_method(:class_variable_get)
+      HASH_EACH_PAIR = Hash.instance_method(:each_pair)
+      ARRAY_INDEX = Array.instance_method(:index)
+      STRUCT_EACH_PAIR = Struct.instance_method(:each_pair)
+      THREAD_KEYS = Thread.instance_method(:keys)
+      THREAD_AREF = Thread.instance_method(:[])
+      THREAD_VARIABLES = Thread.instance_method(:thread_variables)
+      THREAD_VARIABLE_GET = Thread.instance_method(:thread_variable_get)
+      # A key or a class name longer than this is cut, with "...".
+      MAX_TEXT = 60
+
+      module_function
+
+      # [kind, reference]: how `parent` holds `child`. Kinds: "constant",
+      # "class_ivar", "class_var", "ivar", "hash_value", "hash_key",
+      # "index", "member", "captured", "thread_local", "thread_variable",
+      # "stack" (a thread's frames: a local variable, an argument, self),
+      # "toplevel_local" (a local variable of the main script),
+      # "internal" (one of Ruby's internal objects), "reference" (one Ruby
+      # does not name, such as a C extension's).
+      def describe(parent, child)
+        if internal?(parent) || Thread === parent # rubocop:disable Style/CaseEquality
+          # A frame's locals are held by the thread's stack, or by an env
+          # (internal): the main script's are named through TOPLEVEL_BINDING.
+          local = toplevel_local(child)
+          return ["toplevel_local", local] if local
+        end
+        return ["internal", parent.type.to_s.delete_prefix("T_").downcase] if internal?(parent)
+
+        quietly do
+          (Module === parent && module_hop(parent, child)) || # rubocop:disable Style/CaseEquality
+            ivar_hop(parent, child) || container_hop(parent, child) || ["reference", nil]
+        end
+      end
+
+      # A class name for any object; a module's own name for a module.
+      def class_name(object)
+        return "(internal #{object.type.to_s.delete_prefix('T_').downcase})" if internal?(object)
+        return module_name(object) if Module === object # rubocop:disable Style/CaseEquality
+
+        module_name(KERNEL_CLASS.bind_call(object))
+      rescue TypeError
+        "BasicObject" # (not a Kernel: its class cannot be asked without running its code)
+      end
+
+      def module_name(mod)
+        MODULE_NAME.bind_call(mod) || cut(mod.inspect)
+      rescue StandardError
+        "(anonymous)"
+      end
+
+      # A thread as a person tells them apart: its name, or "main".
+      def thread_name(thread)
+        thread.name || (thread.equal?(Thread.main) ? "main" : thread.inspect[/0x\h+/] || "?")
+      end
+
+      def internal?(object)
+        ObjectSpace::InternalObjectWrapper === object # rubocop:disable Style/CaseEquality
+      end
+
+      def module_hop(mod, child)
+        MODULE_CONSTANTS.bind_call(mod, false).each do |name|
+          next if MODULE_AUTOLOAD.bind_call(mod, name) # (not loaded: nothing to hold)
+
+          value = begin
+            MODULE_CONST_GET.bind_call(mod, name, false)
+          rescue StandardError, LoadError
+            next
+          end
+          return ["constant", name.to_s] if value.equal?(child)
+        end
+        KERNEL_IVARS.bind_call(mod).each do |name|
+          return ["class_ivar", name.to_s] if KERNEL_IVAR_GET.bind_call(mod, name).equal?(child)
+        end
+        MODULE_CVARS.bind_call(mod, false).each do |name|
+          return ["class_var", name.to_s] if MODULE_CVAR_GET.bind_call(mod, name).equal?(child)
+        end
+        nil
+      end
+
+      def ivar_hop(parent, child)
+        KERNEL_IVARS.bind_call(parent).each do |name|
+          return ["ivar", name.to_s] if KERNEL_IVAR_GET.bind_call(parent, name).equal?(child)
+        end
+        nil
+      rescue TypeError # a BasicObject
+        nil
+      end
+
+      def container_hop(parent, child)
+        case parent
+        when Hash then hash_hop(parent, child)
+        when Array
+          index = ARRAY_INDEX.bind_call(parent) { |element| element.equal?(child) }
+          index && ["index", index.to_s]
+        when Struct
+          STRUCT_EACH_PAIR.bind_call(parent) { |name, value| return ["member", name.to_s] if value.equal?(child) }
+          nil
+        when Proc then captured_hop(parent, child)
+        when Thread then thread_hop(parent, child)
+        end
+      end
+
+      def hash_hop(hash, child)
+        HASH_EACH_PAIR.bind_call(hash) do |key, value|
+          return ["hash_value", cut(key.inspect)] if value.equal?(child)
+          return ["hash_key", cut(key.inspect)] if key.equal?(child)
+        end
+        nil
+      end
+
+      def captured_hop(proc, child)
+        binding = proc.binding
+        binding.local_variables.each do |name|
+          return ["captured", name.to_s] if binding.local_variable_get(name).equal?(child)
+        end
+        nil
+      rescue ArgumentError # (a Proc made from a method or a C function has no binding)
+        nil
+      end
+
+      def toplevel_local(child)
+        TOPLEVEL_BINDING.local_variables.find { |name| TOPLEVEL_BINDING.local_variable_get(name).equal?(child) }&.to_s
+      end
+
+      def thread_hop(thread, child)
+        THREAD_KEYS.bind_call(thread).each do |key|
+          return ["thread_local", key.inspect] if THREAD_AREF.bind_call(thread, key).equal?(child)
+        end
+        THREAD_VARIABLES.bind_call(thread).each do |key|
+          return ["thread_variable", key.inspect] if THREAD_VARIABLE_GET.bind_call(thread, key).equal?(child)
+        end
+        ["stack", thread_name(thread)]
+      end
+
+      def cut(text)
+        text.length > MAX_TEXT ? "#{text[0, MAX_TEXT - 3]}..." : text
+      end
+
+      # Deprecated constants warn when read.
+      def quietly
+        verbose = $VERBOSE
+        $VERBOSE = nil
+        yield
+      ensure
+        $VERBOSE = verbose
+      end
+    end
+  end
+end

@@ -1,0 +1,230 @@
+# frozen_string_literal: true
+
+require "spec_helper"
+require "json"
+
+# Collector#retention_report: the shortest chain of references from a GC
+# root to sampled objects of the sites with the most memory in use, walked
+# in a forked child.
+module RetentionSpecLeak
+  CACHE = {} # rubocop:disable Style/MutableConstant (the leak)
+
+  class Registry
+    @entries = []
+    class << self
+      attr_reader :entries
+    end
+  end
+
+  PageRenderer = Struct.new(:buffer)
+
+  def self.keep_pages(count)
+    count.times { |i| CACHE["page:#{i}"] = [PageRenderer.new("<p>#{i}</p>" * 20)] }
+  end
+
+  def self.register(count)
+    count.times { |i| Registry.entries << "entry #{i} " * 30 }
+  end
+end
+
+RSpec.describe "Collector#retention_report" do
+  after do
+    RetentionSpecLeak::CACHE.clear
+    RetentionSpecLeak::Registry.entries.clear
+    $retention_spec_global = nil # rubocop:disable Style/GlobalVars
+    Thread.current[:retention_spec_local] = nil
+  end
+
+  def report_with(collector_options = {}, **report_options)
+    collector = MemprofilerPprof::Collector.new(sample_rate: 1.0, **collector_options)
+    collector.start!
+    yield
+    collector.retention_report(**report_options)
+  ensure
+    collector&.stop!
+  end
+
+  def site_named(report, text)
+    report.sites.find { |site| site["site"].include?(text) } or
+      raise "no site #{text.inspect} in:\n#{report}"
+  end
+
+  def paths_of(site)
+    site["objects"].filter_map { |object| MemprofilerPprof::RetentionReport.path_text(object) }
+  end
+
+  %i[exact light].each do |mode|
+    it "names the constant, the Hash key, the Array index and the member that hold a leak (mode: :#{mode})" do
+      report = report_with({ mode: mode }, top: 3, per_site: 3) { RetentionSpecLeak.keep_pages(2_000) }
+      site = site_named(report, "String#*")
+      expect(site["objects"].size).to eq(3)
+      leak = /\ARetentionSpecLeak::CACHE \(constant\) -> Hash\["page:\d+"\] -> Array\[0\] -> /
+      expect(paths_of(site)).to all(match(/#{leak}RetentionSpecLeak::PageRenderer\.buffer -> String\z/))
+      expect(site["inuse_objects"]).to be_within(100).of(2_000)
+      expect(report).not_to be_partial
+      expect(report.to_s).to include("RetentionSpecLeak::CACHE (constant)")
+    end
+  end
+
+  it "finds the objects again after GC.compact moved them (mode: :light)" do
+    skip "GC.compact is not supported here" unless GC.respond_to?(:compact)
+
+    report = report_with({ mode: :light }, top: 3, per_site: 2) do
+      RetentionSpecLeak.keep_pages(1_000)
+      GC.compact
+    end
+    paths = paths_of(site_named(report, "String#*"))
+    expect(paths).to all(start_with("RetentionSpecLeak::CACHE (constant) -> Hash[\"page:"))
+  end
+
+  it "names a class's instance variable, a global and a thread-local" do
+    report = report_with({}, top: 10, per_site: 1) do
+      RetentionSpecLeak.register(500)
+      $retention_spec_global = Array.new(400) { |i| "global #{i} " * 30 } # rubocop:disable Style/GlobalVars
+      Thread.current[:retention_spec_local] = Array.new(300) { |i| "local #{i} " * 30 }
+    end
+    texts = report.sites.flat_map { |site| paths_of(site) }
+    expect(texts).to include(
+      a_string_matching(/\ARetentionSpecLeak::Registry\.@entries \(class instance variable\) -> Array\[\d+\] -> String\z/),
+      a_string_matching(/\A\$retention_spec_global \(global\) -> Array\[\d+\] -> String\z/),
+      a_string_matching(/\AThread main\[:retention_spec_local\] \(fiber-local\) -> Array\[\d+\] -> String\z/)
+    )
+  end
+
+  it "names the main script's local variables and the frames of a script's site" do
+    script = <<~RUBY
+      require "memprofiler_pprof_rs"
+      class PageCache
+        def initialize; @pages = {}; end
+        def put(key, page); @pages[key] = page; end
+      end
+      collector = MemprofilerPprof::Collector.new(sample_rate: 1.0)
+      collector.start!
+      cache = PageCache.new
+      300.times { |i| cache.put("p\#{i}", "<html>\#{i}</html>" * 10) }
+      puts collector.retention_report(top: 3, per_site: 1, sites: ["-e:9"])
+    RUBY
+    out, err, status = Open3.capture3(RbConfig.ruby, "-I", File.expand_path("../lib", __dir__), "-e", script)
+    expect(status).to be_success, err
+    expect(out).to match(/^1\. String#\* \(-e:9\): ~[\d.]+ KB in use, ~300 objects$/)
+    expect(out).to include("its sampled objects are Ruby's internal objects")
+    expect(out).to match(/^   String: the main script's local variable cache -> PageCache\#@pages -> Hash\["p\d+"\] -> String$/)
+  end
+
+  it "reports only the sites asked for" do
+    report = report_with({}, top: 5, per_site: 1, sites: ["String#*", /\Anothing\z/]) do
+      RetentionSpecLeak.keep_pages(200)
+      RetentionSpecLeak.register(200)
+    end
+    expect(report.sites.map { |site| site["site"] }).to contain_exactly(
+      "String#* (#{__FILE__}:22)", "String#* (#{__FILE__}:26)"
+    )
+  end
+
+  it "round-trips through JSON, and the CLI prints a saved report" do
+    report = report_with({}, top: 2, per_site: 1) { RetentionSpecLeak.keep_pages(500) }
+    Dir.mktmpdir do |dir|
+      path = report.save(File.join(dir, "retainers.json"))
+      expect(MemprofilerPprof::RetentionReport.load(path).to_s).to eq(report.to_s)
+      out, err, status = Open3.capture3(RbConfig.ruby, File.expand_path("../exe/memprofiler_pprof_rs", __dir__),
+                                        "retainers", path)
+      expect(status.exitstatus).to eq(0), err
+      expect(out).to eq(report.to_s)
+
+      File.write(path, JSON.generate("sites" => [{ "site" => "x", "objects" => [{ "class" => 1 }] }]))
+      out, err, status = Open3.capture3(RbConfig.ruby, File.expand_path("../exe/memprofiler_pprof_rs", __dir__),
+                                        "retainers", path)
+      expect([out, status.exitstatus]).to eq(["", 1])
+      expect(err).to eq("memprofiler_pprof_rs: #{path}: not a retention report (an object of site 0 is malformed)\n")
+    end
+  end
+
+  it "stops at max_objects and says the report is partial" do
+    chain = nil
+    report = report_with({}, top: 1, per_site: 1, max_objects: 1) do
+      chain = [+"the end"]
+      500.times { chain = [chain] }
+      RetentionSpecLeak::CACHE[:chain] = chain
+    end
+    expect(report).to be_partial
+    expect(report.stopped).to eq("objects")
+    expect(report.to_s).to include("PARTIAL: the walk stopped at max_objects (1)")
+  end
+
+  it "stops at its time bound on a long chain and says so" do
+    report = report_with({}, top: 1, per_site: 1, timeout: 1) do
+      chain = +"the end"
+      1_000_000.times { chain = [chain] }
+      RetentionSpecLeak::CACHE[:chain] = chain
+    end
+    expect(report.stopped).to eq("time")
+    expect(report.to_s).to include("PARTIAL: the walk stopped at its time bound (timeout: 1.0 s)")
+    expect(report.sites.first["objects"].first["path"]).to be_nil
+  end
+
+  it "kills a child that does not answer by the timeout" do
+    allow(MemprofilerPprof::Retention::GraphWalk).to(receive(:new).and_wrap_original { sleep 30 })
+    started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+    expect { report_with({}, timeout: 1) { RetentionSpecLeak.keep_pages(10) } }
+      .to raise_error(MemprofilerPprof::RetentionError, /did not answer within 1\.0 s \(its process was killed\)/)
+    expect(Process.clock_gettime(Process::CLOCK_MONOTONIC) - started).to be < 10
+  end
+
+  it "passes a failure in the child on as a RetentionError" do
+    allow(MemprofilerPprof::Retention::GraphWalk).to receive(:new).and_raise(RuntimeError, "boom")
+    expect { report_with { RetentionSpecLeak.keep_pages(10) } }
+      .to raise_error(MemprofilerPprof::RetentionError, "the retention walk failed: RuntimeError: boom")
+  end
+
+  it "refuses bad arguments, naming the value" do
+    collector = MemprofilerPprof::Collector.new.tap(&:start!)
+    expect { collector.retention_report(top: 0) }.to raise_error(ArgumentError, /top must be from 1 to 100, got 0/)
+    expect { collector.retention_report(per_site: "3") }.to raise_error(TypeError, /per_site/)
+    expect { collector.retention_report(timeout: -1) }.to raise_error(ArgumentError, /timeout .* got -1/)
+    expect { collector.retention_report(timeout: Float::NAN) }.to raise_error(ArgumentError, /got NaN/)
+    expect { collector.retention_report(max_objects: 0) }.to raise_error(ArgumentError, /max_objects must be at least 1/)
+    expect { collector.retention_report(sites: [1]) }.to raise_error(ArgumentError, /sites must be .* got 1/)
+    expect { collector.retention_report(sites: []) }.to raise_error(ArgumentError, /sites must be/)
+  ensure
+    collector&.stop!
+  end
+
+  it "needs a running collector, fork, no Ractors, and one report at a time" do
+    collector = MemprofilerPprof::Collector.new
+    expect { collector.retention_report }.to raise_error(MemprofilerPprof::StateError, /needs a running collector/)
+    collector.start!
+
+    allow(MemprofilerPprof::RactorSafety).to receive(:ractors_used?).and_return(true)
+    expect { collector.retention_report }.to raise_error(MemprofilerPprof::RetentionError, /Ractors/)
+    allow(MemprofilerPprof::RactorSafety).to receive(:ractors_used?).and_call_original
+
+    allow(Process).to receive(:fork).and_raise(Errno::EAGAIN)
+    expect { collector.retention_report }
+      .to raise_error(MemprofilerPprof::RetentionError, /could not fork: Resource temporarily unavailable/)
+    allow(Process).to receive(:fork).and_call_original
+
+    MemprofilerPprof::Retention::LOCK.synchronize do
+      expect { collector.retention_report }
+        .to raise_error(MemprofilerPprof::RetentionError, "a retention report is already running in this process")
+    end
+    expect(collector.retention_report(top: 1)).to be_a(MemprofilerPprof::RetentionReport)
+  ensure
+    collector&.stop!
+  end
+
+  it "leaves the parent's flushers out of the child" do
+    Dir.mktmpdir do |dir|
+      collector = MemprofilerPprof::Collector.new(sample_rate: 1.0).tap(&:start!)
+      flusher = MemprofilerPprof::FileFlusher.new(collector, pattern: "#{dir}/mem-%{pid}-%{index}.pprof", interval: 0.05)
+      flusher.start!
+      RetentionSpecLeak.keep_pages(100)
+      collector.retention_report(top: 1, per_site: 1)
+      flusher.stop!
+      pids = Dir.children(dir).filter_map { |name| name[/\Amem-(\d+)-/, 1]&.to_i }.uniq
+      expect(pids).to eq([Process.pid])
+    ensure
+      flusher&.stop!
+      collector&.stop!
+    end
+  end
+end
