@@ -545,6 +545,8 @@ RSpec.describe MemprofilerPprof::RackApp do
       zero = get("/debug/pprof/retainers?#{token_query}&top=0")
       expect([zero.status, zero.body]).to eq([400, "top must be from 1 to 100, got 0\n"])
       expect(get("/debug/pprof/retainers?#{token_query}&format=xml").status).to eq(400)
+      expect(get("/debug/pprof/retainers?#{token_query}&timeout=301").body)
+        .to eq("timeout must be a whole number of seconds from 1 to 300\n")
       head = get("/debug/pprof/retainers?#{token_query}", method: "HEAD")
       expect([head.status, head.body]).to eq([200, ""])
       expect(get("/debug/pprof/retainers").status).to eq(401)

@@ -111,6 +111,83 @@ RSpec.describe "Collector#retention_report" do
     expect(out).to match(/^   String: the main script's local variable cache -> PageCache\#@pages -> Hash\["p\d+"\] -> String$/)
   end
 
+  it "names hops through objects that refuse to be looked into, and never runs their methods" do
+    hostile = Class.new do
+      def inspect = raise("inspect must not run")
+      def equal?(*) = raise("equal? must not run")
+      def ==(*) = raise("== must not run")
+      def hash = raise("hash must not run")
+    end
+    report = report_with({}, top: 3, per_site: 2) do
+      by_identity = {}.compare_by_identity
+      50.times { |i| by_identity[BasicObject.new] = ["kept by a BasicObject key #{i}"] * 10 }
+      RetentionSpecLeak::CACHE[:identity] = by_identity
+      hostile_keys = {}.compare_by_identity
+      hostile_keys[hostile.new] = Array.new(300) { |i| "behind a hostile key #{i}" * 5 }
+      RetentionSpecLeak::CACHE[:hostile] = hostile_keys
+      Thread.current.name = "bad \xFF name".b
+    end
+    texts = report.sites.flat_map { |site| paths_of(site) }
+    expect(texts).to include(a_string_matching(/\ARetentionSpecLeak::CACHE \(constant\) -> Hash\[:hostile\] -> Hash\[#<#<Class:0x\h+>>\] -> Array\[\d+\] -> String\z/))
+  ensure
+    Thread.current.name = nil
+  end
+
+  it "ends the child when another library's fork hook raises in it, and survives CHLD being ignored" do
+    script = <<~'RUBY'
+      require "memprofiler_pprof_rs"
+      collector = MemprofilerPprof::Collector.new(sample_rate: 1.0).tap(&:start!)
+      KEPT = Array.new(100) { |i| "kept #{i}" * 10 }
+      Process.singleton_class.prepend(Module.new do
+        def _fork
+          pid = super
+          raise "a fork hook failed" if pid.zero? && ENV["RAISE_IN_CHILD"]
+          pid
+        end
+      end)
+      begin
+        collector.retention_report(top: 1)
+      rescue MemprofilerPprof::RetentionError => e
+        puts "#{Process.pid}: #{e.message}"
+      end
+      ENV.delete("RAISE_IN_CHILD")
+      trap("CHLD", "IGNORE")
+      puts "#{Process.pid}: " + collector.retention_report(top: 1, per_site: 1).sites.first["objects"].first["class"]
+    RUBY
+    out, err, status = Open3.capture3({ "RAISE_IN_CHILD" => "1" }, RbConfig.ruby, "-I",
+                                      File.expand_path("../lib", __dir__), "-e", script)
+    expect(status).to be_success, err
+    pids = out.lines.map { |line| line[/\A\d+/] }.uniq
+    expect(pids.size).to eq(1), out # (no line from a child that ran on)
+    expect(out).to match(/: the retention walk's process ended without an answer/)
+    expect(out).to end_with(": String\n")
+  end
+
+  it "frees nothing in the child: no finalizer runs there for what only another thread holds" do
+    Dir.mktmpdir do |dir|
+      log = File.join(dir, "finalized")
+      script = <<~'RUBY'
+        require "memprofiler_pprof_rs"
+        def finalizer(log) = proc { File.write(log, "#{Process.pid}\n", mode: "a") }
+        collector = MemprofilerPprof::Collector.new(sample_rate: 1.0).tap(&:start!)
+        KEPT = Array.new(100) { |i| "kept #{i}" * 10 }
+        ready = Queue.new
+        holder = Thread.new do
+          held = Object.new
+          ObjectSpace.define_finalizer(held, finalizer(ARGV[0]))
+          ready << true
+          sleep
+        end
+        ready.pop
+        collector.retention_report(top: 1)
+        puts File.exist?(ARGV[0]) ? File.read(ARGV[0]) : "nothing finalized"
+      RUBY
+      out, err, status = Open3.capture3(RbConfig.ruby, "-I", File.expand_path("../lib", __dir__), "-e", script, log)
+      expect(status).to be_success, err
+      expect(out).to eq("nothing finalized\n")
+    end
+  end
+
   it "reports only the sites asked for" do
     report = report_with({}, top: 5, per_site: 1, sites: ["String#*", /\Anothing\z/]) do
       RetentionSpecLeak.keep_pages(200)
@@ -135,31 +212,70 @@ RSpec.describe "Collector#retention_report" do
       out, err, status = Open3.capture3(RbConfig.ruby, File.expand_path("../exe/memprofiler_pprof_rs", __dir__),
                                         "retainers", path)
       expect([out, status.exitstatus]).to eq(["", 1])
-      expect(err).to eq("memprofiler_pprof_rs: #{path}: not a retention report (an object of site 0 is malformed)\n")
+      expect(err).to eq("memprofiler_pprof_rs: #{path}: not a retention report (site 0: an object is malformed)\n")
+      {
+        { "sites" => [], "fork_seconds" => "x" * 1000 } => '"fork_seconds" is not a number',
+        { "sites" => [{ "site" => "s", "inuse_objects" => {} }] } => 'site 0: "inuse_objects" is not a number',
+        { "sites" => [{ "site" => "s", "objects" => [{ "class" => "S", "path" => [{ "kind" => "ivar", "ref" => [] }] }] }] } =>
+          "site 0: an object is malformed"
+      }.each do |data, problem|
+        File.write(path, JSON.generate(data))
+        _, err, status = Open3.capture3(RbConfig.ruby, File.expand_path("../exe/memprofiler_pprof_rs", __dir__),
+                                        "retainers", path)
+        expect([err, status.exitstatus]).to eq(["memprofiler_pprof_rs: #{path}: not a retention report (#{problem})\n", 1])
+      end
+      expect { MemprofilerPprof::RetentionReport.load("/dev/zero") }.to raise_error(ArgumentError, "/dev/zero: not a file")
     end
   end
 
-  it "stops at max_objects and says the report is partial" do
-    chain = nil
-    report = report_with({}, top: 1, per_site: 1, max_objects: 1) do
-      chain = [+"the end"]
-      500.times { chain = [chain] }
+  it "keeps a long path's first and last hops, saying how many are left out" do
+    report = report_with({}, top: 1, per_site: 1, sites: ["String#center"]) do
+      tail = []
+      chain = tail
+      100.times { chain = [chain] }
       RetentionSpecLeak::CACHE[:chain] = chain
+      tail << "the end".center(100, ".")
     end
-    expect(report).to be_partial
-    expect(report.stopped).to eq("objects")
-    expect(report.to_s).to include("PARTIAL: the walk stopped at max_objects (1)")
+    # 104 hops: Object and the module (their constant), the Hash, 101 Arrays.
+    expect(paths_of(report.sites.first).first).to match(
+      /\ARetentionSpecLeak::CACHE \(constant\) -> Hash\[:chain\] -> (Array\[0\] -> ){12}\.\.\. 74 more hops \.\.\. -> (Array\[0\] -> ){15}String\z/ # rubocop:disable Layout/LineLength
+    )
   end
 
-  it "stops at its time bound on a long chain and says so" do
-    report = report_with({}, top: 1, per_site: 1, timeout: 1) do
-      chain = +"the end"
-      1_000_000.times { chain = [chain] }
-      RetentionSpecLeak::CACHE[:chain] = chain
+  # A chain of `length` Arrays under a constant, built before the collector
+  # starts, with a String at its far end: the one sampled object, whose
+  # path the walk finds only after reaching every Array.
+  def report_on_chain_end(length, **options)
+    tail = []
+    chain = tail
+    length.times { chain = [chain] }
+    RetentionSpecLeak::CACHE[:chain] = chain
+    chain = nil # (only the constant holds it)
+    report_with({}, top: 1, per_site: 1, sites: ["String#center"], **options) do
+      tail << "the end".center(100, ".")
+      tail = nil
     end
-    expect(report.stopped).to eq("time")
-    expect(report.to_s).to include("PARTIAL: the walk stopped at its time bound (timeout: 1.0 s)")
-    expect(report.sites.first["objects"].first["path"]).to be_nil
+  end
+
+  it "stops at max_objects, at max_memory_mb and at its time bound, and says the report is partial" do
+    by_count = report_on_chain_end(10_000, max_objects: 1)
+    expect(by_count).to be_partial
+    expect(by_count.stopped).to eq("objects")
+    expect(by_count.to_s).to include("PARTIAL: the walk stopped at max_objects (1)")
+    expect(by_count.sites.first["objects"].first["path"]).to be_nil
+    expect(by_count.to_s).to include("String: no path from a root found (the walk was cut short)")
+
+    by_memory = report_on_chain_end(200_000, max_memory_mb: 1)
+    expect(by_memory.stopped).to eq("memory")
+    expect(by_memory.to_s).to include("PARTIAL: the walk stopped at its memory bound (max_memory_mb: 1)")
+
+    by_time = report_on_chain_end(1_000_000, timeout: 1)
+    expect(by_time.stopped).to eq("time")
+    expect(by_time.to_s).to include("PARTIAL: the walk stopped at its time bound (timeout: 1.0 s)")
+
+    whole = report_on_chain_end(10_000)
+    expect(whole).not_to be_partial
+    expect(paths_of(whole.sites.first).first).to include("... 9974 more hops ...")
   end
 
   it "kills a child that does not answer by the timeout" do

@@ -315,12 +315,12 @@ module MemprofilerPprof
     # RetentionReport (#to_s for text, #save for the CLI). Made in a forked
     # child that walks its copy of the heap: this process pays the fork and
     # waits without the GVL, at most `timeout` seconds; a walk cut short by
-    # `timeout` or by `max_objects` (its memory bound) gives a partial report.
-    # Raises RetentionError when it cannot be made (no fork, another report
-    # running, the child did not answer).
-    def retention_report(top: 5, per_site: 3, sites: nil, timeout: 30, max_objects: 5_000_000)
+    # `timeout`, `max_objects` or `max_memory_mb` (the child's own memory)
+    # gives a partial report. Raises RetentionError when it cannot be made
+    # (no fork, another report running, the child did not answer).
+    def retention_report(top: 5, per_site: 3, sites: nil, timeout: 30, max_objects: 5_000_000, max_memory_mb: 512)
       Retention.report(self, top: top, per_site: per_site, sites: sites, timeout: timeout,
-                             max_objects: max_objects)
+                             max_objects: max_objects, max_memory_mb: max_memory_mb)
     end
 
     # Hook failures caught inside the extension (should stay 0; for diagnosis).

@@ -25,11 +25,13 @@ module MemprofilerPprof
     MAX_TOP = 100
     MAX_PER_SITE = 100
     MAX_TIMEOUT = 3600
+    MAX_MEMORY_MB = 1_000_000
     # The child's answer is a few KB a path; a larger one is a bug.
     MAX_ANSWER_BYTES = 64 * 1024 * 1024
     # The walk stops at this share of the timeout, leaving the rest for the
     # GC before it and the answer after; the child is killed at the timeout.
     WALK_SHARE = 0.8
+    NAMING_SHARE = 0.1
     # Frames kept for each site, leaf first.
     SITE_FRAMES = 8
 
@@ -37,7 +39,7 @@ module MemprofilerPprof
 
     module_function
 
-    def report(collector, top:, per_site:, sites:, timeout:, max_objects:)
+    def report(collector, top:, per_site:, sites:, timeout:, max_objects:, max_memory_mb:)
       top = Collector.validate_count(top, :top)
       per_site = Collector.validate_count(per_site, :per_site)
       raise ArgumentError, "top must be from 1 to #{MAX_TOP}, got #{top}" unless top.between?(1, MAX_TOP)
@@ -48,17 +50,27 @@ module MemprofilerPprof
       max_objects = Collector.validate_count(max_objects, :max_objects)
       raise ArgumentError, "max_objects must be at least 1, got 0" if max_objects.zero?
 
+      max_memory_mb = Collector.validate_count(max_memory_mb, :max_memory_mb)
+      raise ArgumentError, "max_memory_mb must be from 1 to #{MAX_MEMORY_MB}, got #{max_memory_mb}" unless
+        max_memory_mb.between?(1, MAX_MEMORY_MB)
+
       sites = validate_sites(sites)
       check_can_walk(collector)
-      raise RetentionError, "a retention report is already running in this process" unless LOCK.try_lock
+      # (A Thread#raise or Timeout landing between taking the lock and the
+      # ensure would leave it taken for good.)
+      Thread.handle_interrupt(Object => :never) do
+        raise RetentionError, "a retention report is already running in this process" unless LOCK.try_lock
 
-      begin
-        in_child(timeout) do |deadline|
-          child_report(collector, top: top, per_site: per_site, sites: sites,
-                                  walk_deadline: deadline, max_objects: max_objects, timeout: timeout)
+        begin
+          Thread.handle_interrupt(Object => :immediate) do
+            in_child(timeout) do |deadline|
+              child_report(collector, top: top, per_site: per_site, sites: sites, walk_deadline: deadline,
+                                      max_objects: max_objects, max_memory_mb: max_memory_mb, timeout: timeout)
+            end
+          end
+        ensure
+          LOCK.unlock
         end
-      ensure
-        LOCK.unlock
       end
     end
 
@@ -96,63 +108,113 @@ module MemprofilerPprof
 
     # Forks a child that yields its answer (a Hash) to the parent, which
     # waits at most `timeout` seconds for it; the child's walk stops at
-    # WALK_SHARE of that.
+    # WALK_SHARE of that. However this ends, the child is gone after it.
     def in_child(timeout)
       started = clock
       reader, writer = IO.pipe
-      pid = fork_child(reader, writer) { yield started + (timeout * WALK_SHARE) }
+      pid = nil
+      # (So that an interrupt cannot come between the fork and knowing the
+      # child's pid, which the ensure needs to reap it.)
+      Thread.handle_interrupt(Object => :never) do
+        pid = fork_child(reader, writer) { yield started + (timeout * WALK_SHARE) }
+      end
       fork_seconds = clock - started
       writer.close
       answer = read_answer(reader, started + timeout)
       unless answer
-        Process.kill(:KILL, pid)
-        Process.wait(pid)
-        pid = nil
         raise RetentionError, "the retention walk did not answer within #{timeout} s (its process was killed); " \
                               "give a larger timeout: or a smaller max_objects:"
       end
-      _, status = Process.wait2(pid)
+      status = wait_for(pid)
       pid = nil
       finish(answer, status, fork_seconds: fork_seconds, seconds: clock - started)
     ensure
-      reader&.close
-      writer&.close unless writer.nil? || writer.closed?
-      if pid
-        Process.kill(:KILL, pid)
-        Process.wait(pid)
+      Thread.handle_interrupt(Object => :never) do
+        reader&.close
+        writer&.close unless writer.nil? || writer.closed?
+        reap(pid) if pid
       end
     end
 
+    # Forks, with GC off around it: GC.disable first finishes a GC under
+    # way, here, where every thread's frames still hold what they hold. The
+    # child keeps GC off for good: a GC there would free what only the
+    # parent's other threads hold (gone in a fork), running its finalizers
+    # and C free functions there (a database connection's, on a socket the
+    # parent shares). It lists and walks the heap as it was at the fork.
     def fork_child(reader, writer)
-      Atfork.without_child_handlers do
-        Process.fork do
-          reader.close
-          answer = begin
-            JSON.generate(yield)
-          rescue Exception => e # rubocop:disable Lint/RescueException (the parent gets every failure as an answer)
-            JSON.generate({ "error" => "#{e.class}: #{e.message}" })
+      parent = Process.pid
+      gc_was_disabled = GC.disable
+      begin
+        Atfork.without_child_handlers do
+          Process.fork do
+            reader.close
+            reset_traps
+            answer = begin
+              JSON.generate(yield)
+            rescue Exception => e # rubocop:disable Lint/RescueException (the parent gets every failure as an answer)
+              JSON.generate({ "error" => "#{e.class}: #{e.message}".scrub })
+            end
+            writer.write("#{answer.bytesize}\n", answer)
+            writer.close
+          ensure
+            # No at_exit handler, finalizer or flusher of the parent's runs here.
+            exit!(0)
           end
-          writer.write(answer)
-          writer.close
-        ensure
-          # No at_exit handler, finalizer or flusher of the parent's runs here.
-          exit!(0)
         end
+      ensure
+        # Another library's fork hook that raised in the child would return
+        # here, into the parent's code: the child must end instead.
+        exit!(1) unless Process.pid == parent
+        GC.enable unless gc_was_disabled
       end
     rescue NotImplementedError, SystemCallError => e
       raise RetentionError, "a retention report could not fork: #{e.message}"
     end
 
-    # The child's whole answer, or nil when it is not complete by `deadline`.
+    # A trap the app set would run the app's code in the child: the
+    # defaults instead (a signal then ends the child).
+    def reset_traps
+      %w[INT TERM HUP QUIT USR1 USR2 ALRM TTIN TTOU WINCH].each do |signal|
+        Signal.trap(signal, "DEFAULT")
+      rescue ArgumentError
+        nil # (not on this platform)
+      end
+    end
+
+    # The child's exit status, or nil if it was reaped elsewhere (a SIGCHLD
+    # handler, or CHLD ignored).
+    def wait_for(pid)
+      Process.wait2(pid).last
+    rescue Errno::ECHILD
+      nil
+    end
+
+    def reap(pid)
+      Process.kill(:KILL, pid)
+    rescue Errno::ESRCH
+      nil
+    ensure
+      wait_for(pid)
+    end
+
+    # The child's answer ("<bytes>\n<JSON>": complete without waiting for
+    # EOF, which a process forked meanwhile would hold off), nil when it is
+    # not complete by `deadline`, "" when the child ended without one.
     def read_answer(reader, deadline)
       answer = +""
       loop do
+        header = answer[/\A\d{1,12}\n/]
+        if header && answer.bytesize >= header.bytesize + header.to_i
+          return answer.byteslice(header.bytesize, header.to_i).force_encoding(Encoding::UTF_8)
+        end
+
         remaining = deadline - clock
         return nil unless remaining.positive?
         next unless IO.select([reader], nil, nil, remaining)
 
         chunk = reader.read_nonblock(1 << 16, exception: false)
-        return answer if chunk.nil?
+        return "" if chunk.nil?
         next if chunk == :wait_readable
 
         answer << chunk
@@ -168,11 +230,13 @@ module MemprofilerPprof
       raise RetentionError, "the retention walk failed: #{data['error']}" if data["error"]
 
       RetentionReport.from_h(data.merge("fork_seconds" => fork_seconds, "seconds" => seconds))
+    rescue JSON::ParserError => e
+      raise RetentionError, "the retention walk's answer is not JSON: #{e.message.lines.first&.strip}"
     end
 
     # In the child: the report as plain data.
-    def child_report(collector, top:, per_site:, sites:, walk_deadline:, max_objects:, timeout:)
-      GC.auto_compact = false if GC.respond_to?(:auto_compact=) # (the walk keys internal objects by address)
+    def child_report(collector, top:, per_site:, sites:, walk_deadline:, max_objects:, max_memory_mb:, timeout:)
+      be_the_first_to_go
       chosen, targets = choose_sites(collector, top, per_site, sites)
       exclude = {}.compare_by_identity
       exclude[targets] = true
@@ -180,22 +244,34 @@ module MemprofilerPprof
         exclude[other] = true
         other.stop! if other.running? # (their hooks would sample the walk)
       end
-      walk = GraphWalk.new(targets, exclude: exclude, deadline: walk_deadline, max_objects: max_objects).run
-      targets.each_pair { |object, site| chosen[site]["objects"] << object_entry(object, walk.paths[object]) }
+      walk = GraphWalk.new(targets, exclude: exclude, deadline: walk_deadline, max_objects: max_objects,
+                                    max_bytes: max_memory_mb << 20, memory: method(:private_bytes)).run
+      stopped = walk.stopped&.to_s
+      name_by = walk_deadline + (timeout * NAMING_SHARE)
+      targets.each_pair do |object, site|
+        path = walk.paths[object]
+        if path && clock > name_by # (naming reads whole Hashes and Arrays: it has its share of the time)
+          stopped ||= "time"
+          path = nil
+        end
+        chosen[site]["objects"] << object_entry(object, path)
+      end
       {
         "pid" => Process.ppid, "taken_at" => Time.now.utc.strftime("%Y-%m-%d %H:%M:%S UTC"), "sites" => chosen,
-        "objects_reached" => walk.reached, "stopped" => walk.stopped&.to_s, "timeout" => timeout,
-        "max_objects" => max_objects, "child_private_bytes" => private_bytes
+        "objects_reached" => walk.reached, "stopped" => stopped, "timeout" => timeout,
+        "max_objects" => max_objects, "max_memory_mb" => max_memory_mb, "child_private_bytes" => private_bytes
       }
     end
 
     # [sites as data, {object => its site's index}]: the sites by estimated
-    # bytes in use (those `sites` names, if given), `per_site` sampled
-    # objects each. The collector runs a full GC first, so every object
-    # listed is reachable.
+    # bytes in use (those `sites` names, if given; not the gem's own),
+    # `per_site` sampled objects each. Every object listed is alive: GC
+    # finished its last run before the fork and has been off since.
     def choose_sites(collector, top, per_site, wanted)
       by_site = {}
       collector.__send__(:_native_live_sites, per_site).each do |frames, objects, bytes, sampled|
+        next if own_site?(frames)
+
         name = site_name(frames)
         site = by_site[name] ||= { "site" => name, "frames" => frame_names(frames), "inuse_objects" => 0.0,
                                    "inuse_bytes" => 0.0, "sampled" => [] }
@@ -224,32 +300,66 @@ module MemprofilerPprof
       file ? "#{label} (#{file}:#{line})" : label
     end
 
+    # Whether the gem allocated it (its first frame with a file is in the
+    # gem's lib/: loading this code for the first report, a flusher).
+    # Allocations of code a gem method yields to (with_labels, RackLabels)
+    # have that code's file first, and stay.
+    def own_site?(frames)
+      _, file, = frames.find { |_, f, _| f }
+      file&.start_with?(GEM_LIB) || false
+    end
+
+    GEM_LIB = File.join(File.expand_path("..", __dir__), "memprofiler_pprof_rs")
+
     def frame_names(frames)
       frames.first(SITE_FRAMES).map { |label, file, line| file ? "#{label} (#{file}:#{line})" : label }
     end
 
-    # An object's class, and the hops of its path (nil: no path found).
+    # An object's class, and the hops of its path (nil: no path found). A
+    # path longer than MAX_HOPS keeps its first and last HOPS_KEPT_AT_ENDS
+    # hops, with one "elided" hop saying how many are left out.
     def object_entry(object, path)
       entry = { "class" => HopNames.class_name(object), "path" => nil }
       return entry unless path
 
       root = path.first
-      hops = path.each_cons(2).drop(1).map do |holder, held|
-        kind, reference = HopNames.describe(holder, held)
-        hop = { "class" => HopNames.class_name(holder), "kind" => kind, "ref" => reference }
-        hop["module"] = true if Module === holder # rubocop:disable Style/CaseEquality (BasicObjects)
-        hop["thread"] = HopNames.thread_name(holder) if Thread === holder # rubocop:disable Style/CaseEquality
-        hop
+      links = path.each_cons(2).drop(1)
+      if links.size > MAX_HOPS
+        elided = { "class" => "", "kind" => "elided", "ref" => (links.size - (2 * HOPS_KEPT_AT_ENDS)).to_s }
+        hops = links.first(HOPS_KEPT_AT_ENDS).map { |link| hop(*link) } + [elided] +
+               links.last(HOPS_KEPT_AT_ENDS).map { |link| hop(*link) }
+      else
+        hops = links.map { |link| hop(*link) }
       end
       entry.merge("root" => { "kind" => root.kind.to_s, "name" => root.name }, "path" => hops)
     end
 
-    # The child's own memory (pages it wrote, so copied from the parent's),
-    # where Linux says it.
+    MAX_HOPS = 40
+    HOPS_KEPT_AT_ENDS = 15
+
+    def hop(holder, held)
+      kind, reference = HopNames.describe(holder, held)
+      hop = { "class" => HopNames.class_name(holder), "kind" => kind, "ref" => reference }
+      hop["module"] = true if Module === holder # rubocop:disable Style/CaseEquality (BasicObjects)
+      hop["thread"] = HopNames.thread_name(holder) if Thread === holder # rubocop:disable Style/CaseEquality
+      hop
+    end
+
+    # The child's own memory: the pages it wrote (copied from the parent's
+    # on write, or new), where Linux says (4.14 and later).
     def private_bytes
       rollup = File.read("/proc/self/smaps_rollup")
-      kb = rollup.scan(/^Private_(?:Clean|Dirty):\s+(\d+) kB/).sum { |(n)| Integer(n) }
-      kb * 1024
+      kb = rollup[/^Private_Dirty:\s+(\d+) kB/, 1]
+      kb && (Integer(kb) * 1024)
+    rescue SystemCallError, IOError
+      nil
+    end
+
+    # If the machine runs out of memory meanwhile, the kernel's OOM killer
+    # takes this child before the server it was forked from (which is
+    # larger, and so otherwise its likelier choice).
+    def be_the_first_to_go
+      File.write("/proc/self/oom_score_adj", "1000")
     rescue SystemCallError, IOError
       nil
     end

@@ -23,7 +23,7 @@ module MemprofilerPprof
     }.freeze
 
     attr_reader :sites, :pid, :taken_at, :objects_reached, :stopped, :seconds, :fork_seconds,
-                :child_private_bytes, :timeout, :max_objects
+                :child_private_bytes, :timeout, :max_objects, :max_memory_mb
 
     def self.from_h(data)
       new(data)
@@ -32,30 +32,49 @@ module MemprofilerPprof
     # Reads a report written by #save (or served by the Rack endpoint with
     # format=json); a file that is not one raises ArgumentError naming it.
     def self.load(path)
-      size = File.size(path)
-      raise ArgumentError, "#{path}: #{size} bytes is too large for a retention report" if size > MAX_FILE_BYTES
+      raise ArgumentError, "#{path}: not a file" unless File.file?(path)
 
-      data = JSON.parse(File.read(path))
+      text = File.open(path, "rb") { |file| file.read(MAX_FILE_BYTES + 1) } || ""
+      raise ArgumentError, "#{path}: over #{MAX_FILE_BYTES} bytes, too large for a retention report" if
+        text.bytesize > MAX_FILE_BYTES
+
+      data = JSON.parse(text.force_encoding(Encoding::UTF_8))
       problem = problem_with(data)
       raise ArgumentError, "#{path}: not a retention report (#{problem})" if problem
 
       new(data)
-    rescue JSON::ParserError => e
-      raise ArgumentError, "#{path}: not a retention report (#{e.message.lines.first.strip})"
+    rescue JSON::ParserError, EncodingError => e
+      raise ArgumentError, "#{path}: not a retention report (#{e.message.lines.first&.strip})"
     end
+
+    NUMBERS = %w[pid objects_reached seconds fork_seconds child_private_bytes timeout max_objects
+                 max_memory_mb].freeze
+    TEXTS = %w[taken_at stopped].freeze
+    SITE_NUMBERS = %w[inuse_bytes inuse_objects].freeze
 
     # What makes `data` not a report #to_s can print, or nil.
     def self.problem_with(data)
       return "no \"sites\" list" unless data.is_a?(Hash) && data["sites"].is_a?(Array)
 
-      data["sites"].each_with_index do |site, index|
-        return "site #{index} is not an object with a \"site\" name" unless site.is_a?(Hash) && site["site"].is_a?(String)
-        return "site #{index}'s \"objects\" is not a list" unless site.fetch("objects", []).is_a?(Array)
+      bad = NUMBERS.find { |key| !number?(data[key]) } || TEXTS.find { |key| !text?(data[key]) }
+      return "\"#{bad}\" is not a number" if NUMBERS.include?(bad)
+      return "\"#{bad}\" is not text" if bad
 
-        site.fetch("objects", []).each do |object|
-          return "an object of site #{index} is malformed" unless well_formed_object?(object)
-        end
+      data["sites"].each_with_index do |site, index|
+        problem = site_problem(site)
+        return "site #{index}: #{problem}" if problem
       end
+      nil
+    end
+
+    def self.site_problem(site)
+      return "not an object with a \"site\" name" unless site.is_a?(Hash) && site["site"].is_a?(String)
+
+      bad = SITE_NUMBERS.find { |key| !number?(site[key]) }
+      return "\"#{bad}\" is not a number" if bad
+      return "\"objects\" is not a list" unless site.fetch("objects", []).is_a?(Array)
+      return "an object is malformed" unless site.fetch("objects", []).all? { |object| well_formed_object?(object) }
+
       nil
     end
 
@@ -63,8 +82,20 @@ module MemprofilerPprof
       return false unless object.is_a?(Hash) && object["class"].is_a?(String)
       return true if object["path"].nil?
 
-      object["path"].is_a?(Array) && object["path"].all? { |hop| hop.is_a?(Hash) && hop["kind"].is_a?(String) } &&
-        (object["root"].nil? || object["root"].is_a?(Hash))
+      root = object["root"] || {}
+      object["path"].is_a?(Array) && root.is_a?(Hash) && text?(root["kind"]) && text?(root["name"]) &&
+        object["path"].all? do |hop|
+          hop.is_a?(Hash) && hop["kind"].is_a?(String) && %w[class ref thread].all? { |key| text?(hop[key]) }
+        end
+    end
+
+    # A finite number or nil; text or nil.
+    def self.number?(value)
+      value.nil? || (value.is_a?(Numeric) && value.real? && value.finite? && value.abs < 1e18)
+    end
+
+    def self.text?(value)
+      value.nil? || value.is_a?(String)
     end
 
     def initialize(data)
@@ -79,9 +110,10 @@ module MemprofilerPprof
       @child_private_bytes = data["child_private_bytes"]
       @timeout = data["timeout"]
       @max_objects = data["max_objects"]
+      @max_memory_mb = data["max_memory_mb"]
     end
 
-    # Whether the walk stopped at its time or object bound before every
+    # Whether the walk stopped at its time, object or memory bound before every
     # object's path was found: an object shown without one may have one.
     def partial?
       !@stopped.nil?
@@ -157,6 +189,7 @@ module MemprofilerPprof
       when "stack" then "Thread #{ref} (a local variable, argument or self on its stack)"
       when "toplevel_local" then "the main script's local variable #{ref}"
       when "internal" then "(Ruby internal: #{ref})"
+      when "elided" then "... #{ref} more hops ..."
       else "#{holder} (a reference Ruby does not name)"
       end
     end
@@ -180,7 +213,11 @@ module MemprofilerPprof
     end
 
     def partial_note
-      bound = @stopped == "time" ? "its time bound (timeout: #{@timeout} s)" : "max_objects (#{count(@max_objects)})"
+      bound = case @stopped
+              when "time" then "its time bound (timeout: #{@timeout} s)"
+              when "memory" then "its memory bound (max_memory_mb: #{@max_memory_mb})"
+              else "max_objects (#{count(@max_objects)})"
+              end
       "PARTIAL: the walk stopped at #{bound}; an object shown with no path may still have one."
     end
 

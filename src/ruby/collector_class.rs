@@ -11,7 +11,7 @@ use rb_sys::{
     FIXNUM_P, NIL_P, NUM2DBL, RB_FLOAT_TYPE_P, TEST, VALUE,
 };
 
-use super::collector::{Collector, FlushOptions, FlushResult, LiveSites, Mode, SizeMeasurement};
+use super::collector::{Collector, FlushOptions, FlushResult, LiveSite, Mode, SizeMeasurement};
 use super::convert::object_value;
 use super::heap::GcOff;
 
@@ -28,6 +28,9 @@ use super::method_table::{method_def, MethodDef, MethodKind};
 use super::registry;
 use super::typed_data::{self, DataType, TypedData};
 use pprof::heap_profile::SampleLabels;
+use sampler::fast_hash::FastHashMap;
+use sampler::stack_table::FrameInfo;
+use sampler::types::{FrameRef, TRUNCATION_FRAME};
 use sampler::windows::WindowPolicy;
 
 impl TypedData for Collector {
@@ -455,11 +458,12 @@ unsafe extern "C" fn native_flush(
     })
 }
 
-/// Collector#_native_live_sites(per_stack): for the child process of a
-/// retention report only (it runs a full GC and keeps GC off meanwhile):
-/// [[frames, objects, bytes, [object, ...]], ...], the stacks with tracked
-/// live objects by estimated bytes, largest first; frames leaf first, each
-/// [label, file or nil, line]; up to `per_stack` objects a stack.
+/// Collector#_native_live_sites(per_stack): [[frames, objects, bytes,
+/// [object, ...]], ...], the stacks with tracked live objects by estimated
+/// bytes, largest first; frames leaf first, each [label, file or nil,
+/// line]; up to `per_stack` objects a stack. For the child process of a
+/// retention report, where GC is off for good; here GC is off (finishing
+/// one under way) while it runs.
 unsafe extern "C" fn native_live_sites(rb_self: VALUE, per_stack: VALUE) -> VALUE {
     method_entry(|| {
         let collector = collector_of(rb_self)?;
@@ -469,14 +473,11 @@ unsafe extern "C" fn native_live_sites(rb_self: VALUE, per_stack: VALUE) -> VALU
                 "the collector is not running: its tracked objects are not known to be alive",
             ));
         }
-        // Light mode's new samples are pinned by the collector until they
-        // have ids: settled first, so that the full GC frees those that are
-        // garbage. Then, until the objects are in the arrays below, no GC
-        // may free one.
-        collector.forget_dead_samples()?;
-        let _gc_off = GcOff::after_full_gc();
-        let live = collector.live_sites(per_stack)?;
-        live_sites_value(&live)
+        let gc_off = GcOff::now();
+        let names = collector.live_frame_names()?;
+        // From here until the objects are in Ruby arrays, no Ruby code runs.
+        let sites = collector.live_sites(per_stack, &gc_off)?;
+        live_sites_value(&sites, &names)
     })
 }
 
@@ -485,23 +486,28 @@ fn ruby_string(text: &str) -> VALUE {
     unsafe { rb_utf8_str_new(text.as_ptr().cast(), text.len() as c_long) }
 }
 
-fn live_sites_value(live: &LiveSites) -> RbResult<VALUE> {
-    // SAFETY: allocates arrays, strings and numbers (under protect, GC off);
-    // every object address is a live object (GcOff, Collector::live_sites).
+fn live_sites_value(sites: &[LiveSite], names: &FastHashMap<FrameRef, FrameInfo>) -> RbResult<VALUE> {
+    // SAFETY: allocates arrays, strings and numbers (under protect, GC off:
+    // no GC, and no Ruby code); every object address is a live object
+    // (Collector::live_sites).
     protect(|| unsafe {
-        let sites = rb_ary_new_capa(live.sites.len() as c_long);
-        for site in &live.sites {
+        let list = rb_ary_new_capa(sites.len() as c_long);
+        for site in sites {
             let frames = rb_ary_new_capa(site.frames.len() as c_long);
             for frame in site.frames.iter() {
                 let entry = rb_ary_new_capa(3);
-                match live.frame_names.get(&frame.frame) {
+                match names.get(&frame.frame) {
                     Some(info) => {
                         rb_ary_push(entry, ruby_string(&info.name));
                         let file = info.filename.as_deref().map_or(Qnil as VALUE, ruby_string);
                         rb_ary_push(entry, file);
                     }
-                    None => {
+                    None if frame.frame == TRUNCATION_FRAME => {
                         rb_ary_push(entry, ruby_string("(truncated)"));
+                        rb_ary_push(entry, Qnil as VALUE);
+                    }
+                    None => {
+                        rb_ary_push(entry, ruby_string("(unknown)"));
                         rb_ary_push(entry, Qnil as VALUE);
                     }
                 }
@@ -517,9 +523,9 @@ fn live_sites_value(live: &LiveSites) -> RbResult<VALUE> {
             rb_ary_push(entry, rb_float_new(site.objects_estimate));
             rb_ary_push(entry, rb_float_new(site.bytes_estimate));
             rb_ary_push(entry, objects);
-            rb_ary_push(sites, entry);
+            rb_ary_push(list, entry);
         }
-        sites
+        list
     })
 }
 

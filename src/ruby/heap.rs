@@ -14,7 +14,7 @@ use std::ffi::{c_int, c_void, CStr};
 use std::sync::OnceLock;
 
 use rb_sys::{
-    rb_gc, rb_gc_count, rb_gc_disable, rb_gc_enable, rb_gc_latest_gc_info, rb_gc_stat, rb_id2sym,
+    rb_gc_count, rb_gc_disable, rb_gc_enable, rb_gc_latest_gc_info, rb_gc_stat, rb_id2sym,
     rb_intern, rb_obj_id, ruby_fl_type, ruby_value_type, Qnil, Qtrue, VALUE,
 };
 
@@ -418,26 +418,18 @@ pub fn allocation_counter() -> u64 {
     unsafe { rb_gc_stat(key) as u64 }
 }
 
-/// GC kept off from a full GC (marked and swept whole) until dropped, then
-/// left as it was: while it lives no object is freed or moved, and none is
-/// garbage waiting for a lazy sweep. For the child a retention report
-/// forks, which turns tracked addresses into objects.
+/// GC kept off until dropped, then left as it was. `rb_gc_disable` first
+/// finishes a GC under way (its marking and its lazy sweep), so while this
+/// lives nothing in the heap is garbage waiting to be swept, and no object
+/// is freed or moved unless Ruby code calls GC.start or GC.compact.
 pub struct GcOff {
     was_disabled: bool,
 }
 
 impl GcOff {
-    pub fn after_full_gc() -> GcOff {
-        // SAFETY: public GC controls, GVL held, outside GC. rb_gc does
-        // nothing while GC is disabled, so it is enabled for it first; it
-        // runs a full mark and an immediate sweep (a C-API GC's reason),
-        // and nothing allocates between its end and rb_gc_disable.
-        let was_disabled = unsafe {
-            let was_disabled = rb_gc_enable() == Qtrue as VALUE;
-            rb_gc();
-            rb_gc_disable();
-            was_disabled
-        };
+    pub fn now() -> GcOff {
+        // SAFETY: a public GC control, GVL held, outside GC.
+        let was_disabled = unsafe { rb_gc_disable() } == Qtrue as VALUE;
         GcOff { was_disabled }
     }
 }

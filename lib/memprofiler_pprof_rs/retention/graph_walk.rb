@@ -9,18 +9,25 @@ module MemprofilerPprof
     # target objects, found by walking the heap with
     # ObjectSpace.reachable_objects_from. Runs in the child process a
     # retention report forks: it reads the whole heap, and what it allocates
-    # (a few hundred bytes an object reached) is the child's.
+    # (~100 bytes an object reached) is the child's.
     #
     # Roots come first in the order a person reads them: the constants
     # (everything under Object), global variables, the main script's local
-    # variables, each thread (its stack and thread-locals), then the GC's
-    # own root sets. A hop through one of
+    # variables, each thread (its locals, then its frames), then the GC's
+    # own root sets, which start ROOT_SET_START further. A hop to one of
     # Ruby's internal objects (an iseq, a method entry, an env) counts
     # INTERNAL_HOP, so that a chain of named references wins over a
     # slightly shorter one through the VM's insides (an inline constant
     # cache holds a constant's value too). The conservative scan of the
     # machine stack is left out: in this process it holds the walk's own
     # temporaries.
+    #
+    # Since a hop's length depends only on the object it leads to, the
+    # first way to reach an object, taken in order of distance, is a
+    # shortest one: objects wait in two queues, each in order of distance
+    # (ordinary objects one further than their parent; internal ones and
+    # the GC's root sets further), and the nearer head goes first. So one
+    # table (object => where it was reached from) is all the walk keeps.
     #
     # Nothing reachable only through `exclude` counts: the caller puts its
     # own containers there (the targets, the collectors), and the walk adds
@@ -32,6 +39,7 @@ module MemprofilerPprof
       ROOT_SET_START = 2
       # Objects reached between two looks at the clock and the bounds.
       CHECK_EVERY = 2048
+      MEMORY_CHECK_EVERY = CHECK_EVERY * 32
       IGNORED_ROOTS = %w[machine_context].freeze
 
       INTERNAL = ObjectSpace::InternalObjectWrapper
@@ -43,34 +51,43 @@ module MemprofilerPprof
       Root = Struct.new(:kind, :name)
 
       # paths: target => [Root, node, ..., target]; reached: objects
-      # reached; stopped: nil, :time or :objects.
+      # reached; stopped: nil, :time, :objects or :memory.
       Result = Struct.new(:paths, :reached, :stopped, keyword_init: true)
 
-      def initialize(targets, exclude:, deadline:, max_objects:)
+      # `memory`: the child's private bytes so far (nil where unknown).
+      def initialize(targets, exclude:, deadline:, max_objects:, max_bytes:, memory:)
         @targets = targets
         @exclude = exclude
         @deadline = deadline
         @max_objects = max_objects
-        # Node key => best distance so far, and the node it was reached from
-        # (a root's: its Root). Internal objects are keyed by their
-        # address (internal_key).
-        @distance = {}.compare_by_identity
+        @max_bytes = max_bytes
+        @memory = memory
+        @reached = 0
+        # Object => the object it was first reached from (a root's: its
+        # Root). Internal objects are keyed by their address (internal_key).
         @parent = {}.compare_by_identity
-        @internal_distance = {}
         @internal_parent = {}
         @found = {}.compare_by_identity
-        @buckets = []
-        [self, @targets, @exclude, @distance, @parent, @internal_distance, @internal_parent, @found,
-         @buckets].each { |own| @exclude[own] = true }
+        # The two queues: objects, their distances, the next to take.
+        @near = []
+        @near_distance = []
+        @far = []
+        @far_distance = []
+        @near_next = 0
+        @far_next = 0
+        [self, @targets, @exclude, @parent, @internal_parent, @found, @near, @near_distance, @far,
+         @far_distance].each { |own| @exclude[own] = true }
       end
 
       def run
-        seed_roots
-        stopped = walk
+        stopped = catch(:bound) do
+          seed_roots
+          walk
+        end
         paths = {}.compare_by_identity # (a target's own #hash may recurse through all it holds)
         @found.each_key { |target| paths[target] = path_to(target) }
         Result.new(paths: paths,
-                   reached: @distance.size + @internal_distance.size, stopped: stopped)
+                   reached: @reached, stopped: stopped)
       end
 
       private
@@ -81,8 +98,8 @@ module MemprofilerPprof
           global_variables.each do |name|
             value = begin
               eval(name.to_s) # rubocop:disable Security/Eval (a global's name, from global_variables)
-            rescue StandardError
-              next
+            rescue StandardError, ScriptError
+              next # (a special variable that cannot be read here)
             end
             seed(value, Root.new(:global, name.to_s))
           end
@@ -105,9 +122,13 @@ module MemprofilerPprof
       # in its fiber, does not matter then), then the thread (its frames).
       def seed_thread(thread)
         name = HopNames.thread_name(thread)
-        thread.keys.each { |key| seed(thread[key], Root.new(:thread_local, "#{name}[#{key.inspect}]")) } # rubocop:disable Style/HashEachMethods (a Thread, no each_key)
-        thread.thread_variables.each do |key|
-          seed(thread.thread_variable_get(key), Root.new(:thread_variable, "#{name}[#{key.inspect}]"))
+        HopNames::THREAD_KEYS.bind_call(thread).each do |key|
+          seed(HopNames::THREAD_AREF.bind_call(thread, key),
+               Root.new(:thread_local, "#{name}[#{HopNames.key_text(key)}]"))
+        end
+        HopNames::THREAD_VARIABLES.bind_call(thread).each do |key|
+          seed(HopNames::THREAD_VARIABLE_GET.bind_call(thread, key),
+               Root.new(:thread_variable, "#{name}[#{HopNames.key_text(key)}]"))
         end
         seed(thread, Root.new(:thread, name))
       end
@@ -115,79 +136,118 @@ module MemprofilerPprof
       def seed(object, root, distance = 0)
         return unless heap_object?(object)
 
-        reach(object, root, distance)
+        reach(object, root, distance, far: distance.positive?)
       end
 
-      # Walks the buckets of distance in order; a node popped at a distance
-      # it has since bettered is passed by.
+      # Takes the nearer queue's next object until none is left, or every
+      # target is reached.
       def walk
-        distance = 0
-        count = 0
-        while distance < @buckets.size
-          bucket = @buckets[distance]
-          index = 0
-          while bucket && index < bucket.size
-            node = bucket[index]
-            index += 1
-            next if distance_of(node) < distance
+        loop do
+          return nil if all_found?
 
-            count += 1
-            stopped = (count % CHECK_EVERY).zero? && bound_reached
-            return stopped if stopped
-
-            expand(node, distance)
-            return nil if all_found_by?(distance)
+          near = @near_next < @near.size ? @near_distance[@near_next] : nil
+          far = @far_next < @far.size ? @far_distance[@far_next] : nil
+          if near && (far.nil? || near <= far)
+            node = @near[@near_next]
+            @near[@near_next] = nil
+            @near_next += 1
+            expand(node, near)
+          elsif far
+            node = @far[@far_next]
+            @far[@far_next] = nil
+            @far_next += 1
+            expand(node, far)
+          else
+            return nil
           end
-          @buckets[distance] = nil # (its nodes are done: let them go)
-          distance += 1
         end
-        nil
       end
 
-      # :time or :objects once the walk is past a bound, else nil.
-      def bound_reached
-        return :time if Process.clock_gettime(Process::CLOCK_MONOTONIC) > @deadline
-
-        :objects if @distance.size + @internal_distance.size > @max_objects
+      def all_found?
+        @found.size == @targets.size
       end
 
-      # Every target reached, each by a distance that can no longer be
-      # bettered (nodes are expanded in order of distance, and each hop
-      # adds at least 1).
-      def all_found_by?(distance)
-        @found.size == @targets.size && @found.each_key.all? { |target| @distance[target] <= distance + 1 }
+      # Throws :bound with :time, :objects or :memory once the walk is past
+      # one (the clock every CHECK_EVERY objects reached, the memory every
+      # MEMORY_CHECK_EVERY: reading it takes a walk of the page tables).
+      def check_bounds
+        throw(:bound, :time) if Process.clock_gettime(Process::CLOCK_MONOTONIC) > @deadline
+        throw(:bound, :objects) if @reached > @max_objects
+        return unless (@reached % MEMORY_CHECK_EVERY).zero?
+
+        bytes = @memory.call
+        throw(:bound, :memory) if bytes && bytes > @max_bytes
       end
 
+      # Reaches the node's children; stops once every target is reached (a
+      # Hash of millions need not be gone through to its end).
       def expand(node, distance)
-        return if !(INTERNAL === node) && @exclude.key?(node) # (BasicObjects)
+        return if !(INTERNAL === node) && @exclude.key?(node) # (=== for BasicObjects)
 
-        ObjectSpace.reachable_objects_from(node)&.each do |child|
-          hop = INTERNAL === child ? INTERNAL_HOP : 1
-          reach(child, node, distance + hop)
+        each_child(node) do |child|
+          internal = INTERNAL === child
+          reach(child, node, distance + (internal ? INTERNAL_HOP : 1), far: internal)
+          return if all_found?
         end
       end
 
-      def reach(node, from, distance)
+      # What `node` references. Plain Arrays and Hashes are gone through in
+      # place: ObjectSpace.reachable_objects_from makes an Array and a Hash
+      # for each call, ~400 bytes that stay (GC is off in the child), and
+      # such containers are most of a big heap. (Their class, reached from
+      # the constants anyway, is left out.) Strings and numbers hold nothing
+      # a path could go on through. (Module#=== and #instance_of? are C and
+      # allocate nothing; UnboundMethod#bind_call would, on Ruby 3.1.)
+      def each_child(node, &block)
+        case node
+        when *LEAVES then nil
+        when Array
+          return each_referenced(node, &block) unless node.instance_of?(Array)
+
+          node.each { |element| yield element if heap_object?(element) }
+        when Hash
+          node.instance_of?(Hash) ? each_in_hash(node, &block) : each_referenced(node, &block)
+        else each_referenced(node, &block)
+        end
+      end
+
+      def each_referenced(node, &block)
+        ObjectSpace.reachable_objects_from(node)&.each(&block)
+      end
+
+      def each_in_hash(hash)
+        hash.each_pair do |key, value|
+          yield key if heap_object?(key)
+          yield value if heap_object?(value)
+        end
+        default = hash.default_proc || hash.default
+        yield default if heap_object?(default)
+      end
+
+      LEAVES = [String, Symbol, Float, Integer, Rational, Complex].freeze
+
+      # Queues `node` the first time it is reached.
+      def reach(node, from, distance, far:)
         if INTERNAL === node
           key = internal_key(node)
-          known = @internal_distance[key]
-          return if known && known <= distance
+          return if @internal_parent.key?(key)
 
-          @internal_distance[key] = distance
           @internal_parent[key] = from
         else
-          known = @distance[node]
-          return if known && known <= distance
+          return if @parent.key?(node)
 
-          @distance[node] = distance
           @parent[node] = from
           @found[node] = true if @targets.key?(node)
         end
-        (@buckets[distance] ||= []).tap { |bucket| @exclude[bucket] = true } << node
-      end
-
-      def distance_of(node)
-        INTERNAL === node ? @internal_distance[internal_key(node)] : @distance[node]
+        if far
+          @far << node
+          @far_distance << distance
+        else
+          @near << node
+          @near_distance << distance
+        end
+        @reached += 1
+        check_bounds if (@reached % CHECK_EVERY).zero?
       end
 
       # [root, first node, ..., target]: parents followed back to a root.
@@ -207,8 +267,7 @@ module MemprofilerPprof
       # An internal object's address, from its wrapper's #inspect: each
       # reachable_objects_from call wraps it anew, and #internal_object_id
       # would give it an object id (a table entry each; and object ids
-      # changed in Ruby 4.0). Addresses stay put: the child turns automatic
-      # compaction off.
+      # changed in Ruby 4.0). Addresses stay put: GC is off in the child.
       def internal_key(wrapper)
         wrapper.inspect[/0x\h+/]
       end

@@ -25,6 +25,10 @@ module MemprofilerPprof
       THREAD_AREF = Thread.instance_method(:[])
       THREAD_VARIABLES = Thread.instance_method(:thread_variables)
       THREAD_VARIABLE_GET = Thread.instance_method(:thread_variable_get)
+      THREAD_NAME = Thread.instance_method(:name)
+      PROC_BINDING = Proc.instance_method(:binding)
+      MODULE_TO_S = Module.instance_method(:to_s)
+      EQUAL = BasicObject.instance_method(:equal?)
       # A key or a class name longer than this is cut, with "...".
       MAX_TEXT = 60
 
@@ -38,7 +42,7 @@ module MemprofilerPprof
       # "internal" (one of Ruby's internal objects), "reference" (one Ruby
       # does not name, such as a C extension's).
       def describe(parent, child)
-        if internal?(parent) || Thread === parent # rubocop:disable Style/CaseEquality
+        if internal?(parent) || same?(parent, Thread.main)
           # A frame's locals are held by the thread's stack, or by an env
           # (internal): the main script's are named through TOPLEVEL_BINDING.
           local = toplevel_local(child)
@@ -49,6 +53,23 @@ module MemprofilerPprof
         quietly do
           (Module === parent && module_hop(parent, child)) || # rubocop:disable Style/CaseEquality
             ivar_hop(parent, child) || container_hop(parent, child) || ["reference", nil]
+        end
+      rescue StandardError
+        ["reference", nil] # (an object that refused to be looked into: the hop is still there)
+      end
+
+      # The same object, whatever `a` thinks equal? means.
+      def same?(a, b)
+        EQUAL.bind_call(a, b)
+      end
+
+      # A Hash key or a thread-local's name as text: core values by
+      # #inspect, anything else by its class (its own #inspect could be
+      # anything, or raise).
+      def key_text(key)
+        case key
+        when String, Symbol, Integer, Float, NilClass, TrueClass, FalseClass then cut(key.inspect)
+        else "#<#{class_name(key)}>"
         end
       end
 
@@ -63,14 +84,19 @@ module MemprofilerPprof
       end
 
       def module_name(mod)
-        MODULE_NAME.bind_call(mod) || cut(mod.inspect)
+        cut(MODULE_NAME.bind_call(mod) || MODULE_TO_S.bind_call(mod))
       rescue StandardError
         "(anonymous)"
       end
 
-      # A thread as a person tells them apart: its name, or "main".
+      # A thread as a person tells them apart: its name, "main", or its
+      # object's address.
       def thread_name(thread)
-        thread.name || (thread.equal?(Thread.main) ? "main" : thread.inspect[/0x\h+/] || "?")
+        name = THREAD_NAME.bind_call(thread)
+        return cut(name) if name
+        return "main" if same?(thread, Thread.main)
+
+        format("0x%x", Kernel.instance_method(:__id__).bind_call(thread))
       end
 
       def internal?(object)
@@ -86,20 +112,20 @@ module MemprofilerPprof
           rescue StandardError, LoadError
             next
           end
-          return ["constant", name.to_s] if value.equal?(child)
+          return ["constant", name.to_s] if same?(value, child)
         end
         KERNEL_IVARS.bind_call(mod).each do |name|
-          return ["class_ivar", name.to_s] if KERNEL_IVAR_GET.bind_call(mod, name).equal?(child)
+          return ["class_ivar", name.to_s] if same?(KERNEL_IVAR_GET.bind_call(mod, name), child)
         end
         MODULE_CVARS.bind_call(mod, false).each do |name|
-          return ["class_var", name.to_s] if MODULE_CVAR_GET.bind_call(mod, name).equal?(child)
+          return ["class_var", name.to_s] if same?(MODULE_CVAR_GET.bind_call(mod, name), child)
         end
         nil
       end
 
       def ivar_hop(parent, child)
         KERNEL_IVARS.bind_call(parent).each do |name|
-          return ["ivar", name.to_s] if KERNEL_IVAR_GET.bind_call(parent, name).equal?(child)
+          return ["ivar", name.to_s] if same?(KERNEL_IVAR_GET.bind_call(parent, name), child)
         end
         nil
       rescue TypeError # a BasicObject
@@ -110,10 +136,10 @@ module MemprofilerPprof
         case parent
         when Hash then hash_hop(parent, child)
         when Array
-          index = ARRAY_INDEX.bind_call(parent) { |element| element.equal?(child) }
+          index = ARRAY_INDEX.bind_call(parent) { |element| same?(element, child) }
           index && ["index", index.to_s]
         when Struct
-          STRUCT_EACH_PAIR.bind_call(parent) { |name, value| return ["member", name.to_s] if value.equal?(child) }
+          STRUCT_EACH_PAIR.bind_call(parent) { |name, value| return ["member", name.to_s] if same?(value, child) }
           nil
         when Proc then captured_hop(parent, child)
         when Thread then thread_hop(parent, child)
@@ -122,16 +148,16 @@ module MemprofilerPprof
 
       def hash_hop(hash, child)
         HASH_EACH_PAIR.bind_call(hash) do |key, value|
-          return ["hash_value", cut(key.inspect)] if value.equal?(child)
-          return ["hash_key", cut(key.inspect)] if key.equal?(child)
+          return ["hash_value", key_text(key)] if same?(value, child)
+          return ["hash_key", key_text(key)] if same?(key, child)
         end
         nil
       end
 
       def captured_hop(proc, child)
-        binding = proc.binding
+        binding = PROC_BINDING.bind_call(proc)
         binding.local_variables.each do |name|
-          return ["captured", name.to_s] if binding.local_variable_get(name).equal?(child)
+          return ["captured", name.to_s] if same?(binding.local_variable_get(name), child)
         end
         nil
       rescue ArgumentError # (a Proc made from a method or a C function has no binding)
@@ -139,20 +165,22 @@ module MemprofilerPprof
       end
 
       def toplevel_local(child)
-        TOPLEVEL_BINDING.local_variables.find { |name| TOPLEVEL_BINDING.local_variable_get(name).equal?(child) }&.to_s
+        TOPLEVEL_BINDING.local_variables.find { |name| same?(TOPLEVEL_BINDING.local_variable_get(name), child) }&.to_s
       end
 
       def thread_hop(thread, child)
         THREAD_KEYS.bind_call(thread).each do |key|
-          return ["thread_local", key.inspect] if THREAD_AREF.bind_call(thread, key).equal?(child)
+          return ["thread_local", key_text(key)] if same?(THREAD_AREF.bind_call(thread, key), child)
         end
         THREAD_VARIABLES.bind_call(thread).each do |key|
-          return ["thread_variable", key.inspect] if THREAD_VARIABLE_GET.bind_call(thread, key).equal?(child)
+          return ["thread_variable", key_text(key)] if same?(THREAD_VARIABLE_GET.bind_call(thread, key), child)
         end
         ["stack", thread_name(thread)]
       end
 
+      # Valid UTF-8 (for the JSON answer), at most MAX_TEXT characters.
       def cut(text)
+        text = text.to_s.encode(Encoding::UTF_8, invalid: :replace, undef: :replace)
         text.length > MAX_TEXT ? "#{text[0, MAX_TEXT - 3]}..." : text
       end
 

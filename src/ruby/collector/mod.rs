@@ -6,7 +6,7 @@
 //! - `sampling`: the event hooks' bodies and the postponed job;
 //! - `light_upkeep`: `mode: :light`'s object ids and dead samples;
 //! - `flush`: a flush in chunks, letting other threads run in between;
-//! - `live_sites`: the live objects by stack, in a retention report's child;
+//! - `live_sites`: the live objects by stack, for a retention report;
 //! - `gc_callbacks`: mark, compaction and memory size, inside GC.
 
 mod flush;
@@ -16,7 +16,7 @@ mod live_sites;
 mod sampling;
 
 pub use flush::{FlushOptions, FlushResult};
-pub use live_sites::LiveSites;
+pub use live_sites::LiveSite;
 use sampling::{c_return_hook, freeobj_hook, newobj_hook};
 
 use std::cell::Cell;
