@@ -294,6 +294,7 @@ module MemprofilerPprof
       unless options[:timeout].between?(1, MAX_SECONDS)
         return text(400, "timeout must be a whole number of seconds from 1 to #{MAX_SECONDS}\n", head)
       end
+
       options[:sites] = [params["site"]] if params["site"] && !params["site"].empty?
       json = params["format"] == "json"
       return text(400, "format must be json or left out (text)\n", head) if params.key?("format") && !json

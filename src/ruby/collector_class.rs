@@ -486,7 +486,10 @@ fn ruby_string(text: &str) -> VALUE {
     unsafe { rb_utf8_str_new(text.as_ptr().cast(), text.len() as c_long) }
 }
 
-fn live_sites_value(sites: &[LiveSite], names: &FastHashMap<FrameRef, FrameInfo>) -> RbResult<VALUE> {
+fn live_sites_value(
+    sites: &[LiveSite],
+    names: &FastHashMap<FrameRef, FrameInfo>,
+) -> RbResult<VALUE> {
     // SAFETY: allocates arrays, strings and numbers (under protect, GC off:
     // no GC, and no Ruby code); every object address is a live object
     // (Collector::live_sites).
