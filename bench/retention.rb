@@ -21,6 +21,7 @@
 require "optparse"
 require "rbconfig"
 require "json"
+require_relative "lib/report"
 
 def worker(shape, count)
   require "memprofiler_pprof_rs"
@@ -70,11 +71,6 @@ OptionParser.new do |opts|
   opts.on("--runs N", Integer) { |n| runs = n }
 end.parse!
 
-def median(values)
-  sorted = values.sort
-  sorted[sorted.size / 2]
-end
-
 lib = File.expand_path("../lib", __dir__)
 results = Hash.new { |h, k| h[k] = [] }
 runs.times do
@@ -92,10 +88,10 @@ puts format("%-6s %10s %9s %20s %18s %22s %12s %6s", "shape", "live objs", "RSS 
 results.each do |shape, list|
   cell = lambda do |key, fmt|
     values = list.map { |r| r[key] }
-    "#{format(fmt, median(values))} [#{format(fmt, values.min)}-#{format(fmt, values.max)}]"
+    "#{format(fmt, BenchReport.median(values))} [#{format(fmt, values.min)}-#{format(fmt, values.max)}]"
   end
-  puts format("%-6s %10d %9.0f %20s %18s %22s %12d %6s", shape, median(list.map { |r| r["live"] }),
-              median(list.map { |r| r["rss_mb"] }), cell.call("seconds", "%.2f"), cell.call("fork_ms", "%.1f"),
-              cell.call("child_mb", "%.0f"), median(list.map { |r| r["reached"] }),
+  puts format("%-6s %10d %9.0f %20s %18s %22s %12d %6s", shape, BenchReport.median(list.map { |r| r["live"] }),
+              BenchReport.median(list.map { |r| r["rss_mb"] }), cell.call("seconds", "%.2f"), cell.call("fork_ms", "%.1f"),
+              cell.call("child_mb", "%.0f"), BenchReport.median(list.map { |r| r["reached"] }),
               list.map { |r| r["found"] }.join("/"))
 end

@@ -59,13 +59,8 @@ fn has_class(kind: u64) -> bool {
 /// `object` must be the object the NEWOBJ hook was called for.
 pub unsafe fn object_info(object: VALUE) -> ObjectInfo {
     // SAFETY: a new object's RBasic header (flags, klass) is written before
-    // the NEWOBJ hook runs; RBasic's layout is the same in every Ruby.
-    let (flags, klass) = unsafe {
-        let basic = &*(object as *const RBasic);
-        (basic.flags, basic.klass)
-    };
-    #[allow(clippy::unnecessary_cast)] // VALUE is 32 bits on 32-bit targets
-    let kind = builtin_type(flags) as u64;
+    // the NEWOBJ hook runs.
+    let (kind, klass) = unsafe { header(object) };
     let class = if !has_class(kind) {
         internal_type_class(kind, false)
     } else if klass == 0 {
@@ -84,14 +79,24 @@ pub unsafe fn object_info(object: VALUE) -> ObjectInfo {
 /// # Safety
 /// `object` must be a live object.
 pub unsafe fn is_visible_object(object: VALUE) -> bool {
-    // SAFETY: the caller's; reads two words of the header.
+    // SAFETY: the caller's.
+    let (kind, klass) = unsafe { header(object) };
+    has_class(kind) && klass != 0
+}
+
+/// An object's type bits and its RBasic `klass` word (RBasic's layout is
+/// the same in every Ruby).
+///
+/// # Safety
+/// `object` must be an object whose header is written.
+unsafe fn header(object: VALUE) -> (u64, VALUE) {
+    // SAFETY: the caller's; reads two words.
     let (flags, klass) = unsafe {
         let basic = &*(object as *const RBasic);
         (basic.flags, basic.klass)
     };
     #[allow(clippy::unnecessary_cast)] // VALUE is 32 bits on 32-bit targets
-    let kind = builtin_type(flags) as u64;
-    has_class(kind) && klass != 0
+    (builtin_type(flags) as u64, klass)
 }
 
 /// Class handles that are real class VALUEs (to be marked).

@@ -94,7 +94,7 @@ module MemprofilerPprof
 
       def seed_roots
         seed(Object, Root.new(:constants, "Object"))
-        quietly do
+        HopNames.quietly do
           global_variables.each do |name|
             value = begin
               eval(name.to_s) # rubocop:disable Security/Eval (a global's name, from global_variables)
@@ -277,14 +277,6 @@ module MemprofilerPprof
       def heap_object?(value)
         !(NilClass === value || TrueClass === value || FalseClass === value || # rubocop:disable Style/CaseEquality
           Integer === value || Float === value || Symbol === value) # rubocop:disable Style/CaseEquality
-      end
-
-      def quietly
-        verbose = $VERBOSE
-        $VERBOSE = nil
-        yield
-      ensure
-        $VERBOSE = verbose
       end
     end
   end
