@@ -73,25 +73,10 @@ module MemprofilerPprof
         nil
       end
 
-      # Runs the block with the :child handlers left out of the forks this
-      # thread makes meanwhile: for a child that only reads the heap,
-      # answers and exits (a retention report's), and must not start
-      # flushers or uploaders of its own.
-      def without_child_handlers
-        Thread.current[QUIET_CHILD] = true
-        yield
-      ensure
-        Thread.current[QUIET_CHILD] = nil
-      end
-
-      QUIET_CHILD = :__memprofiler_pprof_quiet_child
-
       # After a fork, on either side. In the child, a lock held by a parent
       # thread that no longer exists must not block registration.
       def after_fork(in_child:)
         if in_child
-          return if Thread.current[QUIET_CHILD] # (nothing registers there either)
-
           @registration_lock = Mutex.new
           run(:child)
         else

@@ -14,8 +14,8 @@ module MemprofilerPprof
 
   # Collector#retention_report: what holds the sampled objects of the
   # sites with the most memory in use. The parent forks; the child, which
-  # sees a copy of the heap, runs a full GC, picks the sites and a few of
-  # their sampled objects, walks the heap from the GC's roots for the
+  # sees a copy of the heap and never runs a GC, picks the sites and a few
+  # of their sampled objects, walks the heap from the GC's roots for the
   # shortest chain of references to each (GraphWalk), names every hop
   # (HopNames) and writes the answer to a pipe as JSON, then exits. The
   # parent pays the fork and waits without the GVL.
@@ -28,8 +28,9 @@ module MemprofilerPprof
     MAX_MEMORY_MB = 1_000_000
     # The child's answer is a few KB a path; a larger one is a bug.
     MAX_ANSWER_BYTES = 64 * 1024 * 1024
-    # The walk stops at this share of the timeout, leaving the rest for the
-    # GC before it and the answer after; the child is killed at the timeout.
+    # The walk stops at this share of the timeout, and naming the paths at
+    # NAMING_SHARE more, leaving the rest for the answer; the child is
+    # killed at the timeout.
     WALK_SHARE = 0.8
     NAMING_SHARE = 0.1
     # Frames kept for each site, leaf first.
@@ -125,8 +126,9 @@ module MemprofilerPprof
         raise RetentionError, "the retention walk did not answer within #{timeout} s (its process was killed); " \
                               "give a larger timeout: or a smaller max_objects:"
       end
-      status = wait_for(pid)
-      pid = nil
+      status = Thread.handle_interrupt(Object => :never) do
+        wait_for(pid).tap { pid = nil }
+      end
       finish(answer, status, fork_seconds: fork_seconds, seconds: clock - started)
     ensure
       Thread.handle_interrupt(Object => :never) do
@@ -142,44 +144,70 @@ module MemprofilerPprof
     # parent's other threads hold (gone in a fork), running its finalizers
     # and C free functions there (a database connection's, on a socket the
     # parent shares). It lists and walks the heap as it was at the fork.
-    def fork_child(reader, writer)
+    def fork_child(reader, writer, &answer)
       parent = Process.pid
       gc_was_disabled = GC.disable
       begin
-        Atfork.without_child_handlers do
-          Process.fork do
-            reader.close
-            reset_traps
-            answer = begin
-              JSON.generate(yield)
-            rescue Exception => e # rubocop:disable Lint/RescueException (the parent gets every failure as an answer)
-              JSON.generate({ "error" => "#{e.class}: #{e.message}".scrub })
-            end
-            writer.write("#{answer.bytesize}\n", answer)
-            writer.close
-          ensure
-            # No at_exit handler, finalizer or flusher of the parent's runs here.
-            exit!(0)
-          end
-        end
+        pid = plain_fork
+        run_child(reader, writer, &answer) if pid.zero?
+        pid
       ensure
-        # Another library's fork hook that raised in the child would return
-        # here, into the parent's code: the child must end instead.
-        exit!(1) unless Process.pid == parent
+        exit!(1) unless Process.pid == parent # (never the parent's code in the child)
         GC.enable unless gc_was_disabled
       end
     rescue NotImplementedError, SystemCallError => e
       raise RetentionError, "a retention report could not fork: #{e.message}"
     end
 
-    # A trap the app set would run the app's code in the child: the
-    # defaults instead (a signal then ends the child).
-    def reset_traps
-      %w[INT TERM HUP QUIT USR1 USR2 ALRM TTIN TTOU WINCH].each do |signal|
-        Signal.trap(signal, "DEFAULT")
-      rescue ArgumentError
-        nil # (not on this platform)
+    # Process._fork as Ruby defines it, without the hooks libraries prepend
+    # to it (Rails', an APM's, this gem's Atfork): the child only reads the
+    # heap, answers and exits, and must not reconnect, restart threads or
+    # flushers, or run their code at all. (The extension's own fork
+    # handlers are pthread_atfork's, and run.)
+    def plain_fork
+      method = Process.method(:_fork)
+      method = method.super_method until method.nil? || method.owner == Process.singleton_class
+      (method || Process.method(:_fork)).call
+    end
+
+    GC_TURNED_ON = 2
+
+    # The child's life: the answer to the pipe, then exit!, so that no
+    # at_exit handler or finalizer of the parent's runs here.
+    def run_child(reader, writer)
+      # (The parent forked with interrupts held back; here a signal must end
+      # the child at once.)
+      Thread.handle_interrupt(Object => :immediate) do
+        # Another thread may have turned GC on between GC.disable and the
+        # fork; then no GC may run here at all, not even to say so.
+        exit!(GC_TURNED_ON) unless GC.enable
+        GC.disable
+        reader.close
+        reset_traps
+        answer = begin
+          JSON.generate(yield)
+        rescue Exception => e # rubocop:disable Lint/RescueException (the parent gets every failure as an answer)
+          JSON.generate({ "error" => "#{e.class}: #{e.message}".scrub })
+        end
+        writer.write("#{answer.bytesize}\n", answer)
+        writer.close
       end
+    ensure
+      exit!(0)
+    end
+
+    # A trap the app set would run the app's code in the child: the
+    # system's defaults instead (these signals then end the child, or are
+    # ignored).
+    def reset_traps
+      { "SYSTEM_DEFAULT" => %w[INT TERM HUP QUIT USR1 USR2 ALRM], "IGNORE" => %w[TTIN TTOU WINCH] }
+        .each do |action, signals|
+          signals.each do |signal|
+            Signal.trap(signal, action)
+          rescue ArgumentError
+            nil # (not on this platform)
+          end
+        end
     end
 
     # The child's exit status, or nil if it was reaped elsewhere (a SIGCHLD
@@ -224,6 +252,9 @@ module MemprofilerPprof
     end
 
     def finish(answer, status, fork_seconds:, seconds:)
+      if answer.empty? && status&.exitstatus == GC_TURNED_ON
+        raise RetentionError, "another thread turned GC on (GC.enable) while the retention report forked; try again"
+      end
       raise RetentionError, "the retention walk's process ended without an answer (#{status.inspect})" if answer.empty?
 
       data = JSON.parse(answer)
@@ -249,12 +280,13 @@ module MemprofilerPprof
       stopped = walk.stopped&.to_s
       name_by = walk_deadline + (timeout * NAMING_SHARE)
       targets.each_pair do |object, site|
-        path = walk.paths[object]
-        if path && clock > name_by # (naming reads whole Hashes and Arrays: it has its share of the time)
+        # (Naming reads whole Hashes and Arrays: it has its share of the time.)
+        entry = catch(:naming_time) { object_entry(object, walk.paths[object], name_by) }
+        unless entry
           stopped ||= "time"
-          path = nil
+          entry = object_entry(object, nil, name_by)
         end
-        chosen[site]["objects"] << object_entry(object, path)
+        chosen[site]["objects"] << entry
       end
       {
         "pid" => Process.ppid, "taken_at" => Time.now.utc.strftime("%Y-%m-%d %H:%M:%S UTC"), "sites" => chosen,
@@ -317,8 +349,9 @@ module MemprofilerPprof
 
     # An object's class, and the hops of its path (nil: no path found). A
     # path longer than MAX_HOPS keeps its first and last HOPS_KEPT_AT_ENDS
-    # hops, with one "elided" hop saying how many are left out.
-    def object_entry(object, path)
+    # hops, with one "elided" hop saying how many are left out. Throws
+    # :naming_time once the clock is past `name_by`.
+    def object_entry(object, path, name_by)
       entry = { "class" => HopNames.class_name(object), "path" => nil }
       return entry unless path
 
@@ -326,10 +359,10 @@ module MemprofilerPprof
       links = path.each_cons(2).drop(1)
       if links.size > MAX_HOPS
         elided = { "class" => "", "kind" => "elided", "ref" => (links.size - (2 * HOPS_KEPT_AT_ENDS)).to_s }
-        hops = links.first(HOPS_KEPT_AT_ENDS).map { |link| hop(*link) } + [elided] +
-               links.last(HOPS_KEPT_AT_ENDS).map { |link| hop(*link) }
+        hops = links.first(HOPS_KEPT_AT_ENDS).map { |link| hop(*link, name_by) } + [elided] +
+               links.last(HOPS_KEPT_AT_ENDS).map { |link| hop(*link, name_by) }
       else
-        hops = links.map { |link| hop(*link) }
+        hops = links.map { |link| hop(*link, name_by) }
       end
       entry.merge("root" => { "kind" => root.kind.to_s, "name" => root.name }, "path" => hops)
     end
@@ -337,7 +370,8 @@ module MemprofilerPprof
     MAX_HOPS = 40
     HOPS_KEPT_AT_ENDS = 15
 
-    def hop(holder, held)
+    def hop(holder, held, name_by)
+      throw(:naming_time) if clock > name_by
       kind, reference = HopNames.describe(holder, held)
       hop = { "class" => HopNames.class_name(holder), "kind" => kind, "ref" => reference }
       hop["module"] = true if Module === holder # rubocop:disable Style/CaseEquality (BasicObjects)

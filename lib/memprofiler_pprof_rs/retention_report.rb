@@ -144,7 +144,9 @@ module MemprofilerPprof
         lines << "   (its sampled objects are Ruby's internal objects: nothing to show a path to)" if objects.empty?
         objects.each { |object| lines << "   #{object_line(object)}" }
       end
-      "#{lines.join("\n")}\n"
+      # (Names come from the process's objects: no control character of
+      # theirs reaches a terminal.)
+      "#{lines.join("\n").scrub.gsub(/[\x00-\x09\x0B-\x1F\x7F]/, '?')}\n"
     end
 
     # "Foo::CACHE (constant) -> Hash[\"key\"] -> Array[17] -> String" (nil

@@ -37,7 +37,7 @@ module MemprofilerPprof
       # The GC's own root sets start this far: a path from a named root
       # (a constant, a global) that is up to this much longer wins.
       ROOT_SET_START = 2
-      # Objects reached between two looks at the clock and the bounds.
+      # References followed between two looks at the clock and the bounds.
       CHECK_EVERY = 2048
       MEMORY_CHECK_EVERY = CHECK_EVERY * 32
       IGNORED_ROOTS = %w[machine_context].freeze
@@ -63,6 +63,8 @@ module MemprofilerPprof
         @max_bytes = max_bytes
         @memory = memory
         @reached = 0
+        @visits = 0
+        @root_set = []
         # Object => the object it was first reached from (a root's: its
         # Root). Internal objects are keyed by their address (internal_key).
         @parent = {}.compare_by_identity
@@ -114,8 +116,28 @@ module MemprofilerPprof
           next if IGNORED_ROOTS.include?(category)
 
           @exclude[objects] = true
-          objects.each { |object| seed(object, Root.new(:root, category), ROOT_SET_START) }
+          objects.each { |object| seed_root_set(object, Root.new(:root, category)) }
         end
+        @exclude[@root_set] = true
+      end
+
+      # The GC's root sets are ROOT_SET_START away. Internal objects among
+      # them go to the far queue now (nothing reaches one nearer than
+      # INTERNAL_HOP); the others wait until the near queue is that far, so
+      # that what a named root reaches nearer is reached from it.
+      def seed_root_set(object, root)
+        return unless heap_object?(object)
+
+        if INTERNAL === object
+          reach(object, root, ROOT_SET_START, far: true)
+        else
+          @root_set << object << root
+        end
+      end
+
+      def release_root_set
+        @root_set.each_slice(2) { |object, root| reach(object, root, ROOT_SET_START, far: false) }
+        @root_set.clear
       end
 
       # A thread's locals by name (where a Ruby keeps them, in the thread or
@@ -146,6 +168,10 @@ module MemprofilerPprof
           return nil if all_found?
 
           near = @near_next < @near.size ? @near_distance[@near_next] : nil
+          if !@root_set.empty? && (near.nil? || near >= ROOT_SET_START)
+            release_root_set
+            next
+          end
           far = @far_next < @far.size ? @far_distance[@far_next] : nil
           if near && (far.nil? || near <= far)
             node = @near[@near_next]
@@ -168,12 +194,12 @@ module MemprofilerPprof
       end
 
       # Throws :bound with :time, :objects or :memory once the walk is past
-      # one (the clock every CHECK_EVERY objects reached, the memory every
-      # MEMORY_CHECK_EVERY: reading it takes a walk of the page tables).
+      # one (the memory every MEMORY_CHECK_EVERY references: reading it
+      # takes a walk of the page tables).
       def check_bounds
         throw(:bound, :time) if Process.clock_gettime(Process::CLOCK_MONOTONIC) > @deadline
         throw(:bound, :objects) if @reached > @max_objects
-        return unless (@reached % MEMORY_CHECK_EVERY).zero?
+        return unless (@visits % MEMORY_CHECK_EVERY).zero?
 
         bytes = @memory.call
         throw(:bound, :memory) if bytes && bytes > @max_bytes
@@ -198,9 +224,13 @@ module MemprofilerPprof
       # the constants anyway, is left out.) Strings and numbers hold nothing
       # a path could go on through. (Module#=== and #instance_of? are C and
       # allocate nothing; UnboundMethod#bind_call would, on Ruby 3.1.)
+      #
+      # Not seen that way: instance variables set on a plain Array or Hash,
+      # and a singleton #each (which would run).
       def each_child(node, &block)
         case node
-        when *LEAVES then nil
+        when *LEAVES
+          each_referenced(node, &block) unless LEAVES.any? { |leaf| node.instance_of?(leaf) }
         when Array
           return each_referenced(node, &block) unless node.instance_of?(Array)
 
@@ -226,8 +256,11 @@ module MemprofilerPprof
 
       LEAVES = [String, Symbol, Float, Integer, Rational, Complex].freeze
 
-      # Queues `node` the first time it is reached.
+      # Queues `node` the first time it is reached. The bounds are looked at
+      # every CHECK_EVERY references followed, new or not.
       def reach(node, from, distance, far:)
+        @visits += 1
+        check_bounds if (@visits % CHECK_EVERY).zero?
         if INTERNAL === node
           key = internal_key(node)
           return if @internal_parent.key?(key)
@@ -247,7 +280,6 @@ module MemprofilerPprof
           @near_distance << distance
         end
         @reached += 1
-        check_bounds if (@reached % CHECK_EVERY).zero?
       end
 
       # [root, first node, ..., target]: parents followed back to a root.

@@ -67,11 +67,16 @@ module MemprofilerPprof
       # #inspect, anything else by its class (its own #inspect could be
       # anything, or raise).
       def key_text(key)
-        case key
-        when String, Symbol, Integer, Float, NilClass, TrueClass, FalseClass then cut(key.inspect)
-        else "#<#{class_name(key)}>"
+        if CORE_KEYS.any? { |core| Kernel.instance_method(:instance_of?).bind_call(key, core) }
+          cut(key.inspect)
+        else
+          "#<#{class_name(key)}>"
         end
+      rescue TypeError # a BasicObject
+        "#<#{class_name(key)}>"
       end
+
+      CORE_KEYS = [String, Symbol, Integer, Float, NilClass, TrueClass, FalseClass].freeze
 
       # A class name for any object; a module's own name for a module.
       def class_name(object)
