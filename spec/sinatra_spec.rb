@@ -55,4 +55,18 @@ RSpec.describe "MemprofilerPprof::SinatraLabels in a Sinatra app", :slow do
     expect(routes["GET /pages/:id"]).to be < 60
     expect(app.settings.kept.size).to eq(50)
   end
+
+  it "says what holds the leaking route's objects: the setting's block" do
+    request = Rack::MockRequest.new(app)
+    collector = MemprofilerPprof::Collector.new(sample_rate: 1.0).tap(&:start!)
+    50.times { |i| request.get("/orders/#{i}") }
+    report = collector.retention_report(top: 1, per_site: 2, sites: [File.basename(__FILE__)])
+    paths = report.sites.first["objects"].map { |object| MemprofilerPprof::RetentionReport.path_text(object) }
+    # `set :kept, []` keeps the Array in the block of a method it defines
+    # on the app's singleton class.
+    block = %r{#<Class:#<Class:0x\h+>> \(a method's definition\) -> Proc \(block at sinatra/base\.rb:\d+\) -> }
+    expect(paths).to all(match(/#{block}captured variable value -> Array\[\d+\] -> Array\[\d+\] -> String\z/))
+  ensure
+    collector&.stop!
+  end
 end

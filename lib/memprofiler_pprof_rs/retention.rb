@@ -356,7 +356,8 @@ module MemprofilerPprof
       return entry unless path
 
       root = path.first
-      links = path.each_cons(2).drop(1)
+      # [what held the holder (the Root, first), holder, held].
+      links = path.each_cons(3).to_a
       if links.size > MAX_HOPS
         elided = { "class" => "", "kind" => "elided", "ref" => (links.size - (2 * HOPS_KEPT_AT_ENDS)).to_s }
         hops = links.first(HOPS_KEPT_AT_ENDS).map { |link| hop(*link, name_by) } + [elided] +
@@ -370,9 +371,9 @@ module MemprofilerPprof
     MAX_HOPS = 40
     HOPS_KEPT_AT_ENDS = 15
 
-    def hop(holder, held, name_by)
+    def hop(previous, holder, held, name_by)
       throw(:naming_time) if clock > name_by
-      kind, reference = HopNames.describe(holder, held)
+      kind, reference = HopNames.describe(holder, held, previous)
       hop = { "class" => HopNames.class_name(holder), "kind" => kind, "ref" => reference }
       hop["module"] = true if Module === holder # rubocop:disable Style/CaseEquality (BasicObjects)
       hop["thread"] = HopNames.thread_name(holder) if Thread === holder # rubocop:disable Style/CaseEquality

@@ -185,12 +185,17 @@ module MemprofilerPprof
       when "hash_value", "index" then "#{holder}[#{ref}]"
       when "hash_key" then "#{holder} (key #{ref})"
       when "member" then "#{holder}.#{ref}"
-      when "captured" then "#{holder} (a block's captured variable #{ref})"
+      when "captured" then "captured variable #{ref}"
       when "thread_local" then "Thread #{thread_of(hop)}[#{ref}] (fiber-local)"
       when "thread_variable" then "Thread #{thread_of(hop)} thread_variable #{ref}"
       when "stack" then "Thread #{ref} (a local variable, argument or self on its stack)"
       when "toplevel_local" then "the main script's local variable #{ref}"
-      when "internal" then "(Ruby internal: #{ref})"
+      when "singleton_class" then nil # (the singleton class's own name says whose it is)
+      when "method_entry" then "#{holder} (a method's definition)"
+      when "block" then "Proc (block at #{ref || '?'})"
+      when "internal"
+        # (A method's definition holds its block through one: nothing to add.)
+        following && following["kind"] == "block" ? nil : "(Ruby internal: #{ref})"
       when "elided" then "... #{ref} more hops ..."
       else "#{holder} (a reference Ruby does not name)"
       end

@@ -39,23 +39,60 @@ module MemprofilerPprof
       # "index", "member", "captured", "thread_local", "thread_variable",
       # "stack" (a thread's frames: a local variable, an argument, self),
       # "toplevel_local" (a local variable of the main script),
-      # "internal" (one of Ruby's internal objects), "reference" (one Ruby
-      # does not name, such as a C extension's).
-      def describe(parent, child)
-        if internal?(parent) || same?(parent, Thread.main)
-          # A frame's locals are held by the thread's stack, or by an env
-          # (internal): the main script's are named through TOPLEVEL_BINDING.
+      # "singleton_class", "method_entry" (a method's definition, which holds
+      # define_method's block), "block" (a Proc's env; ref: where the block
+      # is), "internal" (one of Ruby's internal objects), "reference" (one
+      # Ruby does not name, such as a C extension's).
+      #
+      # `grandparent` (what held `parent`, or nil) names what a Proc's env
+      # holds: the block's captured variable.
+      def describe(parent, child, grandparent = nil)
+        return internal_hop(parent, child, grandparent) if internal?(parent)
+
+        if same?(parent, Thread.main)
+          # The main script's locals, on the main thread's stack.
           local = toplevel_local(child)
           return ["toplevel_local", local] if local
         end
-        return ["internal", parent.type.to_s.delete_prefix("T_").downcase] if internal?(parent)
 
         quietly do
           (Module === parent && module_hop(parent, child)) || # rubocop:disable Style/CaseEquality
-            ivar_hop(parent, child) || container_hop(parent, child) || ["reference", nil]
+            ivar_hop(parent, child) || container_hop(parent, child) || unnamed_hop(parent, child)
         end
       rescue StandardError
         ["reference", nil] # (an object that refused to be looked into: the hop is still there)
+      end
+
+      # From one of Ruby's internal objects: a main-script local or a
+      # block's captured variable when it is an env, else its type.
+      def internal_hop(env, child, grandparent)
+        local = toplevel_local(child)
+        return ["toplevel_local", local] if local
+
+        captured = Proc === grandparent && captured_hop(grandparent, child) # rubocop:disable Style/CaseEquality
+        captured || ["internal", env.type.to_s.delete_prefix("T_").downcase]
+      end
+
+      # What Ruby does not name but a person can: a class's singleton class,
+      # the definition of a method (define_method's block), a block's
+      # captured variables (through its env).
+      def unnamed_hop(parent, child)
+        if Module === parent && Module === child && child.singleton_class? # rubocop:disable Style/CaseEquality
+          ["singleton_class", nil]
+        elsif Module === parent && internal?(child) # rubocop:disable Style/CaseEquality
+          ["method_entry", nil]
+        elsif Proc === parent && internal?(child) # rubocop:disable Style/CaseEquality
+          ["block", block_location(parent)]
+        else
+          ["reference", nil]
+        end
+      end
+
+      # "sinatra/base.rb:1273": the file's last two parts, as a person
+      # finds it in a gem.
+      def block_location(proc)
+        file, line = proc.source_location
+        file ? cut("#{file.split('/').last(2).join('/')}:#{line}") : nil
       end
 
       # The same object, whatever `a` thinks equal? means.
