@@ -192,6 +192,33 @@ RSpec.describe "Flame graphs", :slow do
     end
   end
 
+  it "shows what holds the clicked frame's memory, from a retention report beside the profile", :browser do
+    report = MemprofilerPprof::RetentionReport.from_h(
+      "sites" => [
+        { "site" => "FlameSpecLeak#hold (flame_spec_leak.rb:9)", "inuse_bytes" => 5_000_000, "inuse_objects" => 50,
+          "objects" => [{ "class" => "String", "root" => { "kind" => "toplevel_local", "name" => "kept" },
+                          "path" => [{ "class" => "Array", "kind" => "index", "ref" => "0" },
+                                     { "class" => "FlameSpecLeak", "kind" => "ivar", "ref" => "@kept" },
+                                     { "class" => "Array", "kind" => "index", "ref" => "7" }] }] },
+        { "site" => "FlameSpecCache#fill (flame_spec_leak.rb:15)", "inuse_bytes" => 3_000_000,
+          "inuse_objects" => 30, "objects" => [{ "class" => "String", "path" => nil }] }
+      ]
+    )
+    path = File.join(@dir, "retainers.html")
+    File.write(path, @profile.flamegraph(sample_index: "inuse_space", format: :html, retainers: report))
+    HeadlessChromium.open(path, width: 1280, height: 900) do |page|
+      everything = page.evaluate("flamegraph.retainersText()")
+      expect(everything).to include("FlameSpecLeak#hold (flame_spec_leak.rb:9)", "FlameSpecCache#fill")
+      page.click(*centre(outermost(frames(page), "FlameSpecLeak#hold")))
+      held = page.evaluate("flamegraph.retainersText()")
+      expect(held).to include("String: the main script's local variable kept -> Array[0] -> FlameSpecLeak\#@kept -> " \
+                              "Array[7] -> String")
+      expect(held).not_to include("FlameSpecCache#fill")
+      expect(page.evaluate("document.getElementById('retainers-hint').textContent"))
+        .to eq("What holds the memory allocated in FlameSpecLeak#hold.")
+    end
+  end
+
   it "lists the functions, sorted by the clicked column", :browser do
     open_page do |page|
       table = "Array.from(document.querySelectorAll('#functions tbody tr'), r => Array.from(r.cells, c => c.textContent))"

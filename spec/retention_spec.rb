@@ -246,6 +246,30 @@ RSpec.describe "Collector#retention_report" do
     end
   end
 
+  it "goes beside a profile in the flame graph page (the CLI's flamegraph --retainers)" do
+    exe = File.expand_path("../exe/memprofiler_pprof_rs", __dir__)
+    Dir.mktmpdir do |dir|
+      collector = MemprofilerPprof::Collector.new(sample_rate: 1.0).tap(&:start!)
+      RetentionSpecLeak.keep_pages(300)
+      GC.start # (in use: as of the last GC)
+      File.binwrite(File.join(dir, "heap.pprof"), collector.flush.pprof_data)
+      collector.retention_report(top: 2, per_site: 1).save(File.join(dir, "retainers.json"))
+      collector.stop!
+      _, err, status = Open3.capture3(RbConfig.ruby, exe, "flamegraph", "heap.pprof", "-o", "heap.html",
+                                      "--retainers", "retainers.json", chdir: dir)
+      expect(status.exitstatus).to eq(0), err
+      page = File.read(File.join(dir, "heap.html"))
+      expect(page).to include("<h2>What holds it</h2>", %("retainers":[{"site":"String#* (#{__FILE__}:22)"))
+      expect(page).to include("RetentionSpecLeak::CACHE (constant) -\\u003e Hash[\\\"page:")
+
+      _, err, status = Open3.capture3(RbConfig.ruby, exe, "flamegraph", "heap.pprof", "-o", "heap.svg",
+                                      "--retainers", "retainers.json", chdir: dir)
+      expect([status.exitstatus, err.lines.first]).to eq(
+        [2, "memprofiler_pprof_rs: --retainers are shown on the HTML page only, not in an SVG\n"]
+      )
+    end
+  end
+
   it "keeps a long path's first and last hops, saying how many are left out" do
     report = report_with({}, top: 1, per_site: 1, sites: ["String#center"]) do
       tail = []

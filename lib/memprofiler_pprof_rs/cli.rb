@@ -256,11 +256,14 @@ module MemprofilerPprof
           #{PROGRAM} flamegraph heap.pprof -o heap.html
           #{PROGRAM} flamegraph heap.pprof -o allocs.html -i alloc_space
           #{PROGRAM} flamegraph heap.pprof -o heap.svg --format svg
+          #{PROGRAM} flamegraph heap.pprof -o heap.html --retainers retainers.json
 
         Options:
       TEXT
       opts.on("-o", "--output FILE", "where to write (required; - for stdout)") { |value| options[:output] = value }
       opts.on("--format FORMAT", %w[html svg], "html (default) or svg") { |value| options[:format] = value }
+      opts.on("--retainers FILE", "a retention report of the same process (RetentionReport#save): the page shows " \
+                                  "what holds the clicked frame's memory") { |value| options[:retainers] = value }
       sample_index_option(opts, options, "default: the profile's default (inuse_space)")
     end
 
@@ -476,8 +479,12 @@ module MemprofilerPprof
       output = options[:output] or raise UsageError, "flamegraph needs -o OUTPUT (e.g. -o heap.html)"
       refuse_overwriting_input(output, files)
       format = (options[:format] || (output.end_with?(".svg") ? "svg" : "html")).to_sym
+      raise UsageError, "--retainers are shown on the HTML page only, not in an SVG" if options[:retainers] && format == :svg
+
+      retainers = options[:retainers] && RetentionReport.load(options[:retainers])
       (file, profile), = read_profiles(files, "flamegraph", minimum: 1)
-      document = profile.flamegraph(sample_index: options[:sample_index], format: format, title: File.basename(file))
+      document = profile.flamegraph(sample_index: options[:sample_index], format: format, title: File.basename(file),
+                                    retainers: retainers)
       note_merged_processes(profile, @stderr)
       write_output(output, document)
       @stderr.puts("#{PROGRAM}: wrote #{output} (#{format}, #{document.bytesize} bytes)") unless output == "-"

@@ -132,6 +132,12 @@ module MemprofilerPprof
       path
     end
 
+    # [[site, [the text of each object's path, ...]], ...], for a flame
+    # graph's "What holds it" (Profile#flamegraph(retainers:)).
+    def flame_graph_sites
+      @sites.map { |site| [clean(site["site"]), Array(site["objects"]).map { |object| clean(object_line(object)) }] }
+    end
+
     def to_s
       lines = [headline]
       lines << partial_note if partial?
@@ -144,9 +150,7 @@ module MemprofilerPprof
         lines << "   (its sampled objects are Ruby's internal objects: nothing to show a path to)" if objects.empty?
         objects.each { |object| lines << "   #{object_line(object)}" }
       end
-      # (Names come from the process's objects: no control character of
-      # theirs reaches a terminal.)
-      "#{lines.join("\n").scrub.gsub(/[\x00-\x09\x0B-\x1F\x7F]/, '?')}\n"
+      "#{clean(lines.join("\n"))}\n"
     end
 
     # "Foo::CACHE (constant) -> Hash[\"key\"] -> Array[17] -> String" (nil
@@ -210,6 +214,12 @@ module MemprofilerPprof
     end
 
     private
+
+    # Names come from the process's objects: no control character of theirs
+    # reaches a terminal (a newline stays).
+    def clean(text)
+      text.scrub.gsub(/[\x00-\x09\x0B-\x1F\x7F]/, "?")
+    end
 
     def headline
       parts = ["Retention paths of pid #{@pid}, #{@taken_at}"]

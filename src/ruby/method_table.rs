@@ -45,6 +45,9 @@ macro_rules! method_def {
     ($name:literal, $func:expr, 3, $kind:expr) => {
         $crate::ruby::method_table::method_def!(@typed $name, $func, 3, $kind, (V, V, V, V))
     };
+    ($name:literal, $func:expr, 4, $kind:expr) => {
+        $crate::ruby::method_table::method_def!(@typed $name, $func, 4, $kind, (V, V, V, V, V))
+    };
     ($name:literal, $func:expr, 5, $kind:expr) => {
         $crate::ruby::method_table::method_def!(@typed $name, $func, 5, $kind, (V, V, V, V, V, V))
     };

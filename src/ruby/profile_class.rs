@@ -20,7 +20,7 @@ use analysis::decoded_profile::{
     decompress_within, DecodedProfile, ReadError, ViewError, SHAPE_KEYS,
 };
 use analysis::diff::{render_diff, DiffOptions};
-use analysis::flamegraph::{flame_graph_of, render_html, render_svg};
+use analysis::flamegraph::{flame_graph_of, render_html, render_svg, RetentionSite};
 use analysis::focus::{FocusPattern, RubyOptions};
 use analysis::grouping::GroupBy;
 use analysis::merge::merge_within;
@@ -571,25 +571,29 @@ unsafe extern "C" fn native_to_pprof(rb_self: VALUE, default_sample_type: VALUE)
     })
 }
 
-/// `#_native_flamegraph(sample_type, format, title)` → HTML or SVG.
+/// `#_native_flamegraph(sample_type, format, title, retainers)` → HTML or
+/// SVG; `retainers`: [[site, [path, ...]], ...] for the HTML page.
 unsafe extern "C" fn native_flamegraph(
     rb_self: VALUE,
     sample_type: VALUE,
     format: VALUE,
     title: VALUE,
+    retainers: VALUE,
 ) -> VALUE {
     method_entry(|| {
         let profile = profile_of(rb_self)?;
         let sample_type = optional_string_arg(sample_type, "sample_index")?;
         let format = string_arg(format, "format")?;
         let title = string_arg(title, "title")?;
+        let retainers = retention_sites_arg(retainers)?;
         if format != "html" && format != "svg" {
             return Err(RbError::argument(format!(
                 "format must be html or svg, got {format:?}"
             )));
         }
         let text = without_gvl(|| {
-            let input = flame_graph_of(profile, sample_type.as_deref(), title)?;
+            let mut input = flame_graph_of(profile, sample_type.as_deref(), title)?;
+            input.retainers = retainers;
             Ok::<String, String>(if format == "html" {
                 render_html(&input)
             } else {
@@ -599,6 +603,27 @@ unsafe extern "C" fn native_flamegraph(
         .map_err(RbError::argument)?;
         utf8_result(&text)
     })
+}
+
+/// [[site, [path, ...]], ...] (RetentionReport#flame_graph_sites).
+fn retention_sites_arg(value: VALUE) -> RbResult<Vec<RetentionSite>> {
+    array_elements(value, "retainers")?
+        .into_iter()
+        .map(
+            |entry| match array_elements(entry, "a retainers entry")?.as_slice() {
+                &[site, paths] => Ok(RetentionSite {
+                    site: string_arg(site, "a retainers site")?,
+                    paths: array_elements(paths, "a retainers site's paths")?
+                        .into_iter()
+                        .map(|path| string_arg(path, "a retainers path"))
+                        .collect::<RbResult<_>>()?,
+                }),
+                _ => Err(RbError::argument(
+                    "a retainers entry must be [site, [path, ...]]",
+                )),
+            },
+        )
+        .collect()
 }
 
 pub fn methods() -> Vec<MethodDef> {
@@ -670,7 +695,7 @@ pub fn methods() -> Vec<MethodDef> {
         method_def!(
             c"_native_flamegraph",
             native_flamegraph,
-            3,
+            4,
             MethodKind::Private
         ),
     ]

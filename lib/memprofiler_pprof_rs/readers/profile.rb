@@ -305,11 +305,18 @@ module MemprofilerPprof
 
     # A self-contained flame graph: an HTML page (interactive, no network
     # access) or a static SVG.
-    def flamegraph(sample_index: nil, format: :html, title: "")
+    # With `retainers:` (a RetentionReport of the same process), the HTML
+    # page also shows what holds the memory of the clicked frame's sites.
+    def flamegraph(sample_index: nil, format: :html, title: "", retainers: nil)
       format = format.to_sym if format.is_a?(String)
       Validation.one_of(format, FLAMEGRAPH_FORMATS, :format, listed: FLAMEGRAPH_FORMATS.join(", "))
+      unless retainers.nil? || retainers.is_a?(MemprofilerPprof::RetentionReport)
+        raise TypeError, "retainers must be a MemprofilerPprof::RetentionReport or nil, got #{retainers.class}"
+      end
+      raise ArgumentError, "retainers are shown on the HTML page only, not in an SVG" if retainers && format == :svg
 
-      _native_flamegraph(self.class.sample_index_name(sample_index), format.to_s, title.to_s)
+      _native_flamegraph(self.class.sample_index_name(sample_index), format.to_s, title.to_s,
+                         retainers ? retainers.flame_graph_sites : [])
     end
 
     # The profile as gzipped pprof bytes; optionally with another default

@@ -64,8 +64,16 @@ pub fn render_html(input: &FlameGraphInput<'_>) -> String {
     out.push_str(
         "\"></canvas></div>\n\
          <p class=\"hint\">Click a frame to zoom into it; click the root (\u{201c}all\u{201d}) \
-         or Reset zoom to zoom out. Esc resets zoom and search.</p>\n\
-         <h2>Functions</h2>\n\
+         or Reset zoom to zoom out. Esc resets zoom and search.</p>\n",
+    );
+    if !input.retainers.is_empty() {
+        out.push_str(
+            "<h2>What holds it</h2>\n<p id=\"retainers-hint\" class=\"hint\"></p>\n\
+             <div id=\"retainers\"></div>\n",
+        );
+    }
+    out.push_str(
+        "<h2>Functions</h2>\n\
          <table id=\"functions\">\n<thead><tr>\
          <th data-sort=\"flat\">Flat</th><th data-sort=\"flat\">Flat%</th>\
          <th data-sort=\"cum\">Cum</th><th data-sort=\"cum\">Cum%</th>\
@@ -147,7 +155,8 @@ fn push_json_numbers(out: &mut String, key: &str, values: impl Iterator<Item = i
 ///     "line": [0, 12, ...], line: 0 when unknown or when the merged frames
 ///     "depth": [0, 1, ...], have different lines; value: the node's total
 ///     "value": [123, ...] },  (its self value is that minus its children's)
-///   "functions": { "name": [...], "file": [...], "flat": [...], "cum": [...] } }
+///   "functions": { "name": [...], "file": [...], "flat": [...], "cum": [...] },
+///   "retainers": [{ "site": "Foo#bar (app.rb:12)", "paths": ["String: ..."] }] }
 /// ```
 ///
 /// `functions` merges a function's frames across the tree, sorted by flat
@@ -191,5 +200,24 @@ fn write_json(out: &mut String, input: &FlameGraphInput<'_>, tree: &Tree, functi
     push_json_numbers(out, "flat", functions.iter().map(|f| f.flat));
     out.push(',');
     push_json_numbers(out, "cum", functions.iter().map(|f| f.cum));
-    out.push_str("}}");
+    out.push_str("},\"retainers\":[");
+    for (k, site) in input.retainers.iter().enumerate() {
+        if k > 0 {
+            out.push(',');
+        }
+        out.push('{');
+        push_json_key(out, "site");
+        push_json_string(out, &site.site);
+        out.push(',');
+        push_json_key(out, "paths");
+        out.push('[');
+        for (k, path) in site.paths.iter().enumerate() {
+            if k > 0 {
+                out.push(',');
+            }
+            push_json_string(out, path);
+        }
+        out.push_str("]}");
+    }
+    out.push_str("]}");
 }

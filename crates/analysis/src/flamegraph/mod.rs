@@ -15,6 +15,10 @@
 //! shrank are left out: the graph shows growth only, and both formats say
 //! how many stacks were left out and how much they add up to.
 //!
+//! A retention report beside the profile (`FlameGraphInput::retainers`)
+//! becomes the page's "What holds it": the paths of the sites in the
+//! clicked frame's function.
+//!
 //! The HTML page carries no reference to anything outside itself (its
 //! Content-Security-Policy forbids loading anything): the header and the
 //! table's head are written by html.rs, the tree goes in as JSON in a
@@ -51,6 +55,15 @@ pub struct FlameStack<'a> {
     pub value: i64,
 }
 
+/// A site of a retention report shown beside the graph: its name (the
+/// allocating function and where, "Foo#bar (app.rb:12)") and the text of
+/// each path that holds one of its objects.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetentionSite {
+    pub site: String,
+    pub paths: Vec<String>,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FlameGraphInput<'a> {
     /// The page's heading, e.g. the profile's file name.
@@ -61,6 +74,9 @@ pub struct FlameGraphInput<'a> {
     pub sample_type: String,
     /// The values' unit: "bytes", "count", ... (see `units::format_value`).
     pub unit: String,
+    /// A retention report's sites, for the HTML page's "What holds it"
+    /// (the paths of the sites in the clicked frame's function).
+    pub retainers: Vec<RetentionSite>,
     /// The stacks merged as they came: never all held at once.
     tree: Tree<'a>,
 }
@@ -80,6 +96,7 @@ impl<'a> FlameGraphInput<'a> {
             subtitle,
             sample_type,
             unit,
+            retainers: Vec::new(),
             tree: Tree::build(stacks),
         }
     }

@@ -6,7 +6,8 @@
 // 2. draw() paints, root at the top, the frames inside the zoomed node's
 //    range that are at least MIN_WIDTH pixels wide, and keeps them in
 //    `drawn` for hit testing (and for window.flamegraph, used by tests).
-// 3. Events: hover shows a tooltip, a click zooms, the search box highlights,
+// 3. Events: hover shows a tooltip, a click zooms (and shows what holds the
+//    frame's memory, with a retention report), the search box highlights,
 //    the table of functions sorts by the clicked column.
 "use strict";
 (() => {
@@ -150,6 +151,30 @@
   function zoomTo(i) {
     zoomed = i;
     draw();
+    showRetainers();
+  }
+
+  // --- What holds it: a retention report's paths, those of the sites in
+  // the zoomed frame's function ("Foo#bar (app.rb:12)" is in Foo#bar), or
+  // every site's at the root.
+  const retainers = data.retainers || [];
+  const retainersBox = document.getElementById("retainers");
+
+  function showRetainers() {
+    if (!retainersBox) return;
+    const name = zoomed === 0 ? null : strings[nodes.name[zoomed]];
+    const sites = name === null ? retainers : retainers.filter((r) => r.site === name || r.site.startsWith(name + " ("));
+    document.getElementById("retainers-hint").textContent =
+      name === null ? "The retention report's sites: click a frame for those in its function."
+        : sites.length ? "What holds the memory allocated in " + name + "."
+          : "The retention report has no site in " + name + ".";
+    retainersBox.replaceChildren();
+    for (const r of sites) {
+      retainersBox.append(element("h3", r.site));
+      const list = element("ul", "");
+      for (const p of r.paths) list.append(element("li", p));
+      retainersBox.append(list);
+    }
   }
 
   canvas.addEventListener("click", (event) => {
@@ -352,6 +377,7 @@
       setSearch(term);
     },
     matchText: () => matches.textContent,
+    retainersText: () => (retainersBox ? retainersBox.innerText : null),
     formatValue,
     formatPercent,
   };
@@ -359,4 +385,5 @@
   window.addEventListener("resize", resize);
   resize();
   renderTable();
+  showRetainers();
 })();

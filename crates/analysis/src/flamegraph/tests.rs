@@ -558,3 +558,28 @@ fn write_sample_page() {
     let svg_path = std::path::Path::new(&path).with_extension("svg");
     std::fs::write(svg_path, render_svg(&sample)).unwrap();
 }
+
+#[test]
+fn a_retention_report_beside_the_profile_is_in_the_page_and_escaped() {
+    let stacks = vec![stack(&["main", "Cache#fill"], 10)];
+    let plain = render_html(&input(stacks.clone()));
+    assert!(!plain.contains("<h2>What holds it</h2>"));
+    assert!(plain.contains("\"retainers\":[]"));
+
+    let mut with_report = input(stacks);
+    with_report.retainers = vec![RetentionSite {
+        site: "Cache#fill (app.rb:3)".to_string(),
+        paths: vec!["String: CACHE (constant) -> Array[0] -> String</script><b>".to_string()],
+    }];
+    let html = render_html(&with_report);
+    assert!(html.contains("<h2>What holds it</h2>"));
+    let mut expected =
+        String::from("\"retainers\":[{\"site\":\"Cache#fill (app.rb:3)\",\"paths\":[");
+    push_json_string(
+        &mut expected,
+        "String: CACHE (constant) -> Array[0] -> String</script><b>",
+    );
+    expected.push_str("]}]}");
+    assert!(html.contains(&expected), "the report's JSON, escaped");
+    assert!(!html.contains("String</script><b>"));
+}
