@@ -126,6 +126,18 @@ pub(super) fn push_json_string(out: &mut String, text: &str) {
     out.push('"');
 }
 
+/// `texts` as a JSON array of strings (each as `push_json_string` writes it).
+fn push_json_strings<'s>(out: &mut String, texts: impl Iterator<Item = &'s str>) {
+    out.push('[');
+    for (k, text) in texts.enumerate() {
+        if k > 0 {
+            out.push(',');
+        }
+        push_json_string(out, text);
+    }
+    out.push(']');
+}
+
 fn push_json_key(out: &mut String, key: &str) {
     push_json_string(out, key);
     out.push(':');
@@ -175,14 +187,8 @@ fn write_json(out: &mut String, input: &FlameGraphInput<'_>, tree: &Tree, functi
     push_json_string(out, &tree.label(0, input));
     out.push(',');
     push_json_key(out, "strings");
-    out.push('[');
-    for (k, string) in tree.strings.iter().enumerate() {
-        if k > 0 {
-            out.push(',');
-        }
-        push_json_string(out, string);
-    }
-    out.push_str("],\"nodes\":{");
+    push_json_strings(out, tree.strings.iter().map(|s| s.as_ref()));
+    out.push_str(",\"nodes\":{");
     push_json_numbers(out, "name", nodes.iter().map(|n| i64::from(n.name)));
     out.push(',');
     push_json_numbers(out, "file", nodes.iter().map(|n| i64::from(n.file)));
@@ -210,14 +216,8 @@ fn write_json(out: &mut String, input: &FlameGraphInput<'_>, tree: &Tree, functi
         push_json_string(out, &site.site);
         out.push(',');
         push_json_key(out, "paths");
-        out.push('[');
-        for (k, path) in site.paths.iter().enumerate() {
-            if k > 0 {
-                out.push(',');
-            }
-            push_json_string(out, path);
-        }
-        out.push_str("]}");
+        push_json_strings(out, site.paths.iter().map(String::as_str));
+        out.push('}');
     }
     out.push_str("]}");
 }
