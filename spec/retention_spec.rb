@@ -311,10 +311,15 @@ RSpec.describe "Collector#retention_report" do
     expect(by_memory.stopped).to eq("memory")
     expect(by_memory.to_s).to include("PARTIAL: the walk stopped at its memory bound (max_memory_mb: 1)")
 
-    by_time = report_on_chain_end(1_000_000, timeout: 1)
+    # (The walk's share of the timeout made nil, so that its bound is hit
+    # at the first look, however fast the machine, while the answer still
+    # has all the time it needs.)
+    stub_const("MemprofilerPprof::Retention::WALK_SHARE", 0.0)
+    by_time = report_on_chain_end(10_000, timeout: 20)
     expect(by_time.stopped).to eq("time")
-    expect(by_time.to_s).to include("PARTIAL: the walk stopped at its time bound (timeout: 1.0 s)")
+    expect(by_time.to_s).to include("PARTIAL: the walk stopped at its time bound (timeout: 20.0 s)")
 
+    stub_const("MemprofilerPprof::Retention::WALK_SHARE", 0.8)
     whole = report_on_chain_end(10_000)
     expect(whole).not_to be_partial
     expect(paths_of(whole.sites.first).first).to include("... 9974 more hops ...")
