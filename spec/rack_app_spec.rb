@@ -543,7 +543,8 @@ RSpec.describe MemprofilerPprof::RackApp do
     it "answers bad parameters with 400, HEAD with headers only, and a report under way with 503" do
       expect(get("/debug/pprof/retainers?#{token_query}&top=x").body).to eq("top must be a whole number\n")
       zero = get("/debug/pprof/retainers?#{token_query}&top=0")
-      expect([zero.status, zero.body]).to eq([400, "top must be from 1 to 100, got 0\n"])
+      expect([zero.status, zero.body]).to eq([400, "top must be a whole number from 1 to 100, got 0\n"])
+      expect(get("/debug/pprof/retainers?#{token_query}&gc=2").body).to eq("gc must be 0 or 1\n")
       expect(get("/debug/pprof/retainers?#{token_query}&format=xml").status).to eq(400)
       expect(get("/debug/pprof/retainers?#{token_query}&timeout=301").body)
         .to eq("timeout must be a whole number of seconds from 1 to 300\n")

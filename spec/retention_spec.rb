@@ -106,7 +106,7 @@ RSpec.describe "Collector#retention_report" do
     RUBY
     out, err, status = Open3.capture3(RbConfig.ruby, "-I", File.expand_path("../lib", __dir__), "-e", script)
     expect(status).to be_success, err
-    expect(out).to match(/^1\. String#\* \(-e:9\): ~[\d.]+ KB in use, ~300 objects$/)
+    expect(out).to match(/^1\. String#\* \(-e:9\): ~[\d.]+ KB in use, ~300 objects \(300 samples, ±6%\)$/)
     expect(out).to include("its sampled objects are Ruby's internal objects")
     expect(out).to match(/^   String: the main script's local variable cache -> PageCache\#@pages -> Hash\["p\d+"\] -> String$/)
   end
@@ -204,6 +204,47 @@ RSpec.describe "Collector#retention_report" do
       "sites" => [{ "site" => "evil\e[2J (x.rb:1)", "inuse_bytes" => 1, "inuse_objects" => 1, "objects" => [] }]
     )
     expect(report.to_s).to include("1. evil?[2J (x.rb:1)")
+  end
+
+  def make_garbage(count) = Array.new(count) { |i| "garbage #{i} " * 10 }
+
+  it "says which sampled objects have no path (garbage not yet collected), and gc: true collects it first" do
+    collector = MemprofilerPprof::Collector.new(sample_rate: 1.0).tap(&:start!)
+    GC.disable # (so that the garbage below is still there for the report)
+    make_garbage(200)
+    report = collector.retention_report(top: 1, per_site: 2, sites: ["make_garbage"])
+    GC.enable
+    site = report.sites.first
+    expect(site["objects"].map { |object| object["path"] }).to eq([nil, nil])
+    expect(report.to_s).to include("   String: no path from a root found\n")
+    expect(report.to_s).to match(/\(8 of the 8 objects sampled here that the walk looked for have no path from a root: garbage/)
+
+    GC.disable
+    make_garbage(200)
+    collected = collector.retention_report(top: 1, per_site: 2, sites: ["make_garbage"], gc: true)
+    GC.enable
+    expect(collected.sites.flat_map { |garbage_site| garbage_site["objects"] }).to be_empty # (the Strings are gone)
+    expect(collected.to_s).not_to include("no path")
+
+    unmatched = collector.retention_report(top: 1, sites: ["no such site"])
+    expect(unmatched.to_s).to include("No site matches the sites asked for. The biggest sites: ")
+  ensure
+    GC.enable
+    collector&.stop!
+  end
+
+  it "names a constant before a local variable or a global holding the same object" do
+    script = <<~'RUBY'
+      require "memprofiler_pprof_rs"
+      collector = MemprofilerPprof::Collector.new(sample_rate: 1.0).tap(&:start!)
+      held = Array.new(300) { |i| "held #{i}" * 10 }
+      HELD = held
+      $held = held
+      puts collector.retention_report(top: 1, per_site: 1, sites: ["-e:3"]).to_s.lines.grep(/String:/)
+    RUBY
+    out, err, status = Open3.capture3(RbConfig.ruby, "-I", File.expand_path("../lib", __dir__), "-e", script)
+    expect(status).to be_success, err
+    expect(out).to match(/\A   String: HELD \(constant\) -> Array\[\d+\] -> String\n\z/)
   end
 
   it "reports only the sites asked for" do
@@ -341,13 +382,17 @@ RSpec.describe "Collector#retention_report" do
 
   it "refuses bad arguments, naming the value" do
     collector = MemprofilerPprof::Collector.new.tap(&:start!)
-    expect { collector.retention_report(top: 0) }.to raise_error(ArgumentError, /top must be from 1 to 100, got 0/)
+    expect { collector.retention_report(top: 0) }
+      .to raise_error(ArgumentError, "top must be a whole number from 1 to 100, got 0")
+    expect { collector.retention_report(top: 2.5) }.to raise_error(TypeError, /top must be a whole number .* got 2.5/)
     expect { collector.retention_report(per_site: "3") }.to raise_error(TypeError, /per_site/)
     expect { collector.retention_report(timeout: -1) }.to raise_error(ArgumentError, /timeout .* got -1/)
     expect { collector.retention_report(timeout: Float::NAN) }.to raise_error(ArgumentError, /got NaN/)
-    expect { collector.retention_report(max_objects: 0) }.to raise_error(ArgumentError, /max_objects must be at least 1/)
+    expect { collector.retention_report(max_objects: 0) }
+      .to raise_error(ArgumentError, "max_objects must be a whole number at least 1, got 0")
+    expect { collector.retention_report(gc: "yes") }.to raise_error(TypeError, /gc/)
     expect { collector.retention_report(sites: [1]) }.to raise_error(ArgumentError, /sites must be .* got 1/)
-    expect { collector.retention_report(sites: []) }.to raise_error(ArgumentError, /sites must be/)
+    expect { collector.retention_report(sites: []) }.to raise_error(ArgumentError, /sites must name at least one site .*got \[\]/)
   ensure
     collector&.stop!
   end

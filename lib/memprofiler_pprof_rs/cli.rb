@@ -473,6 +473,15 @@ module MemprofilerPprof
                   "(#{processes.map { |p| "pid #{p.pid}" }.join(', ')}): its values are their sums")
     end
 
+    # A retention report is read beside a profile of the same process.
+    def note_other_process(profile, retainers, output)
+      pids = profile.processes.map(&:pid)
+      return if pids.empty? || retainers.pid.nil? || pids.include?(retainers.pid)
+
+      output.puts("note: the retention report is of pid #{retainers.pid}, the profile of " \
+                  "#{pids.map { |pid| "pid #{pid}" }.join(', ')}: its paths may not be this process's")
+    end
+
     def flamegraph(files, options)
       raise UsageError, "flamegraph reads one profile; got #{files.size} files (merge them first)" if files.size > 1
 
@@ -486,6 +495,7 @@ module MemprofilerPprof
       document = profile.flamegraph(sample_index: options[:sample_index], format: format, title: File.basename(file),
                                     retainers: retainers)
       note_merged_processes(profile, @stderr)
+      note_other_process(profile, retainers, @stderr) if retainers
       write_output(output, document)
       @stderr.puts("#{PROGRAM}: wrote #{output} (#{format}, #{document.bytesize} bytes)") unless output == "-"
       0

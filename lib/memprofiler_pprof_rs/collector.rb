@@ -317,10 +317,13 @@ module MemprofilerPprof
     # waits without the GVL, at most `timeout` seconds; a walk cut short by
     # `timeout`, `max_objects` or `max_memory_mb` (the child's own memory)
     # gives a partial report. Raises RetentionError when it cannot be made
-    # (no fork, another report running, the child did not answer).
-    def retention_report(top: 5, per_site: 3, sites: nil, timeout: 30, max_objects: 5_000_000, max_memory_mb: 512)
+    # (no fork, another report running, the child did not answer). `gc:
+    # true` runs a full GC first (its pause is this process's), so that no
+    # garbage not yet collected is among the sampled objects.
+    def retention_report(top: 5, per_site: 3, sites: nil, timeout: 30, max_objects: 5_000_000, max_memory_mb: 512,
+                         gc: false)
       Retention.report(self, top: top, per_site: per_site, sites: sites, timeout: timeout,
-                             max_objects: max_objects, max_memory_mb: max_memory_mb)
+                             max_objects: max_objects, max_memory_mb: max_memory_mb, gc: gc)
     end
 
     # Hook failures caught inside the extension (should stay 0; for diagnosis).

@@ -28,9 +28,10 @@ module MemprofilerPprof
   #   ?debug=1                  a text summary (top 50 functions) instead
   #   GET /debug/pprof/retainers what holds the sites with the most memory in
   #                             use (Collector#retention_report), as text;
-  #                             ?top=N&per_site=N&site=TEXT&timeout=S,
-  #                             ?format=json for the report `memprofiler_pprof_rs
-  #                             retainers FILE` prints
+  #                             ?top=N&per_site=N&site=TEXT&timeout=S (1-300)
+  #                             &max_objects=N&max_memory_mb=N&gc=1 (a full GC
+  #                             first), format=json for the report
+  #                             `memprofiler_pprof_rs retainers FILE` prints
   #
   # Security. Every request needs the token, as `?token=` (go tool pprof
   # cannot send headers) or `Authorization: Bearer <token>`; it is compared
@@ -285,12 +286,16 @@ module MemprofilerPprof
     # process (RetentionError otherwise: 503).
     def serve_retainers(params, head)
       options = {}
-      { "top" => 5, "per_site" => 3, "timeout" => 30 }.each do |name, default|
+      { "top" => 5, "per_site" => 3, "timeout" => 30, "max_objects" => 5_000_000, "max_memory_mb" => 512,
+        "gc" => 0 }.each do |name, default|
         value = integer_param(params, name)
         return text(400, "#{name} must be a whole number\n", head) if value == :invalid
 
         options[name.to_sym] = value || default
       end
+      return text(400, "gc must be 0 or 1\n", head) unless [0, 1].include?(options[:gc])
+
+      options[:gc] = options[:gc] == 1
       unless options[:timeout].between?(1, MAX_SECONDS)
         return text(400, "timeout must be a whole number of seconds from 1 to #{MAX_SECONDS}\n", head)
       end

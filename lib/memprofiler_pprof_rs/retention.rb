@@ -40,23 +40,19 @@ module MemprofilerPprof
 
     module_function
 
-    def report(collector, top:, per_site:, sites:, timeout:, max_objects:, max_memory_mb:)
-      top = Collector.validate_count(top, :top)
-      per_site = Collector.validate_count(per_site, :per_site)
-      raise ArgumentError, "top must be from 1 to #{MAX_TOP}, got #{top}" unless top.between?(1, MAX_TOP)
-      raise ArgumentError, "per_site must be from 1 to #{MAX_PER_SITE}, got #{per_site}" unless
-        per_site.between?(1, MAX_PER_SITE)
-
+    def report(collector, top:, per_site:, sites:, timeout:, max_objects:, max_memory_mb:, gc:)
+      top = whole_number(top, :top, 1..MAX_TOP)
+      per_site = whole_number(per_site, :per_site, 1..MAX_PER_SITE)
       timeout = validate_timeout(timeout)
-      max_objects = Collector.validate_count(max_objects, :max_objects)
-      raise ArgumentError, "max_objects must be at least 1, got 0" if max_objects.zero?
-
-      max_memory_mb = Collector.validate_count(max_memory_mb, :max_memory_mb)
-      raise ArgumentError, "max_memory_mb must be from 1 to #{MAX_MEMORY_MB}, got #{max_memory_mb}" unless
-        max_memory_mb.between?(1, MAX_MEMORY_MB)
-
+      max_objects = whole_number(max_objects, :max_objects, 1..)
+      max_memory_mb = whole_number(max_memory_mb, :max_memory_mb, 1..MAX_MEMORY_MB)
       sites = validate_sites(sites)
+      Collector.validate_flag(gc, :gc)
       check_can_walk(collector)
+      # A full GC first, here, leaves no garbage among the sampled objects
+      # (it would show "no path from a root found"). Its pause is the
+      # process's; the default leaves it out.
+      GC.start if gc
       # (A Thread#raise or Timeout landing between taking the lock and the
       # ensure would leave it taken for good.)
       Thread.handle_interrupt(Object => :never) do
@@ -75,6 +71,15 @@ module MemprofilerPprof
       end
     end
 
+    def whole_number(value, name, range)
+      unless value.is_a?(Integer) && range.cover?(value)
+        limits = range.end ? "from #{range.begin} to #{range.end}" : "at least #{range.begin}"
+        raise value.is_a?(Integer) ? ArgumentError : TypeError,
+              "#{name} must be a whole number #{limits}, got #{value.inspect}"
+      end
+      value
+    end
+
     def validate_timeout(timeout)
       unless timeout.is_a?(Numeric) && timeout.real? && timeout.positive? && timeout <= MAX_TIMEOUT
         raise ArgumentError, "timeout must be a number of seconds above 0 and at most #{MAX_TIMEOUT}, " \
@@ -87,8 +92,10 @@ module MemprofilerPprof
       return nil if sites.nil?
 
       list = Array(sites)
+      raise ArgumentError, "sites must name at least one site (Strings or Regexps), got #{sites.inspect}" if list.empty?
+
       bad = list.find { |site| !site.is_a?(String) && !site.is_a?(Regexp) }
-      raise ArgumentError, "sites must be Strings or Regexps naming sites, got #{bad.inspect}" if bad || list.empty?
+      raise ArgumentError, "sites must be Strings or Regexps naming sites, got #{bad.inspect}" if bad
 
       list
     end
@@ -268,60 +275,93 @@ module MemprofilerPprof
     # In the child: the report as plain data.
     def child_report(collector, top:, per_site:, sites:, walk_deadline:, max_objects:, max_memory_mb:, timeout:)
       be_the_first_to_go
-      chosen, targets = choose_sites(collector, top, per_site, sites)
+      chosen, targets, unmatched = choose_sites(collector, top, per_site, sites)
       exclude = {}.compare_by_identity
       exclude[targets] = true
       ObjectSpace.each_object(Collector) do |other|
         exclude[other] = true
         other.stop! if other.running? # (their hooks would sample the walk)
       end
-      walk = GraphWalk.new(targets, exclude: exclude, deadline: walk_deadline, max_objects: max_objects,
-                                    max_bytes: max_memory_mb << 20, memory: method(:private_bytes)).run
-      stopped = walk.stopped&.to_s
-      name_by = walk_deadline + (timeout * NAMING_SHARE)
-      targets.each_pair do |object, site|
-        # (Naming reads whole Hashes and Arrays: it has its share of the time.)
-        entry = catch(:naming_time) { object_entry(object, walk.paths[object], name_by) }
-        unless entry
-          stopped ||= "time"
-          entry = object_entry(object, nil, name_by)
-        end
-        chosen[site]["objects"] << entry
-      end
+      wanted = chosen.map { |site| [per_site, site["candidates"]].min }
+      walk = GraphWalk.new(targets, wanted: wanted, exclude: exclude, deadline: walk_deadline,
+                                    max_objects: max_objects, max_bytes: max_memory_mb << 20,
+                                    memory: method(:private_bytes)).run
+      stopped = name_paths(chosen, targets, walk, per_site, walk_deadline + (timeout * NAMING_SHARE))
       {
         "pid" => Process.ppid, "taken_at" => Time.now.utc.strftime("%Y-%m-%d %H:%M:%S UTC"), "sites" => chosen,
         "objects_reached" => walk.reached, "stopped" => stopped, "timeout" => timeout,
-        "max_objects" => max_objects, "max_memory_mb" => max_memory_mb, "child_private_bytes" => private_bytes
+        "max_objects" => max_objects, "max_memory_mb" => max_memory_mb, "child_private_bytes" => private_bytes,
+        "unmatched" => unmatched
       }
     end
 
-    # [sites as data, {object => its site's index}]: the sites by estimated
-    # bytes in use (those `sites` names, if given; not the gem's own),
-    # `per_site` sampled objects each. Every object listed is alive: GC
+    # Each site's objects with a path first (up to per_site), then those
+    # without; and, when the walk went through the whole heap, how many of
+    # the site's candidates have none. The walk's stop reason, or "time"
+    # if naming ran out of its share of it.
+    def name_paths(chosen, targets, walk, per_site, name_by)
+      stopped = walk.stopped&.to_s
+      with_path = Array.new(chosen.size) { [] }
+      without = Array.new(chosen.size) { [] }
+      targets.each_pair { |object, site| (walk.paths[object] ? with_path : without)[site] << object }
+      chosen.each_with_index do |site, index|
+        shown = with_path[index].first(per_site)
+        shown += without[index].first(per_site - shown.size)
+        site["objects"] = shown.map do |object|
+          # (Naming reads whole Hashes and Arrays: it has its share of the time.)
+          entry = catch(:naming_time) { object_entry(object, walk.paths[object], name_by) }
+          unless entry
+            stopped ||= "time"
+            entry = object_entry(object, nil, name_by)
+          end
+          entry
+        end
+        site["no_path"] = without[index].size if walk.stopped.nil? && with_path[index].size < per_site
+      end
+      stopped
+    end
+
+    # Objects sampled at a site that may be garbage (uncollected since the
+    # last GC, with no path): this many candidates for each path asked for.
+    CANDIDATES_PER_PATH = 4
+
+    # [sites as data, {object => its site's index}, the biggest sites' names
+    # when `wanted` matched none]: the sites by estimated bytes in use (those
+    # `wanted` names, if given; not the gem's own), up to CANDIDATES_PER_PATH
+    # x per_site sampled objects each. Every object listed is alive: GC
     # finished its last run before the fork and has been off since.
     def choose_sites(collector, top, per_site, wanted)
+      candidates = per_site * CANDIDATES_PER_PATH
       by_site = {}
-      collector.__send__(:_native_live_sites, per_site).each do |frames, objects, bytes, sampled|
+      collector.__send__(:_native_live_sites, candidates).each do |frames, objects, bytes, sampled, samples|
         next if own_site?(frames)
 
         name = site_name(frames)
         site = by_site[name] ||= { "site" => name, "frames" => frame_names(frames), "inuse_objects" => 0.0,
-                                   "inuse_bytes" => 0.0, "sampled" => [] }
+                                   "inuse_bytes" => 0.0, "samples" => 0, "sampled" => [] }
         site["inuse_objects"] += objects
         site["inuse_bytes"] += bytes
-        site["sampled"].concat(sampled.first(per_site - site["sampled"].size))
+        site["samples"] += samples
+        site["sampled"].concat(sampled.first(candidates - site["sampled"].size))
       end
-      picked = by_site.values
-      picked.select! { |site| wanted.any? { |w| w.is_a?(Regexp) ? w.match?(site["site"]) : site["site"].include?(w) } } if wanted
+      all = by_site.values
+      picked = wanted ? all.select { |site| named?(site["site"], wanted) } : all
+      unmatched = all.max_by(5) { |site| site["inuse_bytes"] }.map { |site| site["site"] } if wanted && picked.empty?
       picked = picked.max_by(top) { |site| site["inuse_bytes"] }
       targets = {}.compare_by_identity
       picked.each_with_index do |site, index|
+        site["candidates"] = site["sampled"].size
         site.delete("sampled").each { |object| targets[object] = index }
         site["inuse_objects"] = site["inuse_objects"].round
         site["inuse_bytes"] = site["inuse_bytes"].round
-        site["objects"] = []
       end
-      [picked, targets]
+      [picked, targets, unmatched]
+    end
+
+    # Whether `sites:` names this site: a String found in its name, or a
+    # Regexp that matches it.
+    def named?(name, wanted)
+      wanted.any? { |w| w.is_a?(Regexp) ? w.match?(name) : name.include?(w) }
     end
 
     # The allocating method, at the line of the first frame with a file (a
@@ -332,16 +372,20 @@ module MemprofilerPprof
       file ? "#{label} (#{file}:#{line})" : label
     end
 
-    # Whether the gem allocated it (its first frame with a file is in the
-    # gem's lib/: loading this code for the first report, a flusher).
-    # Allocations of code a gem method yields to (with_labels, RackLabels)
-    # have that code's file first, and stay.
+    # Whether the gem allocated it: its first frame with a file is in the
+    # gem's lib/ (a flusher), or the report's own code is on the stack
+    # (loading it, and the json and objspace libraries it needs, for the
+    # first report). Allocations of code a gem method yields to
+    # (with_labels, RackLabels) have that code's file first, and stay.
     def own_site?(frames)
       _, file, = frames.find { |_, f, _| f }
-      file&.start_with?(GEM_LIB) || false
+      return true if file&.start_with?(GEM_LIB)
+
+      frames.any? { |_, f, _| f&.start_with?(RETENTION_CODE) }
     end
 
     GEM_LIB = File.join(File.expand_path("..", __dir__), "memprofiler_pprof_rs")
+    RETENTION_CODE = File.join(GEM_LIB, "retention") # (retention.rb, retention/, retention_report.rb)
 
     def frame_names(frames)
       frames.first(SITE_FRAMES).map { |label, file, line| file ? "#{label} (#{file}:#{line})" : label }

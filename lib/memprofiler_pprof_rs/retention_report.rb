@@ -43,18 +43,22 @@ module MemprofilerPprof
       raise ArgumentError, "#{path}: not a retention report (#{problem})" if problem
 
       new(data)
-    rescue JSON::ParserError, EncodingError => e
-      raise ArgumentError, "#{path}: not a retention report (#{e.message.lines.first&.strip})"
+    rescue JSON::ParserError, EncodingError
+      raise ArgumentError, "#{path}: not a retention report (not JSON)"
     end
 
     NUMBERS = %w[pid objects_reached seconds fork_seconds child_private_bytes timeout max_objects
                  max_memory_mb].freeze
     TEXTS = %w[taken_at stopped].freeze
-    SITE_NUMBERS = %w[inuse_bytes inuse_objects].freeze
+    SITE_NUMBERS = %w[inuse_bytes inuse_objects samples no_path candidates].freeze
 
     # What makes `data` not a report #to_s can print, or nil.
     def self.problem_with(data)
       return "no \"sites\" list" unless data.is_a?(Hash) && data["sites"].is_a?(Array)
+
+      unless data["unmatched"].nil? || (data["unmatched"].is_a?(Array) && data["unmatched"].all?(String))
+        return "\"unmatched\" is not a list of site names"
+      end
 
       bad = NUMBERS.find { |key| !number?(data[key]) } || TEXTS.find { |key| !text?(data[key]) }
       return "\"#{bad}\" is not a number" if NUMBERS.include?(bad)
@@ -141,14 +145,15 @@ module MemprofilerPprof
     def to_s
       lines = [headline]
       lines << partial_note if partial?
-      lines << "No sampled object is alive: nothing to report." if @sites.empty?
+      lines << empty_note if @sites.empty?
       @sites.each_with_index do |site, index|
         lines << ""
         lines << "#{index + 1}. #{site['site']}: ~#{bytes(site['inuse_bytes'])} in use, " \
-                 "~#{count(site['inuse_objects'])} objects"
+                 "~#{count(site['inuse_objects'])} objects#{spread(site['samples'])}"
         objects = Array(site["objects"])
         lines << "   (its sampled objects are Ruby's internal objects: nothing to show a path to)" if objects.empty?
         objects.each { |object| lines << "   #{object_line(object)}" }
+        lines << "   #{no_path_note(site)}" if site["no_path"].to_i.positive?
       end
       "#{clean(lines.join("\n"))}\n"
     end
@@ -219,6 +224,28 @@ module MemprofilerPprof
     # reaches a terminal (a newline stays).
     def clean(text)
       text.scrub.gsub(/[\x00-\x09\x0B-\x1F\x7F]/, "?")
+    end
+
+    # How sure a site's estimates are: from how many samples, and their
+    # relative standard error as counts of sampled objects have it
+    # (1/sqrt(n)).
+    def spread(samples)
+      return "" unless samples.is_a?(Integer) && samples.positive?
+
+      " (#{count(samples)} sample#{'s' unless samples == 1}, ±#{format('%.0f', 100 / Math.sqrt(samples))}%)"
+    end
+
+    def no_path_note(site)
+      "(#{site['no_path']} of the #{site['candidates']} objects sampled here that the walk looked for have no path " \
+        "from a root: garbage not yet collected (gc: true, or ?gc=1, collects it first), or held only by another " \
+        "thread's frames)"
+    end
+
+    def empty_note
+      unmatched = @data["unmatched"]
+      return "No sampled object is alive: nothing to report." unless unmatched.is_a?(Array)
+
+      "No site matches the sites asked for. The biggest sites: #{unmatched.join('; ')}"
     end
 
     def headline

@@ -459,7 +459,7 @@ unsafe extern "C" fn native_flush(
 }
 
 /// Collector#_native_live_sites(per_stack): [[frames, objects, bytes,
-/// [object, ...]], ...], the stacks with tracked live objects by estimated
+/// [object, ...], samples], ...], the stacks with tracked live objects by estimated
 /// bytes, largest first; frames leaf first, each [label, file or nil,
 /// line]; up to `per_stack` objects a stack. For the child process of a
 /// retention report, where GC is off for good; here GC is off (finishing
@@ -521,11 +521,12 @@ fn live_sites_value(
             for &object in &site.objects {
                 rb_ary_push(objects, object_value(object));
             }
-            let entry = rb_ary_new_capa(4);
+            let entry = rb_ary_new_capa(5);
             rb_ary_push(entry, frames);
             rb_ary_push(entry, rb_float_new(site.objects_estimate));
             rb_ary_push(entry, rb_float_new(site.bytes_estimate));
             rb_ary_push(entry, objects);
+            rb_ary_push(entry, rb_ull2inum(site.samples as u64));
             rb_ary_push(list, entry);
         }
         list

@@ -54,9 +54,14 @@ module MemprofilerPprof
       # reached; stopped: nil, :time, :objects or :memory.
       Result = Struct.new(:paths, :reached, :stopped, keyword_init: true)
 
-      # `memory`: the child's private bytes so far (nil where unknown).
-      def initialize(targets, exclude:, deadline:, max_objects:, max_bytes:, memory:)
+      # `targets`: object => its site's index; `wanted[site]`: how many of
+      # its objects' paths are enough (the walk ends once every site has
+      # them). `memory`: the child's private bytes so far (nil where unknown).
+      def initialize(targets, wanted:, exclude:, deadline:, max_objects:, max_bytes:, memory:)
         @targets = targets
+        @wanted = wanted
+        @found_per_site = Array.new(wanted.size, 0)
+        @sites_done = wanted.count(&:zero?)
         @exclude = exclude
         @deadline = deadline
         @max_objects = max_objects
@@ -65,6 +70,7 @@ module MemprofilerPprof
         @reached = 0
         @visits = 0
         @root_set = []
+        @named_seeds = []
         # Object => the object it was first reached from (a root's: its
         # Root). Internal objects are keyed by their address (internal_key).
         @parent = {}.compare_by_identity
@@ -78,12 +84,14 @@ module MemprofilerPprof
         @near_next = 0
         @far_next = 0
         [self, @targets, @exclude, @parent, @internal_parent, @found, @near, @near_distance, @far,
-         @far_distance].each { |own| @exclude[own] = true }
+         @far_distance, @root_set, @named_seeds, @wanted, @found_per_site].each { |own| @exclude[own] = true }
       end
 
       def run
         stopped = catch(:bound) do
           seed_roots
+          # (What the fork and the listing copied counts too.)
+          check_memory
           walk
         end
         paths = {}.compare_by_identity # (a target's own #hash may recurse through all it holds)
@@ -94,6 +102,9 @@ module MemprofilerPprof
 
       private
 
+      # Object (the constants) at 0, then the other named roots at 1, once
+      # Object's constants are queued at 1 before them: a constant wins over
+      # a local variable or a global holding the same object.
       def seed_roots
         seed(Object, Root.new(:constants, "Object"))
         HopNames.quietly do
@@ -135,11 +146,6 @@ module MemprofilerPprof
         end
       end
 
-      def release_root_set
-        @root_set.each_slice(2) { |object, root| reach(object, root, ROOT_SET_START, far: false) }
-        @root_set.clear
-      end
-
       # A thread's locals by name (where a Ruby keeps them, in the thread or
       # in its fiber, does not matter then), then the thread (its frames).
       def seed_thread(thread)
@@ -155,10 +161,19 @@ module MemprofilerPprof
         seed(thread, Root.new(:thread, name))
       end
 
-      def seed(object, root, distance = 0)
+      def seed(object, root)
         return unless heap_object?(object)
 
-        reach(object, root, distance, far: distance.positive?)
+        if root.kind == :constants
+          reach(object, root, 0, far: false)
+        else
+          @named_seeds << object << root
+        end
+      end
+
+      def release(pending, distance)
+        pending.each_slice(2) { |object, root| reach(object, root, distance, far: false) }
+        pending.clear
       end
 
       # Takes the nearer queue's next object until none is left, or every
@@ -168,8 +183,12 @@ module MemprofilerPprof
           return nil if all_found?
 
           near = @near_next < @near.size ? @near_distance[@near_next] : nil
+          if !@named_seeds.empty? && (near.nil? || near >= 1)
+            release(@named_seeds, 1)
+            next
+          end
           if !@root_set.empty? && (near.nil? || near >= ROOT_SET_START)
-            release_root_set
+            release(@root_set, ROOT_SET_START)
             next
           end
           far = @far_next < @far.size ? @far_distance[@far_next] : nil
@@ -190,7 +209,13 @@ module MemprofilerPprof
       end
 
       def all_found?
-        @found.size == @targets.size
+        @sites_done == @wanted.size
+      end
+
+      def found_target(node, site)
+        @found[node] = true
+        @found_per_site[site] += 1
+        @sites_done += 1 if @found_per_site[site] == @wanted[site]
       end
 
       # Throws :bound with :time, :objects or :memory once the walk is past
@@ -199,8 +224,10 @@ module MemprofilerPprof
       def check_bounds
         throw(:bound, :time) if Process.clock_gettime(Process::CLOCK_MONOTONIC) > @deadline
         throw(:bound, :objects) if @reached > @max_objects
-        return unless (@visits % MEMORY_CHECK_EVERY).zero?
+        check_memory if (@visits % MEMORY_CHECK_EVERY).zero?
+      end
 
+      def check_memory
         bytes = @memory.call
         throw(:bound, :memory) if bytes && bytes > @max_bytes
       end
@@ -270,7 +297,8 @@ module MemprofilerPprof
           return if @parent.key?(node)
 
           @parent[node] = from
-          @found[node] = true if @targets.key?(node)
+          site = @targets[node]
+          found_target(node, site) if site
         end
         if far
           @far << node

@@ -30,6 +30,8 @@ pub struct LiveSite {
     /// How many live objects and bytes its samples stand for.
     pub objects_estimate: f64,
     pub bytes_estimate: f64,
+    /// How many samples those estimates rest on.
+    pub samples: usize,
     /// Up to the asked-for number of its sampled objects (those Ruby code
     /// may be handed: not Ruby's internal or hidden objects).
     pub objects: Vec<ObjectAddress>,
@@ -78,8 +80,10 @@ impl Collector {
                     frames: s.state.stacks().frames(sample.stack),
                     objects_estimate: 0.0,
                     bytes_estimate: 0.0,
+                    samples: 0,
                     objects: Vec::new(),
                 });
+                site.samples += 1;
                 site.objects_estimate += sample.weight;
                 site.bytes_estimate += sample.weight * sample.size as f64;
                 // SAFETY: a tracked live object: exact mode's FREEOBJ hook
