@@ -104,7 +104,7 @@ RSpec.describe "Collector#retention_report" do
       300.times { |i| cache.put("p\#{i}", "<html>\#{i}</html>" * 10) }
       puts collector.retention_report(top: 3, per_site: 1, sites: ["-e:9"])
     RUBY
-    out, err, status = Open3.capture3(RbConfig.ruby, "-I", File.expand_path("../lib", __dir__), "-e", script)
+    out, err, status = run_ruby(script)
     expect(status).to be_success, err
     expect(out).to match(/^1\. String#\* \(-e:9\): ~[\d.]+ KB in use, ~300 objects \(300 samples, ±6%\)$/)
     expect(out).to include("its sampled objects are Ruby's internal objects")
@@ -150,7 +150,7 @@ RSpec.describe "Collector#retention_report" do
       trap("CHLD", "IGNORE")
       puts "#{Process.pid}: " + collector.retention_report(top: 1, per_site: 1).sites.first["objects"].first["class"]
     RUBY
-    out, err, status = Open3.capture3(RbConfig.ruby, "-I", File.expand_path("../lib", __dir__), "-e", script)
+    out, err, status = run_ruby(script)
     expect(status).to be_success, err
     pid = out[/\A\d+/]
     expect(out).to eq("#{pid}: String\n#{pid}: String\n")
@@ -175,7 +175,7 @@ RSpec.describe "Collector#retention_report" do
         collector.retention_report(top: 1)
         puts File.exist?(ARGV[0]) ? File.read(ARGV[0]) : "nothing finalized"
       RUBY
-      out, err, status = Open3.capture3(RbConfig.ruby, "-I", File.expand_path("../lib", __dir__), "-e", script, log)
+      out, err, status = run_ruby(script, args: [log])
       expect(status).to be_success, err
       expect(out).to eq("nothing finalized\n")
     end
@@ -242,7 +242,7 @@ RSpec.describe "Collector#retention_report" do
       $held = held
       puts collector.retention_report(top: 1, per_site: 1, sites: ["-e:3"]).to_s.lines.grep(/String:/)
     RUBY
-    out, err, status = Open3.capture3(RbConfig.ruby, "-I", File.expand_path("../lib", __dir__), "-e", script)
+    out, err, status = run_ruby(script)
     expect(status).to be_success, err
     expect(out).to match(/\A   String: HELD \(constant\) -> Array\[\d+\] -> String\n\z/)
   end
