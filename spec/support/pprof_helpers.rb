@@ -40,7 +40,24 @@ module PprofHelpers
     return true if ENV["MEMPROFILER_PPROF_RS_GO_CHECK"] == "all"
 
     shape = profile_shape(profile)
-    GO_CHECKED_LOCK.synchronize { GO_CHECKED_SHAPES.add?(shape) ? true : false }
+    GO_CHECKED_LOCK.synchronize do
+      next false unless GO_CHECKED_SHAPES.add?(shape)
+
+      shared = ENV.fetch("MEMPROFILER_SPEC_GO_SHAPES", "")
+      shared.empty? || first_in_shared_file?(shared, shape.inspect)
+    end
+  end
+
+  # Whether `key` is new to the file that script/rspec-lanes shares among
+  # its rspec processes (then it is recorded there).
+  def first_in_shared_file?(path, key)
+    File.open(path, "a+") do |f|
+      f.flock(File::LOCK_EX)
+      next false if f.each_line(chomp: true).include?(key)
+
+      f.puts(key)
+      true
+    end
   end
 
   # Samples whose stack passes through `method_name` (and, if given, whose
