@@ -94,7 +94,7 @@ end
           out, err, status = run_ruby(<<~RUBY, args: [path])
             require "objspace"
             require "memprofiler_pprof_rs"
-            require #{File.expand_path("fixtures/workload", __dir__).inspect}
+            require #{File.expand_path('fixtures/workload', __dir__).inspect}
             collector = MemprofilerPprof::Collector.new(**#{mode_options.merge(unlimited).inspect}, sample_rate: 0.01,
                                                         seed: #{seed})
             allocator = Workload::Allocator.new
