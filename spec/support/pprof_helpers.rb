@@ -6,6 +6,9 @@ require "set"
 
 # Helpers to read profiles and to check them with `go tool pprof`.
 module PprofHelpers
+  # The longest a Ruby child of run_ruby may run.
+  RUN_RUBY_SECONDS = 600
+
   # Shapes of profile `go tool pprof` has read in this run (see go_check_due?).
   GO_CHECKED_SHAPES = Set.new
   GO_CHECKED_LOCK = Mutex.new
@@ -103,8 +106,23 @@ module PprofHelpers
   end
 
   # Runs Ruby code in a fresh process with this gem on the load path.
-  def run_ruby(code, env: {}, args: [], **options)
+  # Returns [stdout, stderr, status], as Open3.capture3. A child still
+  # running after `seconds` is killed and the example fails, so that a hang
+  # stops one example, not the suite.
+  def run_ruby(code, env: {}, args: [], seconds: RUN_RUBY_SECONDS, **options)
     lib = File.expand_path("../../lib", __dir__)
-    Open3.capture3(env, RbConfig.ruby, "-I", lib, "-e", code, "--", *args, **options)
+    Open3.popen3(env, RbConfig.ruby, "-I", lib, "-e", code, "--", *args, **options) do |stdin, stdout, stderr, wait|
+      stdin.close
+      out = Thread.new { stdout.read }
+      err = Thread.new { stderr.read }
+      if wait.join(seconds).nil?
+        Process.kill("KILL", wait.pid)
+        wait.join
+        # (A process the child started may hold the pipes open.)
+        said = err.join(5) ? err.value : ""
+        raise "a Ruby child ran over #{seconds} s and was killed; its stderr:\n#{said}"
+      end
+      [out.value, err.value, wait.value]
+    end
   end
 end
