@@ -568,7 +568,22 @@ impl Windows {
             };
         }
         let position = self.next_event.saturating_add(overrun);
+        // Stretches that ended by this allocation are left. Where the next
+        // window begins where the last ended, this allocation is its first:
+        // seen from here, and sampled if no in-window gap remains.
+        let mut left = false;
+        while self.current().1 <= position {
+            self.leave_stretch();
+            left = true;
+        }
         let (s, e) = self.current();
+        if left && position >= s && position < e {
+            self.observed_from = Some(position);
+            if self.pending_gap > 0 {
+                let gap = self.pending_gap - 1;
+                return self.schedule_from(position + 1, gap);
+            }
+        }
         if position >= s && position < e {
             let sample = Some(Sampled {
                 window: self.block.id,

@@ -176,6 +176,27 @@ fn every_allocation_is_in_a_window_with_probability_q() {
     }
 }
 
+/// Where one window's stretch ends and the next begins at the same
+/// allocation (a window that wraps in its block, or one that begins its
+/// block right after the last one ended) and the hook stays on, that
+/// allocation is in the second: nothing is missed, and every allocation
+/// is seen.
+#[test]
+fn a_hook_that_stays_on_across_adjoining_windows_misses_nothing() {
+    for seed in 0..20 {
+        // Blocks of 2,000 with windows of 1,000: the gaps are short enough
+        // for the hook to stay on between windows (`KEEP_ON_GAP`), and
+        // about half the windows wrap. At a sample rate below 1 a window's
+        // end is an event of its own.
+        let mut sim = Sim::new(WindowPolicy::Fixed(0.5), 0.01, seed, 0, 1_000);
+        sim.allocate(0, 200_000, 50);
+        let flush = sim.windows.flush(sim.counter);
+        assert!(flush.windows >= 99, "{flush:?}");
+        assert_eq!(flush.missed, 0, "seed {seed}: {flush:?}");
+        assert_eq!(flush.coverage, 0.5, "seed {seed}: {flush:?}");
+    }
+}
+
 const SERVER_SEEDS: u64 = 40;
 
 /// A server: requests of three sites, bursts, and idle time between
