@@ -12,9 +12,11 @@
 #   ones with 10 MB of leak or more (as of the GCs the requests caused);
 # - how often `diff` over a worker's profiles calls the leak a likely leak;
 # - the share of a worker's allocations that sampling windows missed.
+# --busy N runs N busy loops beside the server (a loaded machine: the
+# process then runs in slices, and some windows are missed).
 # Needs Debian's puma and ruby-rails (script/bootstrap).
 #
-#   ruby -Ilib bench/puma_cluster_truth.rb [--runs 3]
+#   ruby -Ilib bench/puma_cluster_truth.rb [--runs 3] [--busy 2] [--only defaults]
 
 require "optparse"
 require "tmpdir"
@@ -29,9 +31,19 @@ CONFIGS = {
 }.freeze
 
 runs = 3
-OptionParser.new do |opts|
+busy = 0
+only = nil
+parser = OptionParser.new do |opts|
   opts.on("--runs N", Integer, "runs per configuration (default 3)") { |n| runs = n }
-end.parse!
+  opts.on("--busy N", Integer, "busy loops beside the server (default 0)") { |n| busy = n }
+  opts.on("--only NAME", CONFIGS.keys, "one configuration: #{CONFIGS.keys.join(', ')}") { |name| only = name }
+end
+begin
+  parser.parse!
+rescue OptionParser::ParseError => e
+  abort "puma_cluster_truth: #{e.message}"
+end
+abort "puma_cluster_truth: --runs and --busy must not be negative" if runs.negative? || busy.negative?
 
 def summary(values, digits = 2)
   return "-" if values.empty?
@@ -40,7 +52,18 @@ def summary(values, digits = 2)
   format("%.#{digits}f [%.#{digits}f-%.#{digits}f]", sorted.sum / sorted.size, sorted.first, sorted.last)
 end
 
-rows = CONFIGS.map do |name, env|
+# Busy loops for the whole measurement, stopped however it ends.
+loops = Array.new(busy) { Process.spawn(RbConfig.ruby, "-e", "loop {}") }
+at_exit do
+  loops.each do |pid|
+    Process.kill(:KILL, pid)
+    Process.wait(pid)
+  rescue Errno::ESRCH, Errno::ECHILD
+    nil
+  end
+end
+
+rows = CONFIGS.slice(*(only ? [only] : CONFIGS.keys)).map do |name, env|
   workers = []
   verdicts = []
   runs.times do

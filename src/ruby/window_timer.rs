@@ -30,11 +30,39 @@ use std::sync::OnceLock;
 use std::thread::Thread;
 use std::time::{Duration, Instant};
 
+use sampler::windows::PollTime;
+
 /// Nanoseconds on a monotonic clock (from the first call): what polls and
 /// a window budget measure rates against, here and in the job alike.
 pub fn monotonic_ns() -> u64 {
     static BASE: OnceLock<Instant> = OnceLock::new();
     BASE.get_or_init(Instant::now).elapsed().as_nanos() as u64
+}
+
+/// The CPU time this process has used (ns; 0 if the clock cannot be read):
+/// with `monotonic_ns`, what a poll of the windows is told.
+fn process_cpu_ns() -> u64 {
+    let mut time = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: writes only the timespec it is given, which lives on this
+    // stack frame; a system call, no allocation, no Ruby.
+    let read = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut time) };
+    if read != 0 {
+        return 0;
+    }
+    (time.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(time.tv_nsec as u64)
+}
+
+/// The clocks for a poll of the windows, read now.
+pub fn poll_time() -> PollTime {
+    PollTime {
+        wall_ns: monotonic_ns(),
+        cpu_ns: process_cpu_ns(),
+    }
 }
 
 /// A job not run this long after its trigger is triggered again, then

@@ -34,7 +34,7 @@ use super::frames::BacktraceBuffer;
 use super::heap;
 use super::hooks::Hook;
 use super::registry::{self, Registered};
-use super::window_timer::{self, monotonic_ns};
+use super::window_timer;
 use sampler::address_filter::AddressFilter;
 use sampler::gaps::{entropy_seed, GapSampler, SkipCountdown};
 use sampler::state::SamplerState;
@@ -322,7 +322,7 @@ impl Collector {
         let counter = heap::allocation_counter();
         let (gap, poll) = self.with_sampler(|s| {
             s.state.clear();
-            let poll = s.windows.start(counter, monotonic_ns());
+            let poll = s.windows.start(counter, window_timer::poll_time());
             s.interval_started_at = SystemTime::now();
             (s.state.gaps.next_gap(), poll)
         })?;

@@ -176,7 +176,7 @@ impl Collector {
         }
         let counter = heap::allocation_counter();
         let polled = self.with_sampler(|s| {
-            let poll = s.windows.poll(counter, monotonic_ns());
+            let poll = s.windows.poll(counter, window_timer::poll_time());
             if let Some(countdown) = poll.countdown {
                 // Armed: the countdown runs from the next allocation.
                 self.countdown.set(countdown);

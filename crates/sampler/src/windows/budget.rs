@@ -3,11 +3,16 @@
 //! process allocated less. A block's q depends only on what came before
 //! it (see the top of windows/mod.rs), so nothing is biased.
 
-use super::{WindowPolicy, Windows, MIN_BUDGET_PROBABILITY, POLL_MAX_NS, POLL_MIN_NS};
+use super::{PollTime, WindowPolicy, Windows, MIN_BUDGET_PROBABILITY, POLL_MAX_NS, POLL_MIN_NS};
 
 /// The average allocation rate is an exponential average over about this
 /// many nanoseconds.
 const RATE_TIME_CONSTANT_NS: f64 = 1e9;
+
+/// The busy rate forgets a faster rate by at most this share a poll, and
+/// over at least about this much of the process's running time.
+const BUSY_RATE_FORGET_PER_POLL: f64 = 0.05;
+const BUSY_RATE_MEMORY_NS: f64 = 20e6;
 
 /// A budget not spent (while the process allocated less than it, or was
 /// idle) is saved, up to this many seconds of it, and spent over about
@@ -36,12 +41,22 @@ impl Windows {
         }
     }
 
-    pub(super) fn observe_rate(&mut self, counter: u64, now_ns: u64) {
-        if let Some((last_counter, last_ns)) = self.last_poll {
-            let elapsed = now_ns.saturating_sub(last_ns);
+    pub(super) fn observe_rate(&mut self, counter: u64, now: PollTime) {
+        if let Some((last_counter, last)) = self.last_poll {
+            let elapsed = now.wall_ns.saturating_sub(last.wall_ns);
             if elapsed > 0 {
                 let made = counter.saturating_sub(last_counter) as f64;
                 let rate = made * 1e9 / elapsed as f64;
+                // How fast it allocates while it runs: over its CPU time
+                // (which includes its other threads', so never below the
+                // wall-clock rate). Polls are timed by it: on a busy
+                // machine the process runs in bursts at this rate.
+                let cpu_elapsed = now.cpu_ns.saturating_sub(last.cpu_ns);
+                let running_rate = if cpu_elapsed > 0 {
+                    rate.max(made * 1e9 / cpu_elapsed as f64)
+                } else {
+                    rate
+                };
                 // The average rate (what a budget divides), from stretches
                 // the hook was off for: hooked, the process runs slower.
                 // Until there is one, the hooked rate times 4, the most the
@@ -74,15 +89,28 @@ impl Windows {
                 // quiet spell says nothing of how fast a burst will be.
                 if unhooked && elapsed <= 4 * POLL_MAX_NS {
                     self.busy_rate_unhooked |= !self.hooked_since_poll;
-                    self.busy_rate = if rate > self.busy_rate {
-                        rate
+                    // It forgets a faster rate by at most a twentieth a
+                    // poll, and less for a poll after which the process
+                    // barely ran: polls come closest together near a
+                    // window, and while idle (on another thread), where
+                    // forgetting a fast phase within a millisecond let the
+                    // next one run past the window.
+                    let ran = if cpu_elapsed > 0 {
+                        cpu_elapsed
                     } else {
-                        self.busy_rate + 0.05 * (rate - self.busy_rate)
+                        elapsed
+                    };
+                    let share = BUSY_RATE_FORGET_PER_POLL
+                        .min(1.0 - (-(ran as f64) / BUSY_RATE_MEMORY_NS).exp());
+                    self.busy_rate = if running_rate > self.busy_rate {
+                        running_rate
+                    } else {
+                        self.busy_rate + share * (running_rate - self.busy_rate)
                     };
                 }
             }
         }
-        self.last_poll = Some((counter, now_ns));
+        self.last_poll = Some((counter, now));
         self.hooked_since_poll = self.armed;
     }
 

@@ -26,9 +26,10 @@
 //!
 //! How the hook comes on in time: it cannot count allocations while off,
 //! so a postponed job polls Ruby's counter (`poll`), woken by a timer
-//! thread at times chosen from the allocation rate, closer together as the
-//! next window nears, and arms the hook a little before the window starts
-//! (`lead`). While on, the hook counts itself: the collector's countdown
+//! thread at times chosen from the allocation rate while the process runs
+//! (over its CPU time: on a loaded machine it runs in slices), closer
+//! together as the next window nears, and arms the hook a little before
+//! the window starts (`lead`). While on, the hook counts itself: the collector's countdown
 //! runs to the next event (a sample, or a window's end), so an allocation
 //! that is not sampled still costs one decrement. At a window's end the
 //! hook asks the job to switch it off, or stays on if the next window is
@@ -174,6 +175,16 @@ pub struct Event {
     pub switch_off: bool,
 }
 
+/// When a poll runs: a monotonic clock, and the CPU time the process has
+/// used (both ns). Allocations happen only while the process runs, so
+/// allocations over CPU time is how fast it allocates while it runs, also
+/// when the machine is busy and it runs a fraction of the wall time.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PollTime {
+    pub wall_ns: u64,
+    pub cpu_ns: u64,
+}
+
 /// What a poll decided.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Poll {
@@ -216,9 +227,10 @@ pub struct Windows {
     /// How near (allocations) a window must be to arm the hook, from the
     /// busy rate at the last poll.
     lead: u64,
-    // Rates: the last poll (counter, ns), the average rate (per second),
-    // the rate while the process runs, and hooked / in-window allocations.
-    last_poll: Option<(u64, u64)>,
+    // Rates: the last poll (counter, time), the average rate (per second
+    // of wall time), the rate while the process runs, and hooked /
+    // in-window allocations.
+    last_poll: Option<(u64, PollTime)>,
     rate: Option<f64>,
     busy_rate: f64,
     /// How far ahead the last poll asked for the next (ns), and the most
@@ -603,7 +615,7 @@ impl Windows {
 
     /// At start: a first block from `counter`, the warm-up if any.
     /// Returns the first poll's decision.
-    pub fn start(&mut self, counter: u64, now_ns: u64) -> Poll {
+    pub fn start(&mut self, counter: u64, now: PollTime) -> Poll {
         self.run_began = counter;
         self.run_missed_estimate = 0.0;
         self.latest_window_weight = 0.0;
@@ -628,7 +640,7 @@ impl Windows {
         self.stretch_seen = 0;
         self.gaps.set_rate(self.block.sample_rate);
         self.pending_gap = self.gaps.next_gap();
-        self.poll(counter, now_ns)
+        self.poll(counter, now)
     }
 
     /// The hook is being switched off (the collector applied a poll's
@@ -646,10 +658,10 @@ impl Windows {
         }
     }
 
-    /// From the postponed job, with Ruby's allocation counter and a
-    /// monotonic clock: arms the hook when the next window is near, and
-    /// says when to poll again.
-    pub fn poll(&mut self, counter: u64, now_ns: u64) -> Poll {
+    /// From the postponed job, with Ruby's allocation counter and the
+    /// clocks: arms the hook when the next window is near, and says when
+    /// to poll again.
+    pub fn poll(&mut self, counter: u64, now: PollTime) -> Poll {
         if !self.enabled() {
             return Poll {
                 hook_on: true,
@@ -664,8 +676,8 @@ impl Windows {
                 next_poll_in_ns: None,
             };
         }
-        self.observe_rate(counter, now_ns);
-        self.settle_credit(counter, now_ns);
+        self.observe_rate(counter, now);
+        self.settle_credit(counter, now.wall_ns);
         let per_shortest_poll = self.busy_rate * POLL_MIN_NS as f64 / 1e9;
         self.lead = if self.busy_rate <= 0.0 {
             // The rate is not known yet (the first poll): on until the
