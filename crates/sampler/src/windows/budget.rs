@@ -12,7 +12,7 @@ const RATE_TIME_CONSTANT_NS: f64 = 1e9;
 /// The busy rate forgets a faster rate by at most this share a poll, and
 /// over at least about this much of the process's running time.
 const BUSY_RATE_FORGET_PER_POLL: f64 = 0.05;
-const BUSY_RATE_MEMORY_NS: f64 = 20e6;
+const BUSY_RATE_MEMORY_NS: f64 = 2e6;
 
 /// A budget not spent (while the process allocated less than it, or was
 /// idle) is saved, up to this many seconds of it, and spent over about
