@@ -113,8 +113,8 @@ module PprofHelpers
     lib = File.expand_path("../../lib", __dir__)
     Open3.popen3(env, RbConfig.ruby, "-I", lib, "-e", code, "--", *args, **options) do |stdin, stdout, stderr, wait|
       stdin.close
-      out = Thread.new { stdout.read }
-      err = Thread.new { stderr.read }
+      out = read_in_thread(stdout)
+      err = read_in_thread(stderr)
       if wait.join(seconds).nil?
         Process.kill("KILL", wait.pid)
         wait.join
@@ -123,6 +123,17 @@ module PprofHelpers
         raise "a Ruby child ran over #{seconds} s and was killed; its stderr:\n#{said}"
       end
       [out.value, err.value, wait.value]
+    end
+  end
+
+  # A thread that reads `io` to its end. popen3 closes the pipes when its
+  # block ends: after a killed child, a process it started may still hold
+  # them, and the read then ends with nothing more to say.
+  def read_in_thread(io)
+    Thread.new do
+      io.read
+    rescue IOError
+      ""
     end
   end
 end
