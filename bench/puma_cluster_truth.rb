@@ -53,7 +53,7 @@ def summary(values, digits = 2)
 end
 
 # Busy loops for the whole measurement, stopped however it ends.
-loops = Array.new(busy) { Process.spawn(RbConfig.ruby, "-e", "loop {}") }
+loops = []
 at_exit do
   loops.each do |pid|
     Process.kill(:KILL, pid)
@@ -62,6 +62,7 @@ at_exit do
     nil
   end
 end
+busy.times { loops << Process.spawn(RbConfig.ruby, "-e", "loop {}") }
 
 rows = CONFIGS.slice(*(only ? [only] : CONFIGS.keys)).map do |name, env|
   workers = []
