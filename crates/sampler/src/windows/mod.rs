@@ -29,9 +29,9 @@
 //! thread at times chosen from the allocation rate while the process runs
 //! (over its CPU time: on a loaded machine it runs in slices), closer
 //! together as the next window nears, and arms the hook a little before
-//! the window starts (`lead`). While on, the hook counts itself: the collector's countdown
-//! runs to the next event (a sample, or a window's end), so an allocation
-//! that is not sampled still costs one decrement. At a window's end the
+//! the window starts (`lead`). While on, the hook counts itself: the
+//! collector's countdown runs to the next event (a sample, or a window's
+//! end), so an allocation that is not sampled still costs one decrement. At a window's end the
 //! hook asks the job to switch it off, or stays on if the next window is
 //! near. A poll that comes after a window's start (a long C call that let
 //! no job run, a busy machine that ran the timer thread late, or a job
@@ -589,14 +589,14 @@ impl Windows {
             left = true;
         }
         let (s, e) = self.current();
-        if left && position >= s && position < e {
-            self.observed_from = Some(position);
-            if self.pending_gap > 0 {
-                let gap = self.pending_gap - 1;
-                return self.schedule_from(position + 1, gap);
-            }
-        }
         if position >= s && position < e {
+            if left {
+                self.observed_from = Some(position);
+                if self.pending_gap > 0 {
+                    let gap = self.pending_gap - 1;
+                    return self.schedule_from(position + 1, gap);
+                }
+            }
             let sample = Some(Sampled {
                 window: self.block.id,
                 window_probability: self.block.probability,
