@@ -4,6 +4,12 @@
 # objects alive at the last completed GC, so that garbage not collected yet
 # never reads as in use; with :flush, everything not freed at the flush.
 module InuseAsOf
+  # Ruby's GC scans the machine stack conservatively: a word there that
+  # happens to point at a garbage String keeps it alive through a GC. A few
+  # such Strings are alive, not an error; a garbage site read in full would be
+  # thousands.
+  STACK_KEPT = 5
+
   # count Strings, none kept
   def self.garbage(count) = count.times { |i| i.to_s }
   # count Strings and their Array, all kept
@@ -30,14 +36,13 @@ end
       GC.start
       after_gc = collector.flush
       collector.stop!
-      # (A String Ruby's conservative stack scan kept through a GC is alive.)
-      expect(inuse(before_gc, "InuseAsOf.garbage")).to be <= 1
+      expect(inuse(before_gc, "InuseAsOf.garbage")).to be <= InuseAsOf::STACK_KEPT
       # Those since the last GC are left out, and the profile says how many.
       left_out = Integer(parse_profile(before_gc).comments.join[/; (\d+) sampled since are left out/, 1])
       expect(left_out).to be_positive
       expect(inuse(before_gc, "InuseAsOf.kept")).to be < 30_000
       expect(total_through(parse_profile(before_gc), "InuseAsOf.garbage", "alloc_objects")).to be >= 30_000
-      expect(inuse(after_gc, "InuseAsOf.garbage")).to be <= 1
+      expect(inuse(after_gc, "InuseAsOf.garbage")).to be <= InuseAsOf::STACK_KEPT
       # (+ the Array, and a few first-call caches the VM keeps)
       expect(inuse(after_gc, "InuseAsOf.kept")).to be_between(30_001, 30_005)
       expect(parse_profile(before_gc).comments.grep(/\Ainuse_\*: sampled objects alive at the last completed GC/)).not_to be_empty
@@ -84,7 +89,7 @@ end
         kept = InuseAsOf.kept(5_000)
       end
       expect(inuse(data, "InuseAsOf.kept")).to be_between(5_001, 5_005)
-      expect(inuse(data, "InuseAsOf.garbage")).to be <= 1
+      expect(inuse(data, "InuseAsOf.garbage")).to be <= InuseAsOf::STACK_KEPT
       expect(kept.size).to eq(5_000)
     end
   end
