@@ -2,7 +2,7 @@
 
 # How true a Rails app's profiles are under puma's cluster mode (2 workers,
 # preload_app!, production), profiled through the Railtie: the scenario of
-# spec/puma_cluster_spec.rb (spec/support/puma_cluster.rb), run --runs
+# spec/integration/puma_cluster_spec.rb (spec/support/puma_cluster.rb), run --runs
 # times per configuration, each worker's profiles checked against the bytes
 # it really kept. Per configuration:
 # - the leak line's in-use in each worker's last profile / the truth;

@@ -16,7 +16,7 @@ MemprofilerPprof::NativeExtension.load
 # cannot be autoloaded either.
 # Every process that loads the gem pays for these files, so they use core
 # Ruby only and require no library (fileutils and securerandom alone were
-# 33M of the 63M instructions the require cost; spec/loading_spec.rb
+# 33M of the 63M instructions the require cost; spec/integration/loading_spec.rb
 # checks that nothing from outside the gem is loaded).
 require_relative "memprofiler_pprof_rs/validation"
 require_relative "memprofiler_pprof_rs/error_log"

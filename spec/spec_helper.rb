@@ -4,6 +4,13 @@ require "memprofiler_pprof_rs"
 require "tmpdir"
 require "open3"
 
+# The project's root and spec/ folders, for spec files at any depth under
+# spec/ (spec/memprofiler_pprof_rs/ mirrors lib/memprofiler_pprof_rs/;
+# spec/integration/ holds what crosses the gem: real servers, processes,
+# the gem as installed).
+PROJECT_ROOT = File.expand_path("..", __dir__)
+SPEC_ROOT = __dir__
+
 Dir[File.join(__dir__, "support", "**", "*.rb")].sort.each { |f| require f }
 require_relative "fixtures/workload"
 

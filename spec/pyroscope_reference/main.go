@@ -1,5 +1,5 @@
 // A tiny Go service profiled by pyroscope-go, the reference our profiles are
-// compared with (spec/pyroscope_reference_spec.rb, docs/pyroscope-protocol.md).
+// compared with (spec/integration/pyroscope_reference_spec.rb, docs/pyroscope-protocol.md).
 //
 //	PYROSCOPE_URL=http://127.0.0.1:4040 pyroscope_reference -app NAME [-cycles 3] [-tag k=v]...
 //

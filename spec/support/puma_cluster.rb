@@ -6,7 +6,7 @@ require "socket"
 # spec/apps/puma_app under puma's cluster mode (2 workers, preload_app!),
 # profiled through the Railtie: three phases of 100 requests to /leaky and
 # to /clean, a flush interval apart, then a TERM (the workers write their
-# last profile at exit). Used by spec/puma_cluster_spec.rb and
+# last profile at exit). Used by spec/integration/puma_cluster_spec.rb and
 # bench/puma_cluster_truth.rb.
 module PumaCluster
   APP_DIR = File.expand_path("../apps/puma_app", __dir__)

@@ -1,6 +1,6 @@
 # frozen_string_literal: true
 
-# A Rails app for spec/puma_cluster_spec.rb, served by puma in cluster mode
+# A Rails app for spec/integration/puma_cluster_spec.rb, served by puma in cluster mode
 # (puma.rb: 2 workers, preload_app!) and profiled through the Railtie as its
 # README says: /leaky keeps 2,000 Strings of about 100 bytes a request,
 # /clean makes as many and keeps none. Each worker writes what it keeps

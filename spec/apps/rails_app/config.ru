@@ -1,6 +1,6 @@
 # frozen_string_literal: true
 
-# A Rails app of one file for spec/rails_spec.rb: two endpoints, one of
+# A Rails app of one file for spec/integration/rails_spec.rb: two endpoints, one of
 # which keeps what it allocates, and an Active Job that does too, with the
 # gem's pprof endpoint in front. Profiled
 # through the Railtie (config.memprofiler_pprof), with the settings the

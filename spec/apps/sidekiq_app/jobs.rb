@@ -1,6 +1,6 @@
 # frozen_string_literal: true
 
-# The jobs of spec/sidekiq_spec.rb's Sidekiq process (profiled by the
+# The jobs of spec/integration/sidekiq_spec.rb's Sidekiq process (profiled by the
 # wrapper, exe/memprofiler_pprof_rs_profile): one keeps what it makes.
 require "memprofiler_pprof_rs"
 

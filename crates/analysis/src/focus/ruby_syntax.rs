@@ -3,7 +3,7 @@
 //! the two read the same text differently, the Ruby meaning is written
 //! out, and what a linear-time matcher cannot do (backreferences,
 //! look-around, atomic groups, possessive quantifiers) is refused with
-//! what it is. spec/profile_focus_spec.rb checks the result against Ruby's
+//! what it is. spec/memprofiler_pprof_rs/readers/profile_focus_spec.rb checks the result against Ruby's
 //! own Regexp on the same names.
 //!
 //! The differences handled:
