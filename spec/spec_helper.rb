@@ -15,9 +15,9 @@ Dir[File.join(__dir__, "support", "**", "*.rb")].sort.each { |f| require f }
 require_relative "fixtures/workload"
 
 # `:slow` marks what the fast loop (`rake spec:fast`) leaves out: real
-# servers (Rails, puma, Sidekiq, Sinatra, WEBrick), gem builds, a headless
-# browser, and single examples of several seconds (statistics over many
-# allocations, GC.stress). `rspec` and script/test run everything.
+# servers (Rails, puma, Sidekiq, Sinatra, WEBrick), a headless browser, and
+# single examples of several seconds (statistics over many allocations,
+# GC.stress). `rspec` and script/test run everything.
 RSpec.configure do |config|
   config.disable_monkey_patching!
   config.order = :random
