@@ -7,7 +7,7 @@ require "open3"
 # The project's root and spec/ folders, for spec files at any depth under
 # spec/ (spec/memprofiler_pprof_rs/ mirrors lib/memprofiler_pprof_rs/;
 # spec/integration/ holds what crosses the gem: real servers, processes,
-# the gem as installed).
+# the wrapper, hostile use).
 PROJECT_ROOT = File.expand_path("..", __dir__)
 SPEC_ROOT = __dir__
 

@@ -2,6 +2,8 @@
 
 # The suite's own guard (spec/support/pprof_helpers.rb): a Ruby child that
 # hangs fails its example rather than holding the suite until CI's limit.
+# (spec/helpers/ holds the specs of spec/support/'s helpers: spec_helper
+# loads every file in spec/support/.)
 RSpec.describe "PprofHelpers#run_ruby" do
   it "returns what the child printed and how it ended, as Open3.capture3 does" do
     out, err, status = run_ruby('puts ARGV.first; warn "to stderr"; exit 3', args: ["an argument"])

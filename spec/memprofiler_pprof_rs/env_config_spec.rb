@@ -3,7 +3,7 @@
 # MemprofilerPprof::EnvConfig: the MEMPROFILER_PPROF_RS_* variables the
 # wrapper and the Railtie read, each to a setting or, when bad, to a warning
 # that names it and the value used instead. (Where a variable's value must
-# not leak, Pyroscope credentials, see pyroscope/address_spec.rb and
+# not leak, Pyroscope credentials, see spec/memprofiler_pprof_rs/pyroscope/address_spec.rb and
 # spec/integration/hostile_input_spec.rb; the documented defaults,
 # spec/integration/documented_defaults_spec.rb.)
 RSpec.describe MemprofilerPprof::EnvConfig do
