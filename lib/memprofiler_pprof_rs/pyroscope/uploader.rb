@@ -31,7 +31,13 @@ module MemprofilerPprof
   # exceptions that follow what a real Pyroscope answers: its rate limit on
   # /ingest (a 422 saying resource_exhausted) is retried like a 429, and its
   # active-series limit (a 429) is not. Every attempt
-  # is bounded by `open_timeout` and `read_timeout`. Credentials never appear
+  # is bounded by `open_timeout` and `read_timeout`: the connection within
+  # the first, each read and write within the second, and the response's
+  # body by a deadline of both (open + 2 x read) from the attempt's start,
+  # so that a server trickling bytes cannot hold the flushing thread. (No
+  # `Timeout.timeout`: it raises into whatever the thread is doing; here
+  # only net/http's reads and writes, and this code between chunks, stop
+  # an attempt.) Credentials never appear
   # in logs, exceptions or #inspect, whatever characters they hold
   # (PyroscopeAddress). See docs/pyroscope-protocol.md for the server
   # behaviour this follows.
@@ -48,6 +54,9 @@ module MemprofilerPprof
     Result = Struct.new(:ok, :status, :attempts, :error, keyword_init: true) do
       def ok? = ok
     end
+
+    # An attempt that went past its deadline (a server trickling its answer).
+    class DeadlineExceeded < Timeout::Error; end
 
     RETRYABLE_ERRORS = [SystemCallError, IOError, SocketError, Timeout::Error, EOFError, Net::ProtocolError,
                         Net::HTTPBadResponse, Zlib::Error].freeze
@@ -312,24 +321,24 @@ module MemprofilerPprof
     # at most MAX_RESPONSE_BYTES).
     # Logs failures (never credentials).
     def attempt(request)
+      deadline = now + @open_timeout + (2 * @read_timeout)
       http = Net::HTTP.new(@base.hostname, @base.port) # hostname: IPv6 without brackets
       http.use_ssl = @base.scheme == "https"
       http.verify_mode = OpenSSL::SSL::VERIFY_PEER if http.use_ssl?
       http.open_timeout = @open_timeout
       http.read_timeout = @read_timeout
-      http.write_timeout = @read_timeout if http.respond_to?(:write_timeout=)
-      # The timeouts bound each read; this bounds the whole exchange (a
-      # server trickling bytes).
+      http.write_timeout = @read_timeout
       body = +"".b
-      response = Timeout.timeout(@open_timeout + (2 * @read_timeout)) do
-        http.start do |connection|
-          connection.request(request) do |answer|
-            # Read through, keeping the first MAX_RESPONSE_BYTES: a server's
-            # error body is only logged and searched, and a huge one must
-            # not be held whole.
-            answer.read_body do |chunk|
-              body << chunk.byteslice(0, MAX_RESPONSE_BYTES - body.bytesize) if body.bytesize < MAX_RESPONSE_BYTES
-            end
+      cut = false # a read or write may wait only until the deadline
+      response = http.start do |connection|
+        cut = within(deadline, connection)
+        connection.request(request) do |answer|
+          # Read through, keeping the first MAX_RESPONSE_BYTES: a server's
+          # error body is only logged and searched, and a huge one must
+          # not be held whole.
+          answer.read_body do |chunk|
+            cut = within(deadline, connection)
+            body << chunk.byteslice(0, MAX_RESPONSE_BYTES - body.bytesize) if body.bytesize < MAX_RESPONSE_BYTES
           end
         end
       end
@@ -338,14 +347,37 @@ module MemprofilerPprof
 
       log("#{request.method} #{request.path.split('?').first} answered #{status}: #{self.class.printable(body)}")
       [status, nil, body]
+    rescue Net::ReadTimeout, Net::WriteTimeout => e
+      failed(request, cut ? DeadlineExceeded.new(deadline_message) : e)
     rescue *RETRYABLE_ERRORS, OpenSSL::SSL::SSLError => e
-      log("#{request.method} #{@base.host}: #{e.class}: #{self.class.printable(e.message)}")
-      [nil, e, ""]
+      failed(request, e)
+    end
+
+    def failed(request, error)
+      log("#{request.method} #{@base.host}: #{error.class}: #{self.class.printable(error.message)}")
+      [nil, error, ""]
     end
 
     def log(message)
       ErrorLog.write(@logger, "PyroscopeUploader", message)
     end
+
+    def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+
+    # Raises DeadlineExceeded past `deadline`; otherwise lets the
+    # connection's next read or write wait no longer than what is left.
+    # Returns whether that is less than read_timeout.
+    def within(deadline, connection)
+      left = deadline - now
+      raise DeadlineExceeded, deadline_message unless left.positive?
+
+      wait = [@read_timeout, left].min
+      connection.read_timeout = wait
+      connection.write_timeout = wait
+      wait < @read_timeout
+    end
+
+    def deadline_message = "no answer within #{(@open_timeout + (2 * @read_timeout)).round(3)} s"
 
     # The little of protobuf's wire format a push needs.
     module Protobuf

@@ -303,6 +303,38 @@ RSpec.describe MemprofilerPprof::PyroscopeUploader do
     expect(elapsed).to be < 1.2
   end
 
+  it "gives up on a server trickling its answer at the deadline (open_timeout + 2 x read_timeout), without raising" do
+    listener = TCPServer.new("127.0.0.1", 0)
+    trickler = Thread.new do
+      client = listener.accept
+      client.readpartial(65_536)
+      client.write("HTTP/1.1 500 Internal Server Error\r\nContent-Length: 100000\r\n\r\n")
+      # A byte every 50 ms: each read is well within read_timeout.
+      200.times do
+        client.write("x")
+        sleep 0.05
+      end
+    rescue IOError, SystemCallError
+      nil
+    ensure
+      client&.close
+    end
+    up = described_class.new(server_address: "http://127.0.0.1:#{listener.addr[1]}", application_name: "shop",
+                             logger: logger, retries: 0, open_timeout: 0.2, read_timeout: 0.3)
+    started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+    result = up.upload(data)
+    elapsed = Process.clock_gettime(Process::CLOCK_MONOTONIC) - started
+    expect(result).not_to be_ok
+    expect(result.error).to be_a(described_class::DeadlineExceeded)
+    expect(result.error.message).to eq("no answer within 0.8 s")
+    expect(elapsed).to be_between(0.7, 1.5)
+    expect(logger.errors.pop).to include("DeadlineExceeded")
+  ensure
+    trickler&.kill
+    trickler&.join(1)
+    listener&.close
+  end
+
   it "reports a server that is down, retrying, without raising" do
     closed = TCPServer.new("127.0.0.1", 0)
     port = closed.addr[1]
