@@ -55,8 +55,11 @@ module MemprofilerPprof
       def ok? = ok
     end
 
-    # An attempt that went past its deadline (a server trickling its answer).
-    class DeadlineExceeded < Timeout::Error; end
+    # An attempt that went past its deadline (a server trickling its
+    # answer): a Result's error, never raised to the caller.
+    class DeadlineExceeded < Timeout::Error
+      include Error
+    end
 
     RETRYABLE_ERRORS = [SystemCallError, IOError, SocketError, Timeout::Error, EOFError, Net::ProtocolError,
                         Net::HTTPBadResponse, Zlib::Error].freeze
