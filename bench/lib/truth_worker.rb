@@ -30,6 +30,9 @@ module TruthWorkload
   # returns no profile, so its interval's truth is added to the next one's
   # (whose profile must then count both).
   INTERRUPT_EVERY = Integer(ENV.fetch("TRUTH_INTERRUPT_EVERY", "0"))
+  # TRUTH_LEAK_PER_REQUEST=N: each request leaks N Strings (a leak with N
+  # times the samples, whose estimate is then read with less spread).
+  LEAK_PER_REQUEST = Integer(ENV.fetch("TRUTH_LEAK_PER_REQUEST", "1"))
 
   Interrupted = Class.new(StandardError)
   # Allocations per request, by site: shares of 1,000 (times the scale).
@@ -49,7 +52,7 @@ module TruthWorkload
   WORK = 2_000 * REQUEST_SCALE
   # Kept from boot.
   BOOT_STRINGS = 200_000
-  ALLOCATIONS_PER_REQUEST = PER_REQUEST.values.sum + 1 + RING_PER_REQUEST # + leak
+  ALLOCATIONS_PER_REQUEST = PER_REQUEST.values.sum + LEAK_PER_REQUEST + RING_PER_REQUEST
 
   module_function
 
@@ -97,8 +100,8 @@ module TruthWorkload
         TruthWorkload.bursty(BURST)
         @allocated["bursty"] += BURST
       end
-      @leaked << TruthWorkload.leak
-      @allocated["leak"] += 1
+      LEAK_PER_REQUEST.times { @leaked << TruthWorkload.leak }
+      @allocated["leak"] += LEAK_PER_REQUEST
       RING_PER_REQUEST.times do
         @ring[@ring_at] = TruthWorkload.ring_entry
         @ring_at = (@ring_at + 1) % RING_SIZE
