@@ -11,9 +11,7 @@ module MemprofilerPprof
   # - UnsupportedRuntimeError: where the gem cannot profile safely;
   # - ProfileFormatError and ProfileMemoryLimitError, PprofReader's
   #   FormatError and MemoryLimitError: a profile that cannot be read;
-  # - RetentionError: a retention report that could not be made;
-  # - PyroscopeUploader::DeadlineExceeded (a Timeout::Error), in an upload's
-  #   Result, never raised: a server that did not answer in time.
+  # - RetentionError: a retention report that could not be made.
   #
   # Wrong arguments raise Ruby's own ArgumentError and TypeError, naming
   # the value. StateError and InternalError are defined by the native

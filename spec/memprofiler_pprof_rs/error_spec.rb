@@ -7,8 +7,7 @@ RSpec.describe MemprofilerPprof::Error do
     classes = [MemprofilerPprof::StateError, MemprofilerPprof::InternalError, MemprofilerPprof::UnsupportedRuntimeError,
                MemprofilerPprof::ProfileFormatError, MemprofilerPprof::ProfileMemoryLimitError,
                MemprofilerPprof::PprofReader::FormatError, MemprofilerPprof::PprofReader::MemoryLimitError,
-               MemprofilerPprof::CLI::UsageError, MemprofilerPprof::RetentionError,
-               MemprofilerPprof::PyroscopeUploader::DeadlineExceeded]
+               MemprofilerPprof::CLI::UsageError, MemprofilerPprof::RetentionError]
     expect(classes).to all(be < described_class)
     expect([MemprofilerPprof::StateError, MemprofilerPprof::InternalError]).to all(be < RuntimeError)
   end

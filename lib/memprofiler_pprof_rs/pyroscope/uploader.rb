@@ -31,13 +31,10 @@ module MemprofilerPprof
   # exceptions that follow what a real Pyroscope answers: its rate limit on
   # /ingest (a 422 saying resource_exhausted) is retried like a 429, and its
   # active-series limit (a 429) is not. Every attempt
-  # is bounded by `open_timeout` and `read_timeout`: the connection within
-  # the first, each read and write within the second, and the response's
-  # body by a deadline of both (open + 2 x read) from the attempt's start,
-  # so that a server trickling bytes cannot hold the flushing thread. (No
-  # `Timeout.timeout`: it raises into whatever the thread is doing; here
-  # only net/http's reads and writes, and this code between chunks, stop
-  # an attempt.) Credentials never appear
+  # is bounded by `open_timeout` and `read_timeout`: each connect, read and
+  # write by net/http's own, the whole exchange by open + 2 x read (a
+  # server trickling its headers or a TLS record a byte at a time passes
+  # every per-read timeout). Credentials never appear
   # in logs, exceptions or #inspect, whatever characters they hold
   # (PyroscopeAddress). See docs/pyroscope-protocol.md for the server
   # behaviour this follows.
@@ -53,12 +50,6 @@ module MemprofilerPprof
     # The outcome of one upload.
     Result = Struct.new(:ok, :status, :attempts, :error, keyword_init: true) do
       def ok? = ok
-    end
-
-    # An attempt that went past its deadline (a server trickling its
-    # answer): a Result's error, never raised to the caller.
-    class DeadlineExceeded < Timeout::Error
-      include Error
     end
 
     RETRYABLE_ERRORS = [SystemCallError, IOError, SocketError, Timeout::Error, EOFError, Net::ProtocolError,
@@ -324,7 +315,6 @@ module MemprofilerPprof
     # at most MAX_RESPONSE_BYTES).
     # Logs failures (never credentials).
     def attempt(request)
-      deadline = now + @open_timeout + (2 * @read_timeout)
       http = Net::HTTP.new(@base.hostname, @base.port) # hostname: IPv6 without brackets
       http.use_ssl = @base.scheme == "https"
       http.verify_mode = OpenSSL::SSL::VERIFY_PEER if http.use_ssl?
@@ -332,55 +322,41 @@ module MemprofilerPprof
       http.read_timeout = @read_timeout
       http.write_timeout = @read_timeout
       body = +"".b
-      cut = false # a read or write may wait only until the deadline
-      response = http.start do |connection|
-        cut = within(deadline, connection)
-        connection.request(request) do |answer|
-          # Read through, keeping the first MAX_RESPONSE_BYTES: a server's
-          # error body is only logged and searched, and a huge one must
-          # not be held whole.
-          answer.read_body do |chunk|
-            cut = within(deadline, connection)
-            body << chunk.byteslice(0, MAX_RESPONSE_BYTES - body.bytesize) if body.bytesize < MAX_RESPONSE_BYTES
+      status = nil
+      # net/http's timeouts bound each wait, not how many: the status line,
+      # headers and TLS records are read with no hook between waits, so only
+      # a timer bounds the exchange. (Its interrupt can land anywhere in this
+      # block, which holds nothing but this attempt's own connection, closed
+      # by `start` on the way out.)
+      Timeout.timeout(@open_timeout + (2 * @read_timeout)) do
+        http.start do |connection|
+          connection.request(request) do |answer|
+            status = answer.code.to_i
+            # Read through, keeping the first MAX_RESPONSE_BYTES: a server's
+            # error body is only logged and searched, and a huge one must
+            # not be held whole.
+            answer.read_body do |chunk|
+              body << chunk.byteslice(0, MAX_RESPONSE_BYTES - body.bytesize) if body.bytesize < MAX_RESPONSE_BYTES
+            end
           end
         end
       end
-      status = response.code.to_i
       return [status, nil, ""] if status < 300
 
       log("#{request.method} #{request.path.split('?').first} answered #{status}: #{self.class.printable(body)}")
       [status, nil, body]
-    rescue Net::ReadTimeout, Net::WriteTimeout => e
-      failed(request, cut ? DeadlineExceeded.new(deadline_message) : e)
     rescue *RETRYABLE_ERRORS, OpenSSL::SSL::SSLError => e
-      failed(request, e)
-    end
+      # A 2xx whose body did not arrive in time was still taken: sending it
+      # again would count its allocations twice.
+      return [status, nil, ""] if status && status < 300
 
-    def failed(request, error)
-      log("#{request.method} #{@base.host}: #{error.class}: #{self.class.printable(error.message)}")
-      [nil, error, ""]
+      log("#{request.method} #{@base.host}: #{e.class}: #{self.class.printable(e.message)}")
+      [nil, e, ""]
     end
 
     def log(message)
       ErrorLog.write(@logger, "PyroscopeUploader", message)
     end
-
-    def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
-
-    # Raises DeadlineExceeded past `deadline`; otherwise lets the
-    # connection's next read or write wait no longer than what is left.
-    # Returns whether that is less than read_timeout.
-    def within(deadline, connection)
-      left = deadline - now
-      raise DeadlineExceeded, deadline_message unless left.positive?
-
-      wait = [@read_timeout, left].min
-      connection.read_timeout = wait
-      connection.write_timeout = wait
-      wait < @read_timeout
-    end
-
-    def deadline_message = "no answer within #{(@open_timeout + (2 * @read_timeout)).round(3)} s"
 
     # The little of protobuf's wire format a push needs.
     module Protobuf

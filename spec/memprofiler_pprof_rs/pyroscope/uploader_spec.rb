@@ -303,15 +303,17 @@ RSpec.describe MemprofilerPprof::PyroscopeUploader do
     expect(elapsed).to be < 1.2
   end
 
-  it "gives up on a server trickling its answer at the deadline (open_timeout + 2 x read_timeout), without raising" do
+  # A server on a socket of its own that reads the request, writes `head`
+  # at once, then `trickle` a byte every 50 ms (each read well within the
+  # read timeout); yields its address.
+  def with_trickling_server(head, trickle)
     listener = TCPServer.new("127.0.0.1", 0)
-    trickler = Thread.new do
+    server = Thread.new do
       client = listener.accept
       client.readpartial(65_536)
-      client.write("HTTP/1.1 500 Internal Server Error\r\nContent-Length: 100000\r\n\r\n")
-      # A byte every 50 ms: each read is well within read_timeout.
-      200.times do
-        client.write("x")
+      client.write(head)
+      trickle.each_char do |byte|
+        client.write(byte)
         sleep 0.05
       end
     rescue IOError, SystemCallError
@@ -319,20 +321,41 @@ RSpec.describe MemprofilerPprof::PyroscopeUploader do
     ensure
       client&.close
     end
-    up = described_class.new(server_address: "http://127.0.0.1:#{listener.addr[1]}", application_name: "shop",
-                             logger: logger, retries: 0, open_timeout: 0.2, read_timeout: 0.3)
-    started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
-    result = up.upload(data)
-    elapsed = Process.clock_gettime(Process::CLOCK_MONOTONIC) - started
-    expect(result).not_to be_ok
-    expect(result.error).to be_a(described_class::DeadlineExceeded)
-    expect(result.error.message).to eq("no answer within 0.8 s")
-    expect(elapsed).to be_between(0.7, 1.5)
-    expect(logger.errors.pop).to include("DeadlineExceeded")
+    yield "http://127.0.0.1:#{listener.addr[1]}"
   ensure
-    trickler&.kill
-    trickler&.join(1)
+    server&.kill
+    server&.join(1)
     listener&.close
+  end
+
+  {
+    "its headers" => ["HTTP/1.1 500 Internal Server Error\r\n", "X-Slow: #{'x' * 200}\r\n"],
+    "its body" => ["HTTP/1.1 500 Internal Server Error\r\nContent-Length: 200\r\n\r\n", "x" * 200]
+  }.each do |part, (head, trickle)|
+    it "gives up on a server trickling #{part} after open_timeout + 2 x read_timeout, without raising" do
+      with_trickling_server(head, trickle) do |address|
+        up = described_class.new(server_address: address, application_name: "shop", logger: logger, retries: 0,
+                                 open_timeout: 0.2, read_timeout: 0.5)
+        started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+        result = up.upload(data)
+        elapsed = Process.clock_gettime(Process::CLOCK_MONOTONIC) - started
+        expect(result).not_to be_ok
+        expect(result.error).to be_a(Timeout::Error)
+        expect(elapsed).to be_between(1.1, 2.5)
+        expect(logger.errors.pop).to include("Timeout::Error")
+      end
+    end
+  end
+
+  it "counts a 2xx whose body is trickled past the bound as taken, not to be sent twice" do
+    with_trickling_server("HTTP/1.1 200 OK\r\nContent-Length: 200\r\n\r\n", "x" * 200) do |address|
+      up = described_class.new(server_address: address, application_name: "shop", logger: logger, retries: 2,
+                               open_timeout: 0.2, read_timeout: 0.5)
+      result = up.upload(data)
+      expect(result).to be_ok
+      expect(result.attempts).to eq(1)
+      expect(logger.errors).to be_empty
+    end
   end
 
   it "reports a server that is down, retrying, without raising" do
