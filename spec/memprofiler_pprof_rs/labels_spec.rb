@@ -97,7 +97,7 @@ RSpec.describe "MemprofilerPprof.with_labels" do
     end
 
     # In a child: the table of sets is the process's, and this fills it.
-    it "fold beyond max_label_sets into (other), counted, with memory bounded, for 200,000 distinct values" do
+    it "fold beyond max_label_sets into (other), counted, with memory bounded, for 200,000 distinct values", :slow do
       out, err, status = run_ruby(<<~RUBY)
         require "memprofiler_pprof_rs"
         MemprofilerPprof.max_label_sets = 50

@@ -113,7 +113,7 @@ RSpec.describe MemprofilerPprof::Collector, "mode: :light" do
     expect(collector.send(:_native_internal_error_count)).to eq(0)
   end
 
-  it "survives auto-compaction and GC.stress while sampling, counting what stays alive" do
+  it "survives auto-compaction and GC.stress while sampling, counting what stays alive", :slow do
     skip "GC.auto_compact unsupported here" unless GC.respond_to?(:auto_compact=)
     code = <<~RUBY
       require "memprofiler_pprof_rs"
