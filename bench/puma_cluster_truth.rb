@@ -23,6 +23,7 @@ require "tmpdir"
 require "open3"
 require "memprofiler_pprof_rs"
 require_relative "../spec/support/puma_cluster"
+require_relative "lib/busy_loops"
 
 CONFIGS = {
   "defaults" => {},
@@ -52,17 +53,7 @@ def summary(values, digits = 2)
   format("%.#{digits}f [%.#{digits}f-%.#{digits}f]", sorted.sum / sorted.size, sorted.first, sorted.last)
 end
 
-# Busy loops for the whole measurement, stopped however it ends.
-loops = []
-at_exit do
-  loops.each do |pid|
-    Process.kill(:KILL, pid)
-    Process.wait(pid)
-  rescue Errno::ESRCH, Errno::ECHILD
-    nil
-  end
-end
-busy.times { loops << Process.spawn(RbConfig.ruby, "-e", "loop {}") }
+BusyLoops.start(busy)
 
 rows = CONFIGS.slice(*(only ? [only] : CONFIGS.keys)).map do |name, env|
   workers = []
