@@ -33,6 +33,20 @@ module BenchConfigs
     ->(**) { MemprofilerPprof::EmptyHooks._native_disable && {} }
   end
 
+  # In the Rack apps of bench/run: with this gem, a FileFlusher writing
+  # into BENCH_PROFILE_DIR every BENCH_FLUSH_INTERVAL seconds (1 unless
+  # given), the last 3 profiles kept.
+  def self.start_flusher
+    return unless $bench_collector
+
+    pattern = File.join(ENV.fetch("BENCH_PROFILE_DIR"), "mem-%{index}.pprof")
+    MemprofilerPprof::FileFlusher.new($bench_collector, pattern: pattern, interval: flush_interval, keep: 3).start!
+  end
+
+  def self.flush_interval
+    Float(ENV.fetch("BENCH_FLUSH_INTERVAL", "1"))
+  end
+
   def self.gem(rate, **options)
     collector = MemprofilerPprof::Collector.new(sample_rate: rate, **options)
     collector.start!

@@ -5,8 +5,9 @@
 # and as an HTML table, about what a small Rails action allocates.
 #
 # BENCH_PROFILER names a configuration of bench/lib/configs.rb; when it is
-# this gem, a FileFlusher writes a profile every second into
-# BENCH_PROFILE_DIR, as it would in production (at a far longer interval).
+# this gem, a FileFlusher writes a profile into BENCH_PROFILE_DIR every
+# BENCH_FLUSH_INTERVAL seconds (bench/run --flush-interval; 1 unless given,
+# a far shorter interval than production's).
 
 require "json"
 require "objspace"
@@ -14,10 +15,7 @@ require "memprofiler_pprof_rs"
 require_relative "configs"
 
 BenchConfigs::ALL.fetch(ENV.fetch("BENCH_PROFILER")).call
-if $bench_collector
-  MemprofilerPprof::FileFlusher.new($bench_collector, pattern: File.join(ENV.fetch("BENCH_PROFILE_DIR"), "mem-%{index}.pprof"),
-                                                      interval: 1, keep: 3).start!
-end
+BenchConfigs.start_flusher
 
 # A page of records, as JSON and as HTML.
 class Catalog

@@ -11,7 +11,6 @@ require_relative "configs"
 # latency and the server's CPU time per request (medians over runs) and
 # their ratios to "no profiler".
 module PumaBench
-  SECONDS = Integer(ENV.fetch("BENCH_PUMA_SECONDS", "5"))
   THREADS = 4
   CONNECTIONS = 8
   # wrk's own default (2 s) would drop the slowest configurations' requests
@@ -20,12 +19,23 @@ module PumaBench
 
   module_function
 
+  # Seconds wrk loads a server in a run (bench/run --seconds).
+  def seconds
+    Integer(ENV.fetch("BENCH_PUMA_SECONDS", "5"))
+  end
+
+  # "run N s; this gem with a FileFlusher writing every S s", for the tables.
+  def setup_text
+    interval = BenchConfigs.flush_interval
+    every = interval == 1 ? "every second" : format("every %g s", interval)
+    "#{seconds} s per run; this gem with a FileFlusher writing #{every}"
+  end
+
   def run(runs, configs = BenchConfigs::DEFAULT)
     results = compare(runs, configs, "(4) puma", "puma_app.ru", "/?page=3") or return
     puts
     puts "(4) puma #{puma_version}, #{THREADS} threads, Rack app of bench/lib/puma_app.ru (40 records as JSON " \
-         "and HTML per request); wrk, #{CONNECTIONS} connections, #{SECONDS} s per run; " \
-         "this gem with a FileFlusher writing every second"
+         "and HTML per request); wrk, #{CONNECTIONS} connections, #{setup_text}"
     report(results, configs)
   end
 
@@ -47,6 +57,11 @@ module PumaBench
   # saturated server's capacity follows, and which wrk's share of the two
   # cores moves less than it moves throughput.
   def report(results, configs)
+    report_medians(results, configs)
+    report_paired(results, configs)
+  end
+
+  def report_medians(results, configs)
     base = summarize(results["no profiler"])
     rows = configs.map do |config|
       s = summarize(results[config])
@@ -63,7 +78,31 @@ module PumaBench
     return unless rows.any? { |row| row.last != "" }
 
     puts "(sampled share: with sampling windows, the share of allocations made while the hook was on, from the " \
-         "profiles' comments; median over the runs of each run's mean over its one-second profiles)"
+         "profiles' comments; median over the runs of each run's mean over its profiles)"
+  end
+
+  # The same runs paired: each run's ratio to the "no profiler" server of
+  # its own rotation, which moved with the machine as it did. With six runs
+  # or more, the median ratio and a 95% confidence interval for it: a goal
+  # such as "at least 0.97x" holds when the interval's low end is above it.
+  def report_paired(results, configs)
+    base = results["no profiler"]
+    return if base.size < 6
+
+    rows = (configs - ["no profiler"]).map do |config|
+      runs = results[config].zip(base)
+      [config, paired(runs) { |r, b| r[:rps] / b[:rps] }, paired(runs) { |r, b| r[:cpu] / b[:cpu] }]
+    end
+    puts
+    BenchReport.table(["configuration", "requests/s vs none, paired", "CPU/request vs none, paired"], rows)
+    puts "(each run's ratio to the server without a profiler in the same rotation; median of #{base.size} runs " \
+         "[a 95% confidence interval for that median])"
+  end
+
+  def paired(runs, &ratio)
+    ratios = runs.map(&ratio)
+    low, high = BenchReport.median_interval(ratios)
+    format("%.3fx [%.3f-%.3f]", BenchReport.median(ratios), low, high)
   end
 
   def summarize(list)
@@ -84,7 +123,7 @@ module PumaBench
       # steady state.
       wrk(base_url + path, WARM_UP_SECONDS, connections)
       cpu_before = cpu_seconds(pid)
-      result = wrk(base_url + path, SECONDS, connections)
+      result = wrk(base_url + path, seconds, connections)
       result[:cpu] = (cpu_seconds(pid) - cpu_before) / result.delete(:requests)
       share = window_share(dir)
       share ? result.merge(window_share: share) : result

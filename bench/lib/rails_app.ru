@@ -9,8 +9,8 @@
 # of ~2,000 allocations a request.
 #
 # BENCH_PROFILER names a configuration of bench/lib/configs.rb; when it is
-# this gem, a FileFlusher writes a profile every second into
-# BENCH_PROFILE_DIR (as in puma_app.ru).
+# this gem, a FileFlusher writes profiles into BENCH_PROFILE_DIR (as in
+# puma_app.ru).
 #
 # A request with the header X-Bench-Probe answers, in x-bench-allocated and
 # x-bench-depth, how many objects it allocated inside this app and how deep
@@ -22,10 +22,7 @@ require_relative "rails_app/app"
 require_relative "configs"
 
 BenchConfigs::ALL.fetch(ENV.fetch("BENCH_PROFILER")).call
-if $bench_collector
-  MemprofilerPprof::FileFlusher.new($bench_collector, pattern: File.join(ENV.fetch("BENCH_PROFILE_DIR"), "mem-%{index}.pprof"),
-                                                      interval: 1, keep: 3).start!
-end
+BenchConfigs.start_flusher
 
 use MemprofilerPprof::RackLabels if BenchConfigs.rack_labels
 run BenchRails.app

@@ -32,7 +32,7 @@ module RailsBench
          "(ActionPack #{version}: Rails' production middleware stack, router, a controller, a layout and 3 levels " \
          "of partials with ActionView helpers); per request #{probe[:allocated]} objects allocated inside the app, " \
          "#{probe[:depth]} frames deep at the deepest view helper (puma's included); wrk, #{CONNECTIONS} " \
-         "connections, #{PumaBench::SECONDS} s per run; this gem with a FileFlusher writing every second"
+         "connections, #{PumaBench.setup_text}"
     PumaBench.report(results, configs)
   end
 
@@ -48,7 +48,7 @@ module RailsBench
     puts "(9) ActiveRecord app: puma #{PumaBench.puma_version}, #{PumaBench::THREADS} threads, " \
          "bench/lib/rails_ar_app.ru (Rails #{actionpack_version} with its railties, production, ActiveRecord on " \
          "SQLite: 30 orders and their customers a request, rendered in a layout with a partial each); wrk, " \
-         "#{CONNECTIONS} connections, #{PumaBench::SECONDS} s per run; this gem with a FileFlusher writing every second"
+         "#{CONNECTIONS} connections, #{PumaBench.setup_text}"
     PumaBench.report(results, configs)
   end
 

@@ -72,6 +72,28 @@ module BenchReport
     rows.each { |r| puts line.call(r) }
   end
 
+  # A distribution-free 95% confidence interval for the median of
+  # `values`: the order statistics k and n + 1 - k, with k the largest for
+  # which Binomial(n, 1/2) puts at most 2.5% below k. Nil below 6 values,
+  # where no such k exists.
+  def median_interval(values)
+    sorted = values.compact.sort
+    n = sorted.size
+    below = 0.0 # P(Binomial(n, 1/2) <= k - 1), growing with k
+    k = 0
+    (0...n).each do |j|
+      below += binomial_half(n, j)
+      break if below > 0.025
+
+      k = j + 1
+    end
+    [sorted[k - 1], sorted[n - k]] if k.positive?
+  end
+
+  def binomial_half(n, j)
+    (1..j).reduce(1r) { |c, i| c * (n - i + 1) / i } / (2r**n)
+  end
+
   def ratio(value, base)
     return "" if value.nil? || base.nil? || base.zero?
 
