@@ -21,11 +21,18 @@
 //! 1.6 ms while the job ran in the last 0.1 s, before 3.3). A process
 //! idle in IO or sleep runs no job: its wake-ups thin out to ten a second.
 //!
+//! It sleeps on a timerfd (Linux), which the job re-arms for its next
+//! deadline without waking it: one wake-up a poll. Parked with a timeout
+//! instead (elsewhere, or without a timerfd), the thread woke twice for
+//! most polls: to trigger the job, and again when its check on the job
+//! came due (or the job woke it for a nearer deadline), only to sleep
+//! until the job's deadline.
+//!
 //! At exit it is stopped, and waited for, before Ruby tears down what the
 //! trigger writes to. In a forked child (where it does not exist) the next
 //! job starts another.
 
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::thread::Thread;
 use std::time::{Duration, Instant};
@@ -93,6 +100,11 @@ static DEADLINE: AtomicU64 = AtomicU64::new(u64::MAX);
 /// switches, and the job runs for every batch of samples, not only when
 /// the thread asked.)
 static SLEEPING_UNTIL: AtomicU64 = AtomicU64::new(0);
+/// The thread sleeps until a check on a triggered job, not a deadline: a
+/// job that runs meanwhile may move its wake-up later, to its deadline.
+static SLEEPING_FOR_JOB: AtomicBool = AtomicBool::new(false);
+/// The timerfd the thread sleeps on (-1: none, it parks).
+static TIMER_FD: AtomicI32 = AtomicI32::new(-1);
 /// Triggered, and the job has not run since.
 static JOB_PENDING: AtomicBool = AtomicBool::new(false);
 static STOP: AtomicBool = AtomicBool::new(false);
@@ -104,7 +116,12 @@ static OWNER: AtomicU32 = AtomicU32::new(0);
 /// The thread's loop has ended.
 static EXITED: AtomicBool = AtomicBool::new(true);
 
+/// Wakes the thread now.
 fn wake() {
+    let fd = TIMER_FD.load(Ordering::Acquire);
+    if fd >= 0 {
+        arm(fd, 1);
+    }
     let thread = THREAD.load(Ordering::Acquire);
     if !thread.is_null() {
         // SAFETY: a leaked Box, never freed; unparking a thread that is
@@ -145,9 +162,46 @@ pub fn schedule(in_ns: Option<u64>, trigger: fn()) {
         watch_resumes(trigger);
         start(trigger);
         wake();
-    } else if deadline < SLEEPING_UNTIL.load(Ordering::SeqCst) {
-        wake();
+        return;
     }
+    let sleeping_until = SLEEPING_UNTIL.load(Ordering::SeqCst);
+    if sleeping_until == 0 {
+        // Awake: it reads the deadline before it sleeps again.
+        return;
+    }
+    if deadline < sleeping_until {
+        wake_at(sleeping_until, deadline);
+    } else if deadline > sleeping_until
+        && deadline != u64::MAX
+        && SLEEPING_FOR_JOB.load(Ordering::SeqCst)
+        && TIMER_FD.load(Ordering::Acquire) >= 0
+    {
+        // It would wake to check on this job, which has run: it sleeps on
+        // to the deadline instead. (Only a timerfd can be moved later; a
+        // parked thread wakes as planned.)
+        wake_at(sleeping_until, deadline);
+    }
+}
+
+/// Has the thread, asleep until `sleeping_until`, wake at `deadline`
+/// (monotonic ns) instead: its timerfd moved, or, parked, woken now to
+/// decide again.
+fn wake_at(sleeping_until: u64, deadline: u64) {
+    let fd = TIMER_FD.load(Ordering::Acquire);
+    if fd < 0 {
+        wake();
+        return;
+    }
+    arm(fd, deadline.saturating_sub(monotonic_ns()));
+    // What later jobs compare their deadlines with; unless the thread has
+    // woken meanwhile (it then decides from DEADLINE, which holds this).
+    SLEEPING_FOR_JOB.store(false, Ordering::SeqCst);
+    let _ = SLEEPING_UNTIL.compare_exchange(
+        sleeping_until,
+        deadline,
+        Ordering::SeqCst,
+        Ordering::SeqCst,
+    );
 }
 
 /// From the postponed job (GVL held), after every collector's `schedule`:
@@ -164,21 +218,35 @@ pub fn schedule_no_later(in_ns: u64, trigger: fn()) {
         watch_resumes(trigger);
         start(trigger);
         wake();
-    } else if DEADLINE.fetch_min(deadline, Ordering::SeqCst) > deadline
-        && deadline < SLEEPING_UNTIL.load(Ordering::SeqCst)
-    {
+    } else if DEADLINE.fetch_min(deadline, Ordering::SeqCst) > deadline {
         // (SeqCst, as in `schedule`.)
-        wake();
+        let sleeping_until = SLEEPING_UNTIL.load(Ordering::SeqCst);
+        if deadline < sleeping_until {
+            wake_at(sleeping_until, deadline);
+        }
     }
 }
 
-/// Parks the thread until `until` (monotonic ns) at the latest, unless
-/// the deadline changed from `deadline` meanwhile.
-fn sleep_until(until: u64, deadline: u64) {
+/// Sleeps until `until` (monotonic ns) at the latest, or until a job moves
+/// the wake-up (`wake_at`, `schedule`), unless the deadline changed from
+/// `deadline` meanwhile. `for_job`: `until` is a check on a triggered job.
+fn sleep_until(until: u64, deadline: u64, for_job: bool) {
+    let now = monotonic_ns();
+    if until <= now {
+        return;
+    }
+    let fd = TIMER_FD.load(Ordering::Acquire);
+    // Armed before the thread says how long it sleeps: a job that reads
+    // that moves the wake-up after this, never before.
+    if fd >= 0 {
+        arm(fd, until - now);
+    }
+    SLEEPING_FOR_JOB.store(for_job, Ordering::SeqCst);
     SLEEPING_UNTIL.store(until, Ordering::SeqCst);
     if DEADLINE.load(Ordering::SeqCst) == deadline {
-        let now = monotonic_ns();
-        if until > now {
+        if fd >= 0 {
+            wait_for_timer(fd);
+        } else {
             std::thread::park_timeout(Duration::from_nanos(until - now));
         }
     }
@@ -186,9 +254,69 @@ fn sleep_until(until: u64, deadline: u64) {
     SLEEPING_UNTIL.store(0, Ordering::SeqCst);
 }
 
+/// A timerfd for the thread to sleep on; -1 where there is none.
+fn new_timer_fd() -> i32 {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: creates a file descriptor; no memory is passed.
+        unsafe { libc::timerfd_create(libc::CLOCK_MONOTONIC, libc::TFD_CLOEXEC) }
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        -1
+    }
+}
+
+/// Sets the timerfd `fd` to expire once, `in_ns` from now (at least 1 ns:
+/// 0 would disarm it). Any expiry not yet read is cleared.
+fn arm(fd: i32, in_ns: u64) {
+    #[cfg(target_os = "linux")]
+    {
+        let in_ns = in_ns.max(1);
+        let value = libc::itimerspec {
+            it_interval: libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            },
+            it_value: libc::timespec {
+                tv_sec: (in_ns / 1_000_000_000) as libc::time_t,
+                tv_nsec: (in_ns % 1_000_000_000) as libc::c_long,
+            },
+        };
+        // SAFETY: `fd` is the timerfd this module created (a stale one, in
+        // a child before `start` replaced it, is never armed: `schedule`
+        // starts the thread first); both structs live on this stack.
+        unsafe { libc::timerfd_settime(fd, 0, &value, std::ptr::null_mut()) };
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (fd, in_ns);
+}
+
+/// Blocks until the timerfd `fd` expires (or a signal interrupts: the
+/// caller decides again either way).
+fn wait_for_timer(fd: i32) {
+    let mut expirations = 0u64;
+    // SAFETY: reads at most 8 bytes into a u64 on this stack frame.
+    unsafe {
+        libc::read(
+            fd,
+            (&mut expirations as *mut u64).cast::<libc::c_void>(),
+            std::mem::size_of::<u64>(),
+        )
+    };
+}
+
 fn start(trigger: fn()) {
     EXITED.store(false, Ordering::Release);
     OWNER.store(std::process::id(), Ordering::Release);
+    // A forked child has its parent's timerfd, which is the same timer:
+    // its own, before anything arms it.
+    let inherited = TIMER_FD.swap(new_timer_fd(), Ordering::AcqRel);
+    if inherited >= 0 {
+        // SAFETY: closes this process's copy of a descriptor only this
+        // module uses; the parent's stays open.
+        unsafe { libc::close(inherited) };
+    }
     let spawned = std::thread::Builder::new()
         .name("memprofiler-windows".into())
         .stack_size(64 * 1024)
@@ -237,11 +365,11 @@ fn run(trigger: fn()) {
                 retrigger_wait = (retrigger_wait * 2).min(longest_retrigger_wait(now));
                 retrigger_at = now.saturating_add(retrigger_wait);
             }
-            sleep_until(retrigger_at, deadline);
+            sleep_until(retrigger_at, deadline, true);
         } else if deadline == u64::MAX {
-            sleep_until(now.saturating_add(1_000_000_000), deadline);
+            sleep_until(now.saturating_add(1_000_000_000), deadline, false);
         } else if now < deadline {
-            sleep_until(deadline, deadline);
+            sleep_until(deadline, deadline, false);
         } else {
             // Taken only if no job moved it meanwhile (else decide again): a
             // job that runs between this and the trigger then leaves its
@@ -341,5 +469,68 @@ pub fn stop_at_exit() {
     while !EXITED.load(Ordering::Acquire) && began.elapsed() < Duration::from_millis(200) {
         std::thread::sleep(Duration::from_micros(200));
         wake();
+    }
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::{arm, new_timer_fd, wait_for_timer};
+    use std::time::{Duration, Instant};
+
+    const MS: u64 = 1_000_000;
+
+    /// Waits on a new timerfd armed `first_ms` ahead, moved to `moved_ms`
+    /// (from the arming) by another thread 10 ms in; how long the wait took.
+    fn wait_moved(first_ms: u64, moved_ms: u64) -> Duration {
+        let fd = new_timer_fd();
+        assert!(fd >= 0, "timerfd_create failed");
+        let began = Instant::now();
+        arm(fd, first_ms * MS);
+        let mover = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(10));
+            let left = Duration::from_millis(moved_ms).saturating_sub(began.elapsed());
+            arm(fd, left.as_nanos() as u64);
+        });
+        wait_for_timer(fd);
+        let waited = began.elapsed();
+        mover.join().expect("the mover");
+        // SAFETY: the descriptor this test created, no longer used.
+        unsafe { libc::close(fd) };
+        waited
+    }
+
+    /// A job moves the sleeping thread's wake-up without waking it: earlier
+    /// (a nearer deadline) and later (a check on a job that has run). A
+    /// timer never fires early; the upper bounds leave a busy machine
+    /// hundreds of milliseconds.
+    #[test]
+    #[cfg_attr(miri, ignore = "system calls")]
+    fn a_sleeping_thread_wakes_when_its_timer_was_moved_to() {
+        let earlier = wait_moved(2_000, 30);
+        assert!(earlier >= Duration::from_millis(30), "{earlier:?}");
+        assert!(earlier < Duration::from_millis(1_500), "{earlier:?}");
+        let later = wait_moved(200, 600);
+        assert!(later >= Duration::from_millis(600), "{later:?}");
+    }
+
+    /// Arming clears an expiry not yet read: the next wait is for the new
+    /// time, not returned at once.
+    #[test]
+    #[cfg_attr(miri, ignore = "system calls")]
+    fn an_expiry_not_read_does_not_end_the_next_wait() {
+        let fd = new_timer_fd();
+        assert!(fd >= 0, "timerfd_create failed");
+        arm(fd, 1);
+        std::thread::sleep(Duration::from_millis(5));
+        let began = Instant::now();
+        arm(fd, 50 * MS);
+        wait_for_timer(fd);
+        assert!(
+            began.elapsed() >= Duration::from_millis(50),
+            "{:?}",
+            began.elapsed()
+        );
+        // SAFETY: the descriptor this test created.
+        unsafe { libc::close(fd) };
     }
 }
