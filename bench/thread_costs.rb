@@ -25,7 +25,7 @@ OptionParser.new do |o|
   o.banner = "usage: ruby bench/thread_costs.rb [options]"
   o.on("--runs N", Integer, "runs per configuration (default 3)") { |v| options[:runs] = v }
   o.on("--seconds N", Integer, "seconds of wrk per run (default 10)") { |v| options[:seconds] = v }
-  o.on("--app RACKUP", "rails_app.ru (default) or puma_app.ru") { |v| options[:app] = v }
+  o.on("--app RACKUP", "rails_app.ru (default), rails_ar_app.ru or puma_app.ru") { |v| options[:app] = v }
   o.on("--config NAME", "a configuration of bench/lib/configs.rb instead of the defaults, beside no profiler " \
                         "(repeatable)") { |v| chosen << v }
 end.parse!
@@ -39,8 +39,9 @@ abort "thread_costs.rb: #{missing} is not installed (script/bootstrap --bench in
 
 # Each app's path and wrk connections, as bench/run rails and puma use them.
 APPS = { "rails_app.ru" => ["/products?page=3", PumaBench::THREADS],
+         "rails_ar_app.ru" => ["/orders?page=3", PumaBench::THREADS],
          "puma_app.ru" => ["/?page=3", PumaBench::CONNECTIONS] }.freeze
-path, connections = APPS.fetch(options[:app]) { abort "thread_costs.rb: --app is rails_app.ru or puma_app.ru" }
+path, connections = APPS.fetch(options[:app]) { abort "thread_costs.rb: --app is one of #{APPS.keys.join(', ')}" }
 CLOCK_TICKS = PumaBench::CLOCK_TICKS
 # Thread names (as Linux keeps them: 15 bytes) and what they are. (With a
 # FileFlusher the only memprofiler_pprof_rs Ruby thread is the flusher's.)
