@@ -142,8 +142,8 @@ static EXITED: AtomicBool = AtomicBool::new(true);
 /// Wakes the thread now.
 fn wake() {
     let fd = TIMER_FD.load(Ordering::Acquire);
-    if fd >= 0 {
-        arm(fd, 0);
+    if fd >= 0 && !arm(fd, 0) {
+        give_up_timer_fd(fd);
     }
     let thread = THREAD.load(Ordering::Acquire);
     if !thread.is_null() {
@@ -222,7 +222,11 @@ fn wake_at(sleeping_until: u64, deadline: u64) {
         return;
     }
     // (An absolute time: a job that ran late arms no later than it meant.)
-    arm(fd, deadline);
+    if !arm(fd, deadline) {
+        give_up_timer_fd(fd);
+        wake();
+        return;
+    }
     // What later jobs compare their deadlines with; unless the thread has
     // woken meanwhile (it then decides from DEADLINE, which holds this).
     SLEEPING_FOR_JOB.store(false, Ordering::SeqCst);
@@ -265,24 +269,34 @@ fn sleep_until(until: u64, deadline: u64, for_job: bool) {
     if until <= now {
         return;
     }
-    let fd = TIMER_FD.load(Ordering::Acquire);
+    let mut fd = TIMER_FD.load(Ordering::Acquire);
     // Armed before the thread says how long it sleeps, so that a job that
     // reads it moves the wake-up after this (a job that read an earlier
     // sleep's may still re-arm it: see `schedule`).
-    if fd >= 0 {
-        arm(fd, until);
+    if fd >= 0 && !arm(fd, until) {
+        fd = give_up_timer_fd(fd);
     }
     SLEEPING_FOR_JOB.store(for_job, Ordering::SeqCst);
     SLEEPING_UNTIL.store(until, Ordering::SeqCst);
     if DEADLINE.load(Ordering::SeqCst) == deadline {
-        if fd >= 0 {
-            wait_for_timer(fd);
-        } else {
+        let waited = fd >= 0 && wait_for_timer(fd);
+        if !waited {
+            if fd >= 0 {
+                give_up_timer_fd(fd);
+            }
             std::thread::park_timeout(Duration::from_nanos(until - now));
         }
     }
     // Awake: a job's deadline must wake it again only if before now.
     SLEEPING_UNTIL.store(0, Ordering::SeqCst);
+}
+
+/// The timerfd `fd` failed (the application closed the descriptor, which
+/// may now be another file of its own): the thread parks from now on, and
+/// nothing here touches that number again. Returns -1.
+fn give_up_timer_fd(fd: i32) -> i32 {
+    let _ = TIMER_FD.compare_exchange(fd, -1, Ordering::AcqRel, Ordering::Acquire);
+    -1
 }
 
 /// A timerfd for the thread to sleep on; -1 where there is none.
@@ -299,8 +313,10 @@ fn new_timer_fd() -> i32 {
 }
 
 /// Sets the timerfd `fd` to expire once, at `at` (`monotonic_ns` time; a
-/// time past expires at once). Any expiry not yet read is cleared.
-fn arm(fd: i32, at: u64) {
+/// time past expires at once). Any expiry not yet read is cleared. False
+/// if `fd` is no timerfd (closed, or reused for another file): the call
+/// then changed nothing.
+fn arm(fd: i32, at: u64) -> bool {
     #[cfg(target_os = "linux")]
     {
         // (Never 0, which would disarm it: the base is CLOCK_MONOTONIC at
@@ -320,24 +336,32 @@ fn arm(fd: i32, at: u64) {
         // a child before `start` replaced it, is never armed: `schedule`,
         // `schedule_no_later` and `stop_at_exit` check the owner first);
         // both structs live on this stack.
-        unsafe { libc::timerfd_settime(fd, libc::TFD_TIMER_ABSTIME, &value, std::ptr::null_mut()) };
+        unsafe {
+            libc::timerfd_settime(fd, libc::TFD_TIMER_ABSTIME, &value, std::ptr::null_mut()) == 0
+        }
     }
     #[cfg(not(target_os = "linux"))]
-    let _ = (fd, at);
+    {
+        let _ = (fd, at);
+        false
+    }
 }
 
 /// Blocks until the timerfd `fd` expires (or a signal interrupts: the
-/// caller decides again either way).
-fn wait_for_timer(fd: i32) {
+/// caller decides again either way). False if it cannot be read.
+fn wait_for_timer(fd: i32) -> bool {
     let mut expirations = 0u64;
-    // SAFETY: reads at most 8 bytes into a u64 on this stack frame.
-    unsafe {
+    // SAFETY: reads at most 8 bytes into a u64 on this stack frame. (`fd`
+    // was a timerfd when it was just armed.)
+    let read = unsafe {
         libc::read(
             fd,
             (&mut expirations as *mut u64).cast::<libc::c_void>(),
             std::mem::size_of::<u64>(),
         )
     };
+    read == std::mem::size_of::<u64>() as isize
+        || std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted
 }
 
 fn start(trigger: fn()) {
@@ -545,6 +569,29 @@ mod tests {
         assert!(earlier < Duration::from_millis(4_000), "{earlier:?}");
         let later = wait_moved(1_000, 1_500);
         assert!(later >= Duration::from_millis(1_500), "{later:?}");
+    }
+
+    /// A descriptor the application closed (or reused) is never armed or
+    /// read as the timer: the thread then parks instead.
+    #[test]
+    #[cfg_attr(miri, ignore = "system calls")]
+    fn a_closed_descriptor_is_no_timer() {
+        let fd = new_timer_fd();
+        assert!(fd >= 0, "timerfd_create failed");
+        // SAFETY: the descriptor this test created.
+        unsafe { libc::close(fd) };
+        assert!(!arm(fd, 0));
+        assert!(!wait_for_timer(fd));
+        // A pipe in its place: not a timerfd, and its bytes are not read.
+        let mut pipe = [0i32; 2];
+        // SAFETY: writes two descriptors into the array on this stack.
+        assert_eq!(unsafe { libc::pipe(pipe.as_mut_ptr()) }, 0);
+        assert!(!arm(pipe[0], 0));
+        // SAFETY: the pipe this test made.
+        unsafe {
+            libc::close(pipe[0]);
+            libc::close(pipe[1]);
+        }
     }
 
     /// Arming clears an expiry not yet read: the next wait is for the new
