@@ -5,8 +5,9 @@
 #   ruby -Ilib bench/lib/truth_worker.rb server  CONFIG SEED INTERVAL DURATION DIR [IDLE_MS]
 #   ruby -Ilib bench/lib/truth_worker.rb phased  CONFIG SEED DIR
 #
-# CONFIG is "defaults" (Collector.new(sample_rate: 0.01)) or "exact"
-# (mode: :exact, window_budget: nil). Each flush's profile is written to DIR
+# CONFIG is "defaults" (Collector.new(sample_rate: 0.01)), "exact"
+# (mode: :exact, window_budget: nil) or "budget:N" (the defaults with
+# window_budget: N). Each flush's profile is written to DIR
 # beside a JSON line of what was really allocated and alive (what
 # bench/truth compares the profile with); the line also goes to stdout.
 # IDLE_MS: sleep that long after every 10th request, as a server waits
@@ -121,7 +122,9 @@ module TruthWorkload
     case config
     when "defaults" then MemprofilerPprof::Collector.new(sample_rate: 0.01, seed: seed)
     when "exact" then MemprofilerPprof::Collector.new(sample_rate: 0.01, mode: :exact, window_budget: nil, seed: seed)
-    else raise ArgumentError, "unknown configuration #{config.inspect} (defaults, exact)"
+    when /\Abudget:(\d+)\z/
+      MemprofilerPprof::Collector.new(sample_rate: 0.01, window_budget: Integer(Regexp.last_match(1)), seed: seed)
+    else raise ArgumentError, "unknown configuration #{config.inspect} (defaults, exact, budget:N)"
     end
   end
 
