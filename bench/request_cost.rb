@@ -10,23 +10,30 @@
 # The second block without the profiler is the control: what the method
 # reads where nothing differs.
 #
-#   ruby -Ilib bench/request_cost.rb                      # the ActiveRecord app, 100 rounds of 100-request blocks
-#   ruby -Ilib bench/request_cost.rb --app rails --rounds 200 --mode exact
-#   ruby -Ilib bench/request_cost.rb --wake-ups 400   # no profiler: a process that only sleeps and wakes
+#   ruby -Ilib bench/request_cost.rb                   # the ActiveRecord app, 60 rounds of 100-request blocks
+#   ruby -Ilib bench/request_cost.rb --app rails       # the Rails-depth app
+#   ruby -Ilib bench/request_cost.rb --window-budget 25000 --rounds 120 --block 60
+#   ruby -Ilib bench/request_cost.rb --wake-ups 400    # no profiler: a process that only sleeps and wakes
 #
 # "request thread": the CPU time of the thread that ran the requests (the
 # app, the hooks, the samples, the postponed jobs that ran on it); "process":
 # every thread's (adds the windows' timer thread). The profiler is started
-# before a block and stopped after it, and flushed between blocks, outside
-# them, as a server's flusher would (its cost is the flusher thread's, not
-# the requests': bench/thread_costs.rb measures it under puma). What a
-# running server is past is left out: the warm-up (window_warm_up: 0), and
-# after each start the first 30 requests, while the windows spend the
-# budget saved while stopped.
+# before its block and stopped and flushed after it (a server's flusher
+# thread would flush: bench/thread_costs.rb measures that thread under
+# puma). What a running server is past is left out, unmeasured: the
+# warm-up (window_warm_up: 0), and after each start the requests of its
+# first 1.25 s, while the windows learn the allocation rate again and
+# spend the second of budget each start grants (spent over ~0.25 s at a
+# time: sampler/windows/budget.rs). After every block, on or off,
+# FILLER unmeasured requests absorb what it leaves behind (the flush's
+# garbage and its leftovers, released by a job on the request thread), and
+# the rounds go through the six orders of the three blocks in turn, so
+# that each block follows each other equally often. Each start clears the
+# live-sample table: a server's full one is not measured here.
 #
 # --wake-ups N replaces the profiler, in the blocks marked "on", by a
 # process of its own that only sleeps and wakes N times a second (the C
-# program of bench/wake_cost.rb): what a timer's wake-ups alone cost the
+# program bench/lib/wake_cost.c): what a timer's wake-ups alone cost the
 # requests, with none of the profiler's work ("process" then means this
 # process only, without the sleeper's own CPU).
 
@@ -37,14 +44,17 @@ require "tmpdir"
 require "memprofiler_pprof_rs"
 require_relative "lib/report"
 
-options = { app: "rails-ar", rounds: 100, block: 100, mode: :light }
-OptionParser.new do |o|
+options = { app: "rails-ar", rounds: 60, block: 100, filler: 20, mode: :light }
+parser = OptionParser.new do |o|
   o.banner = "usage: ruby -Ilib bench/request_cost.rb [options]"
   o.on("--app APP", %w[rails rails-ar], "rails-ar (default: the ActiveRecord app) or rails (Rails-depth)") do |v|
     options[:app] = v
   end
-  o.on("--rounds N", Integer, "rounds of three blocks (default 100)") { |v| options[:rounds] = v }
-  o.on("--block N", Integer, "requests a block (default 100)") { |v| options[:block] = v }
+  o.on("--rounds N", Integer, "rounds of three blocks (default 60; a multiple of 6 gives each order as often)") do |v|
+    options[:rounds] = v
+  end
+  o.on("--block N", Integer, "requests a measured block (default 100)") { |v| options[:block] = v }
+  o.on("--filler N", Integer, "unmeasured requests after each block (default 20)") { |v| options[:filler] = v }
   o.on("--mode MODE", %w[light exact], "the collector's mode (default light, the default)") do |v|
     options[:mode] = v.to_sym
   end
@@ -55,11 +65,22 @@ OptionParser.new do |o|
   o.on("--wake-ups N", Integer, "instead of the profiler: a process waking N times a second") do |v|
     options[:wake_ups] = v
   end
-end.parse!
-abort "request_cost.rb: --rounds must be at least 6 and --block at least 1" if options[:rounds] < 6 || options[:block] < 1
-if options[:wake_ups] && !options[:wake_ups].between?(1, 1_000_000)
-  abort "request_cost.rb: --wake-ups must be 1-1,000,000 a second, got #{options[:wake_ups]}"
 end
+begin
+  parser.parse!
+rescue OptionParser::ParseError => e
+  abort "request_cost.rb: #{e.message}"
+end
+abort "request_cost.rb: --rounds must be at least 6 and --block at least 1" if options[:rounds] < 6 || options[:block] < 1
+abort "request_cost.rb: --filler must be 0 or more, got #{options[:filler]}" if options[:filler].negative?
+if options[:wake_ups]
+  unless options[:wake_ups].between?(1, 1_000_000)
+    abort "request_cost.rb: --wake-ups must be 1-1,000,000 a second, got #{options[:wake_ups]}"
+  end
+  collector_flag = %i[rate budget].find { |key| options[key] } || (options[:mode] == :exact && :mode)
+  abort "request_cost.rb: --wake-ups runs no profiler: it takes no collector option (#{collector_flag})" if collector_flag
+end
+abort "request_cost.rb: --mode exact has no windows: it takes no --window-budget" if options[:mode] == :exact && options[:budget]
 
 app, path = if options[:app] == "rails"
               require_relative "lib/rails_app/app"
@@ -90,6 +111,7 @@ end
 # Templates compiled, caches filled.
 300.times { request.call }
 coverage = []
+exact_live = []
 if options[:wake_ups]
   # The sleeping process, compiled once, started before each "on" block
   # and killed after it.
@@ -101,7 +123,7 @@ if options[:wake_ups]
   system(compiler, "-O2", "-o", waker, source, "-lpthread") or abort "request_cost.rb: #{compiler} failed on #{source}"
   on_description = "a process waking #{options[:wake_ups]} times a second"
   on_block = lambda do
-    pid = Process.spawn(waker, (1_000_000_000 / options[:wake_ups]).to_s, "3600", "1", out: File::NULL)
+    pid = Process.spawn(waker, (1_000_000_000 / options[:wake_ups]).to_s, "600", "1", out: File::NULL)
     begin
       measure.call
     ensure
@@ -116,27 +138,38 @@ else
   collector_options[:window_budget] = nil if options[:mode] == :exact
   collector = MemprofilerPprof::Collector.new(**collector_options)
   on_description = "collector #{collector_options.inspect}"
-  # The windows' rates learnt.
-  collector.start!
-  100.times { request.call }
-  collector.stop!
-  collector.flush
+  allocated = -> { GC.stat(:total_allocated_objects) }
   on_block = lambda do
     collector.start!
-    # Unmeasured: the budget saved while stopped is spent first (windows
-    # come closer together for ~0.25 s), which a running server has not.
-    30.times { request.call }
+    began = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+    from = allocated.call
+    request.call while Process.clock_gettime(Process::CLOCK_MONOTONIC) - began < 1.25
+    # window_coverage is the share of the allocations since start! that
+    # were hooked: the block's own share is the difference.
+    before = [collector.window_coverage, allocated.call - from] if options[:mode] == :light
     result = measure.call
-    collector.stop!
-    coverage << collector.window_coverage if options[:mode] == :light
-    collector.flush
+    if before
+      after = [collector.window_coverage, allocated.call - from]
+      coverage << (((after[0] * after[1]) - (before[0] * before[1])) / (after[1] - before[1]))
+    end
     result
+  ensure
+    collector.stop!
+    collector.flush
+    # In exact mode the FREEOBJ hook stays on while samples it took are
+    # alive, into the blocks without the profiler (counted, and said).
+    exact_live << collector.live_heap_samples_count if options[:mode] == :exact
   end
 end
 blocks = { on: on_block, off: measure, control: measure }
+orders = blocks.keys.permutation.to_a
 
 rounds = Array.new(options[:rounds]) do |round|
-  result = blocks.keys.rotate(round).to_h { |name| [name, blocks.fetch(name).call] }
+  result = orders[round % orders.size].to_h do |name|
+    measured = blocks.fetch(name).call
+    options[:filler].times { request.call }
+    [name, measured]
+  end
   $stderr.print "."
   result
 end
@@ -154,12 +187,18 @@ rows = []
 end
 puts
 puts "#{options[:app]} in this process, #{options[:rounds]} rounds of three #{options[:block]}-request blocks " \
-     "(on, off, off again; rotated); on: #{on_description}"
+     "(on, off, off again; the six orders in turn; #{options[:filler]} unmeasured after each); on: #{on_description}"
 BenchReport.table(["paired ratio", "median", "95% interval of the median"], rows)
 gcs = blocks.keys.map { |name| format("%s %.1f", name, BenchReport.median(rounds.map { |r| r[name][2] })) }
 puts "(GCs a block, median: #{gcs.join(', ')}; off alone: " \
      "#{format('%.2f ms', BenchReport.median(rounds.map { |r| r[:off][0] }) * 1000)} of request-thread CPU a request)"
 unless coverage.empty?
-  puts "(share of allocations the windows hooked, median over blocks: #{format('%.3f', BenchReport.median(coverage))})"
+  puts "(share of the measured blocks' allocations the windows hooked, median: " \
+       "#{format('%.3f', BenchReport.median(coverage))})"
+end
+if exact_live.any?(&:positive?)
+  puts "(mode: :exact kept its FREEOBJ hook on after a block while its samples lived: a median of " \
+       "#{BenchReport.median(exact_live).round} live samples after a block's flush; the blocks without it " \
+       "paid that hook too, so on / off reads low)"
 end
 puts BenchReport.machine

@@ -122,8 +122,8 @@ module TruthWorkload
     case config
     when "defaults" then MemprofilerPprof::Collector.new(sample_rate: 0.01, seed: seed)
     when "exact" then MemprofilerPprof::Collector.new(sample_rate: 0.01, mode: :exact, window_budget: nil, seed: seed)
-    when /\Abudget:(\d+)\z/
-      MemprofilerPprof::Collector.new(sample_rate: 0.01, window_budget: Integer(Regexp.last_match(1)), seed: seed)
+    when /\Abudget:([1-9]\d*)\z/
+      MemprofilerPprof::Collector.new(sample_rate: 0.01, window_budget: Integer(Regexp.last_match(1), 10), seed: seed)
     else raise ArgumentError, "unknown configuration #{config.inspect} (defaults, exact, budget:N)"
     end
   end
