@@ -1,12 +1,13 @@
 # frozen_string_literal: true
 
-# What the profiler costs the thread that serves a request, read to a
-# point or two: a Rails app called in this process (bench/lib/rails_requests.rb's
-# apps, no puma, no socket), in blocks of requests with the profiler on,
-# off, and off again, in a rotated order, all in ONE process. Each block's
-# CPU time is compared with its neighbours', a second or two apart: on a
-# shared machine fresh-process rounds (bench/run rails) move by several
-# points from one run to the next, and neighbouring blocks move together.
+# What the profiler costs the thread that serves a request: a Rails app
+# called in this process (bench/lib/rails_requests.rb's apps, no puma, no
+# socket), in blocks of requests with the profiler on, off, and off
+# again, the six orders in turn, all in ONE process. Each block's CPU time
+# is compared with that of the block without the profiler in its round,
+# seconds away: on a shared machine fresh-process rounds (bench/run rails)
+# move by several points from one run to the next, and blocks close
+# together move together.
 # The second block without the profiler is the control: what the method
 # reads where nothing differs.
 #
@@ -73,12 +74,16 @@ rescue OptionParser::ParseError => e
 end
 abort "request_cost.rb: --rounds must be at least 6 and --block at least 1" if options[:rounds] < 6 || options[:block] < 1
 abort "request_cost.rb: --filler must be 0 or more, got #{options[:filler]}" if options[:filler].negative?
+unless (options[:rounds] % 6).zero?
+  warn "request_cost.rb: --rounds #{options[:rounds]} is not a multiple of 6: the orders come unevenly"
+end
 if options[:wake_ups]
   unless options[:wake_ups].between?(1, 1_000_000)
     abort "request_cost.rb: --wake-ups must be 1-1,000,000 a second, got #{options[:wake_ups]}"
   end
-  collector_flag = %i[rate budget].find { |key| options[key] } || (options[:mode] == :exact && :mode)
-  abort "request_cost.rb: --wake-ups runs no profiler: it takes no collector option (#{collector_flag})" if collector_flag
+  flags = { rate: "--sample-rate", budget: "--window-budget" }
+  collector_flag = flags.find { |key, _| options[key] }&.last || (options[:mode] == :exact && "--mode exact")
+  abort "request_cost.rb: --wake-ups runs no profiler: it takes no #{collector_flag}" if collector_flag
 end
 abort "request_cost.rb: --mode exact has no windows: it takes no --window-budget" if options[:mode] == :exact && options[:budget]
 
@@ -123,6 +128,8 @@ if options[:wake_ups]
   system(compiler, "-O2", "-o", waker, source, "-lpthread") or abort "request_cost.rb: #{compiler} failed on #{source}"
   on_description = "a process waking #{options[:wake_ups]} times a second"
   on_block = lambda do
+    # (It sleeps and wakes for at most 10 minutes: a block is far shorter,
+    # and a sleeper orphaned by a killed run does not linger.)
     pid = Process.spawn(waker, (1_000_000_000 / options[:wake_ups]).to_s, "600", "1", out: File::NULL)
     begin
       measure.call
@@ -162,7 +169,10 @@ else
   end
 end
 blocks = { on: on_block, off: measure, control: measure }
-orders = blocks.keys.permutation.to_a
+# The six orders, arranged so that across round boundaries too each block
+# follows each other block equally often (3 times in 6 rounds), and never
+# itself.
+orders = blocks.keys.permutation.to_a.values_at(0, 1, 5, 2, 3, 4)
 
 rounds = Array.new(options[:rounds]) do |round|
   result = orders[round % orders.size].to_h do |name|
