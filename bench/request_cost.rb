@@ -1,7 +1,7 @@
 # frozen_string_literal: true
 
 # What the profiler costs the thread that serves a request: a Rails app
-# called in this process (bench/lib/rails_requests.rb's apps, no puma, no
+# called in this process (bench/lib/in_process_app.rb, no puma, no
 # socket), in blocks of requests with the profiler on, off, and off
 # again, the six orders in turn, all in ONE process. Each block's CPU time
 # is compared with that of the block without the profiler in its round,
@@ -39,16 +39,16 @@
 # process only, without the sleeper's own CPU).
 
 require "optparse"
-require "rack/mock"
 require "fileutils"
 require "tmpdir"
 require "memprofiler_pprof_rs"
+require_relative "lib/in_process_app"
 require_relative "lib/report"
 
 options = { app: "rails-ar", rounds: 60, block: 100, filler: 20, mode: :light }
 parser = OptionParser.new do |o|
   o.banner = "usage: ruby -Ilib bench/request_cost.rb [options]"
-  o.on("--app APP", %w[rails rails-ar], "rails-ar (default: the ActiveRecord app) or rails (Rails-depth)") do |v|
+  o.on("--app APP", InProcessApp::TARGETS, "rails-ar (default: the ActiveRecord app) or rails (Rails-depth)") do |v|
     options[:app] = v
   end
   o.on("--rounds N", Integer, "rounds of three blocks (default 60; a multiple of 6 gives each order as often)") do |v|
@@ -87,20 +87,7 @@ if options[:wake_ups]
 end
 abort "request_cost.rb: --mode exact has no windows: it takes no --window-budget" if options[:mode] == :exact && options[:budget]
 
-app, path = if options[:app] == "rails"
-              require_relative "lib/rails_app/app"
-              [BenchRails.app, "/products"]
-            else
-              require_relative "lib/rails_ar_app/app"
-              [BenchRailsAr.app, "/orders?page=3"]
-            end
-request = lambda do
-  env = Rack::MockRequest.env_for("http://127.0.0.1#{path}", "REMOTE_ADDR" => "127.0.0.1", "HTTP_HOST" => "127.0.0.1")
-  status, _headers, body = app.call(env)
-  body.each(&:bytesize)
-  body.close if body.respond_to?(:close)
-  raise "the app answered #{status}" unless status == 200
-end
+request = InProcessApp.request_for(options[:app])
 
 # One block: [request thread CPU, process CPU] per request (s), GCs.
 measure = lambda do

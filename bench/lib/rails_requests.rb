@@ -13,29 +13,15 @@
 # profiler stops without reading out its results. Prints one JSON line.
 
 require "json"
-require "rack/mock"
 require "memprofiler_pprof_rs"
 require_relative "configs"
+require_relative "in_process_app"
 
 config, requests, target = ARGV
 requests = Integer(requests)
 target ||= "rails"
-app, path = case target
-            when "rails"
-              require_relative "rails_app/app"
-              [BenchRails.app, "/products"]
-            when "rails-ar"
-              require_relative "rails_ar_app/app"
-              [BenchRailsAr.app, "/orders?page=3"]
-            else abort "rails_requests.rb: unknown app #{target.inspect} (rails or rails-ar)"
-            end
-request = lambda do
-  env = Rack::MockRequest.env_for("http://127.0.0.1#{path}", "REMOTE_ADDR" => "127.0.0.1", "HTTP_HOST" => "127.0.0.1")
-  status, _headers, body = app.call(env)
-  body.each(&:bytesize) # read the whole body, as a server would
-  body.close if body.respond_to?(:close)
-  raise "the app answered #{status}" unless status == 200
-end
+abort "rails_requests.rb: unknown app #{target.inspect} (rails or rails-ar)" unless InProcessApp::TARGETS.include?(target)
+request = InProcessApp.request_for(target)
 3.times { request.call }
 GC.start
 stop = BenchConfigs::ALL.fetch(config).call
