@@ -109,10 +109,7 @@ if options[:wake_ups]
   # and killed after it.
   dir = Dir.mktmpdir("request-cost")
   at_exit { FileUtils.rm_rf(dir) }
-  waker = File.join(dir, "wake_cost")
-  compiler = RbConfig::CONFIG.fetch("CC", "cc").split.first
-  source = File.join(__dir__, "lib", "wake_cost.c")
-  system(compiler, "-O2", "-o", waker, source, "-lpthread") or abort "request_cost.rb: #{compiler} failed on #{source}"
+  waker = BenchReport.build_wake_cost(dir, "request_cost.rb")
   on_description = "a process waking #{options[:wake_ups]} times a second"
   on_block = lambda do
     # (It sleeps and wakes for at most 10 minutes: a block is far shorter,

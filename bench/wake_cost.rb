@@ -13,6 +13,7 @@
 require "optparse"
 require "rbconfig"
 require "tmpdir"
+require_relative "lib/report"
 
 options = { rate: 600, seconds: 5, runs: 3 }
 OptionParser.new do |o|
@@ -23,11 +24,8 @@ OptionParser.new do |o|
 end.parse!
 abort "wake_cost.rb: --rate, --seconds and --runs must be at least 1" unless options.values.all?(&:positive?)
 
-source = File.join(__dir__, "lib", "wake_cost.c")
 Dir.mktmpdir("wake-cost") do |dir|
-  binary = File.join(dir, "wake_cost")
-  compiler = RbConfig::CONFIG.fetch("CC", "cc").split.first
-  system(compiler, "-O2", "-o", binary, source, "-lpthread") or abort "wake_cost.rb: #{compiler} failed on #{source}"
+  binary = BenchReport.build_wake_cost(dir, "wake_cost.rb")
   period_ns = 1_000_000_000 / options[:rate]
   results = { 1 => [], 0 => [] }
   options[:runs].times do

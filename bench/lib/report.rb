@@ -94,6 +94,17 @@ module BenchReport
     (1..j).reduce(1r) { |c, i| c * (n - i + 1) / i } / (2r**n)
   end
 
+  # Compiles bench/lib/wake_cost.c (a thread that only sleeps and wakes)
+  # into DIR and returns the program's path; aborts naming SCRIPT if the
+  # C compiler fails.
+  def build_wake_cost(dir, script)
+    binary = File.join(dir, "wake_cost")
+    source = File.join(ROOT, "bench", "lib", "wake_cost.c")
+    compiler = RbConfig::CONFIG.fetch("CC", "cc").split.first
+    system(compiler, "-O2", "-o", binary, source, "-lpthread") or abort "#{script}: #{compiler} failed on #{source}"
+    binary
+  end
+
   def ratio(value, base)
     return "" if value.nil? || base.nil? || base.zero?
 
