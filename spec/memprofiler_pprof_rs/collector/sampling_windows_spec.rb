@@ -321,6 +321,9 @@ RSpec.describe MemprofilerPprof::Collector, "sampling windows" do
     collector.stop!
     windows = parse_profile(data).comments.grep(/\Asampling windows:/).first
     expect(windows).to include("of this interval's allocations (").and include("are not counted yet")
+    # Inside windows of q 0.01 it samples at 0.1 / 0.01, held to 0.1: a
+    # sample weighs 1 / (0.1 x 0.01).
+    expect(windows).to include("x probability), up to 1000 allocations this interval (more where the sample caps")
     expect(windows).not_to match(/ {2}|\n/)
   end
 

@@ -465,11 +465,23 @@ impl Collector {
                             window_flush.inuse_unwindowed_share * 100.0
                         ));
                     }
+                    // (The heaviest: a budget's blocks differ, and what samples cost
+                    // may hold a window's rate below sample_rate / q. The caps'
+                    // thinning raises weights after this.)
+                    let heaviest = if window_flush.window_sample_weight > 0.0 {
+                        format!(
+                            ", up to {:.0} allocations this interval (more where the sample \
+                             caps thinned them)",
+                            window_flush.window_sample_weight
+                        )
+                    } else {
+                        String::new()
+                    };
                     comments.push(format!(
                         "sampling windows: {window_length}-allocation windows at random places, \
                          {chosen}{warm_up}; {} windows, in which the hook saw {:.2}% of this \
                          interval's allocations; each sample weighs 1 / (its window's sample rate \
-                         x probability){missed}",
+                         x probability){heaviest}{missed}",
                         window_flush.windows,
                         coverage * 100.0
                     ));
