@@ -32,7 +32,7 @@ end.parse!
 options[:configs] = (["no profiler"] + chosen).uniq unless chosen.empty?
 abort "thread_costs.rb: reads /proc/PID/task, which this system does not have" unless File.directory?("/proc/self/task")
 abort "thread_costs.rb: --runs and --seconds must be at least 1" unless options[:runs].positive? && options[:seconds].positive?
-unknown = options[:configs] - BenchConfigs::ALL.keys
+unknown = options[:configs].reject { |config| BenchConfigs.known?(config) }
 abort "thread_costs.rb: unknown configuration #{unknown.first.inspect}" unless unknown.empty?
 missing = %w[puma wrk].find { |tool| !system("command -v #{tool} >/dev/null 2>&1") }
 abort "thread_costs.rb: #{missing} is not installed (script/bootstrap --bench installs it)" if missing

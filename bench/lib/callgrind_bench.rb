@@ -23,6 +23,8 @@ module CallgrindBench
   # Requests of the Rails-depth app (rails_requests.rb): ~3 s each under
   # valgrind, after ~25 s of loading ActionPack.
   RAILS_REQUESTS = 40
+  # crates/sampler/src/windows/mod.rs
+  MAX_IN_WINDOW_RATE = 0.1
   LIB = File.join(BenchReport::ROOT, "lib")
   # What loading a profiler costs a process that never starts it.
   REQUIRES = {
@@ -35,7 +37,10 @@ module CallgrindBench
 
   # `iterations`: { workload => count } replacing ITERATIONS (bench/run
   # --iterations): windows need a run long enough for many of them.
-  def run(targets, configs, iterations = {})
+  # `at_full_speed`: for the Rails apps, also the windows the defaults
+  # choose without valgrind (full_speed_windows.rb), fixed by allocation
+  # counts.
+  def run(targets, configs, iterations = {}, at_full_speed: false)
     unless system("command -v valgrind >/dev/null 2>&1")
       puts "\n(8) callgrind: skipped, valgrind is not installed (script/bootstrap --bench installs it)"
       return
@@ -43,7 +48,11 @@ module CallgrindBench
     targets.each do |target|
       case target
       when "require" then requires
-      when "rails", "rails-ar" then rails(configs, iterations.fetch(target, RAILS_REQUESTS), target)
+      when "rails", "rails-ar"
+        next unless app_installed?(target)
+
+        configs_here = at_full_speed ? configs | full_speed_configs(target) : configs
+        rails(configs_here, iterations.fetch(target, RAILS_REQUESTS), target)
       else loop_workload(target, configs, iterations.fetch(target, ITERATIONS[target]))
       end
       $stdout.flush
@@ -80,20 +89,12 @@ module CallgrindBench
          "valgrind)"
   end
 
-  # The Rails-depth app called in-process (rails_requests.rb), the
-  # profiler started after its warm-up: what a request costs, without
-  # puma, wrk or the machine's load. With windows, what it costs is about
-  # the sampled share times the no-window row (the loops show it), and
-  # a run of 40 requests holds too few windows to sample a share near
-  # its probability, so windows are best measured on the loops.
+  # A Rails app called in-process (rails_requests.rb), the profiler
+  # started after its warm-up: what a request costs, without puma, wrk or
+  # the machine's load. Windows need a few hundred requests to sample a
+  # share near their probability (--iterations 200 holds ~100 of them).
   def rails(configs, requests, target = "rails")
     worker = File.join(__dir__, "rails_requests.rb")
-    needs = target == "rails" ? 'require "action_pack/version"' : 'require "rails"; require "sqlite3"'
-    unless system(RbConfig.ruby, "-e", needs, err: File::NULL)
-      puts "\n(8) callgrind #{target}: skipped, #{target == 'rails' ? 'ruby-actionpack' : 'ruby-rails or ruby-sqlite3'} " \
-           "is not installed (script/bootstrap --bench installs it)"
-      return
-    end
     results = BenchReport.alternate(configs, 1) do |config|
       instructions, out = callgrind("-I", LIB, worker, config, requests.to_s, target)
       { instructions: instructions, **JSON.parse(out.lines.last, symbolize_names: true) }
@@ -124,6 +125,33 @@ module CallgrindBench
                        "per allocation", "sampled share"], rows)
   end
 
+  def app_installed?(target)
+    needs = target == "rails" ? 'require "action_pack/version"' : 'require "rails"; require "sqlite3"'
+    return true if system(RbConfig.ruby, "-e", needs, err: File::NULL)
+
+    puts "\n(8) callgrind #{target}: skipped, #{target == 'rails' ? 'ruby-actionpack' : 'ruby-rails or ruby-sqlite3'} " \
+         "is not installed (script/bootstrap --bench installs it)"
+    false
+  end
+
+  # The defaults' windows on TARGET at full speed, as two configurations
+  # fixed by allocation counts: q and the rate inside them the defaults
+  # chose, and q at the highest rate inside windows (MAX_IN_WINDOW_RATE),
+  # which the defaults' cost cap never exceeds.
+  def full_speed_configs(target)
+    out, status = Open3.capture2(RbConfig.ruby, "-I", LIB, File.join(__dir__, "full_speed_windows.rb"), target)
+    raise "full_speed_windows.rb #{target} failed" unless status.success?
+
+    chosen = JSON.parse(out.lines.last, symbolize_names: true)
+    q = format("%.3g", chosen[:q])
+    puts "\n(8) #{target} at full speed, the defaults: #{chosen[:requests]} requests, #{delimit(chosen[:allocated])} " \
+         "allocations; windows hooked #{q} of them and sampled #{format('%.4f', chosen[:in_window_rate])} of those " \
+         "(#{chosen[:samples]} samples)"
+    [chosen[:in_window_rate], MAX_IN_WINDOW_RATE].map do |rate|
+      "memprofiler_pprof_rs #{format('%.3g', rate * Float(q))}, window_probability: #{q}, window_warm_up: 0"
+    end
+  end
+
   def requires
     results = BenchReport.alternate(REQUIRES.keys, 1) { |label| callgrind(*REQUIRES.fetch(label)).first }
     base = results["ruby -e 0"].first
@@ -139,8 +167,12 @@ module CallgrindBench
   # Runs `ruby ARGS` under callgrind; returns the instructions it counted
   # (its "Collected" line) and the program's stdout.
   def callgrind(*args)
-    out, err, status = Open3.capture3("valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
-                                      RbConfig.ruby, *args)
+    # --fair-sched=yes: valgrind runs one thread at a time, and by default
+    # one that keeps running can starve the others, so the windows' timer
+    # thread woke late and windows went by unhooked (0.025 of the Rails-depth
+    # app's allocations hooked where 0.03 was asked; with it, 0.030).
+    out, err, status = Open3.capture3("valgrind", "--tool=callgrind", "--fair-sched=yes",
+                                      "--callgrind-out-file=/dev/null", RbConfig.ruby, *args)
     count = err[/^==\d+== Collected\s*:\s*(\d+)/, 1]
     raise "callgrind ruby #{args.join(' ')} failed:\n#{err}" unless status.success? && count
 

@@ -160,4 +160,53 @@ module BenchConfigs
     "stackprof object interval 100", "stackprof object interval 1"
   ].freeze
   SINGLE_HOOK_FLOORS = ["floor: empty NEWOBJ event hook", "floor: empty FREEOBJ event hook"].freeze
+
+  # Options a configuration named as gem_config names them may set, and
+  # the values each takes as written there.
+  INTEGER = /\A(?:\d+|\d{1,3}(?:_\d{3})+)\z/
+  FRACTION = /\A\d+(?:\.\d+)?(?:e-\d+)?\z/
+  NAMED_OPTIONS = {
+    "mode" => /\A:(?:light|exact)\z/,
+    "window_probability" => FRACTION,
+    "window_budget" => /\A(?:nil|\d+|\d{1,3}(?:_\d{3})+)\z/,
+    "window_warm_up" => INTEGER
+  }.freeze
+  PREFIX = "memprofiler_pprof_rs "
+
+  # A configuration of ALL, or one written as gem_config names them
+  # ("memprofiler_pprof_rs 0.001, window_probability: 0.047, window_warm_up: 0"):
+  # bench/run callgrind --at-full-speed makes such names from what the
+  # defaults chose. Collector.new checks the values further.
+  def self.fetch(name)
+    ALL.fetch(name) { parse(name) || raise(KeyError, "unknown bench configuration #{name.inspect}") }
+  end
+
+  def self.known?(name)
+    ALL.key?(name) || !parse(name).nil?
+  end
+
+  def self.parse(name)
+    return unless name.start_with?(PREFIX)
+
+    rate, *pairs = name.delete_prefix(PREFIX).split(", ", -1)
+    return unless rate.match?(FRACTION)
+
+    options = {}
+    pairs.each do |pair|
+      key, value = pair.split(": ", 2)
+      return nil unless NAMED_OPTIONS.key?(key) && value&.match?(NAMED_OPTIONS[key]) && !options.key?(key.to_sym)
+
+      options[key.to_sym] = named_value(value)
+    end
+    return if options.key?(:window_probability) && options.key?(:window_budget)
+
+    -> { gem(Float(rate), **options) }
+  end
+
+  def self.named_value(text)
+    return nil if text == "nil"
+    return text.delete_prefix(":").to_sym if text.start_with?(":")
+
+    text.match?(INTEGER) ? Integer(text.delete("_")) : Float(text)
+  end
 end

@@ -14,7 +14,7 @@ require "objspace"
 require "memprofiler_pprof_rs"
 require_relative "configs"
 
-BenchConfigs::ALL.fetch(ENV.fetch("BENCH_PROFILER")).call
+BenchConfigs.fetch(ENV.fetch("BENCH_PROFILER")).call
 BenchConfigs.start_flusher
 
 # A page of records, as JSON and as HTML.

@@ -21,7 +21,7 @@ require "memprofiler_pprof_rs"
 require_relative "rails_app/app"
 require_relative "configs"
 
-BenchConfigs::ALL.fetch(ENV.fetch("BENCH_PROFILER")).call
+BenchConfigs.fetch(ENV.fetch("BENCH_PROFILER")).call
 BenchConfigs.start_flusher
 
 use MemprofilerPprof::RackLabels if BenchConfigs.rack_labels

@@ -11,7 +11,7 @@ require_relative "rails_ar_app/app"
 require_relative "configs"
 
 app = BenchRailsAr.app
-BenchConfigs::ALL.fetch(ENV.fetch("BENCH_PROFILER")).call
+BenchConfigs.fetch(ENV.fetch("BENCH_PROFILER")).call
 BenchConfigs.start_flusher
 
 run app

@@ -24,7 +24,7 @@ abort "rails_requests.rb: unknown app #{target.inspect} (rails or rails-ar)" unl
 request = InProcessApp.request_for(target)
 3.times { request.call }
 GC.start
-stop = BenchConfigs::ALL.fetch(config).call
+stop = BenchConfigs.fetch(config).call
 allocated_before = GC.stat(:total_allocated_objects)
 requests.times { request.call }
 allocated = GC.stat(:total_allocated_objects) - allocated_before

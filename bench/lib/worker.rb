@@ -27,7 +27,7 @@ BenchWorkloads::WARMUPS.fetch(workload).call
 GC.start
 peak = {}
 excluded = 0.0
-stop = BenchConfigs::ALL.fetch(config).call
+stop = BenchConfigs.fetch(config).call
 allocated_before = GC.stat(:total_allocated_objects)
 started = now
 if workload == "scenario"
