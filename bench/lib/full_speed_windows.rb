@@ -21,7 +21,8 @@ require_relative "in_process_app"
 
 target, seconds = ARGV
 abort "full_speed_windows.rb: unknown app #{target.inspect} (rails or rails-ar)" unless InProcessApp::TARGETS.include?(target)
-seconds = Float(seconds || 8)
+seconds = Float(seconds || 8, exception: false)
+abort "full_speed_windows.rb: SECONDS must be a positive number, got #{ARGV[1].inspect}" unless seconds&.positive?
 request = InProcessApp.request_for(target)
 3.times { request.call }
 
