@@ -31,17 +31,15 @@ OptionParser.new do |o|
                             "from someone") { |v| options[:busy] = v }
 end.parse!
 unless options.values_at(:rate, :rounds, :steps, :kib).all?(&:positive?) && options[:rounds] >= 6 &&
-       options[:busy] >= 0
-  abort "timer_delivery.rb: --rate, --steps and --kib must be at least 1, --rounds at least 6, --busy at least 0"
+       options[:busy] >= 0 && options[:rate] <= 1_000_000
+  abort "timer_delivery.rb: --rate must be 1-1,000,000, --steps and --kib at least 1, --rounds at least 6, " \
+        "--busy at least 0"
 end
 
 KINDS = %w[none thread signal].freeze
 
 Dir.mktmpdir("timer-delivery") do |dir|
-  binary = File.join(dir, "timer_delivery")
-  source = File.join(BenchReport::ROOT, "bench", "lib", "timer_delivery.c")
-  compiler = RbConfig::CONFIG.fetch("CC", "cc").split.first
-  system(compiler, "-O2", "-o", binary, source, "-lpthread", "-lrt") or abort "timer_delivery.rb: #{compiler} failed"
+  binary = BenchReport.build_c(dir, "timer_delivery", "timer_delivery.rb", "-lpthread", "-lrt")
 
   busy = Array.new(options[:busy]) { spawn(binary, "none", "1", (10**13).to_s, "64", out: File::NULL) }
   stop_busy = lambda do
@@ -53,8 +51,9 @@ Dir.mktmpdir("timer-delivery") do |dir|
   runs = BenchReport.alternate(KINDS, options[:rounds]) do |kind|
     out = `#{binary} #{kind} #{options[:rate]} #{options[:steps]} #{options[:kib]}`
     abort "timer_delivery.rb: the program failed (#{kind})" unless Process.last_status.success?
-    events, worker, process, wall = out.split.map(&:to_f)
-    { events: events, worker: worker, process: process, wall: wall }
+    fires, jobs, worker, process, wall = out.split.map(&:to_f)
+    abort "timer_delivery.rb: the #{kind} timer never fired" if kind != "none" && fires.zero?
+    { fires: fires, jobs: jobs, worker: worker, process: process, wall: wall }
   end
   puts "Machine: #{BenchReport.machine}"
   stop_busy.call
@@ -70,11 +69,25 @@ Dir.mktmpdir("timer-delivery") do |dir|
       low, high = BenchReport.median_interval(ratios)
       format("%.3fx [%.3f-%.3f]", BenchReport.median(ratios), low, high)
     end
-    per_event = pairs.map { |run, none| (run[:process] - none[:process]) / run[:events] * 1e6 }
-    worker_per_event = pairs.map { |run, none| (run[:worker] - none[:worker]) / run[:events] * 1e6 }
-    [kind == "thread" ? "a timer thread sets a flag" : "a timer signal to the worker", *cells,
-     format("%.1f us", BenchReport.median(worker_per_event)), format("%.1f us", BenchReport.median(per_event))]
+    per_fire = %i[worker process].map do |key|
+      costs = pairs.map { |run, none| (run[key] - none[key]) / run[:fires] * 1e6 }
+      low, high = BenchReport.median_interval(costs)
+      format("%.1f us [%.1f-%.1f]", BenchReport.median(costs), low, high)
+    end
+    fired = BenchReport.median(runs[kind].map { |run| run[:fires] / (options[:rate] * run[:wall]) })
+    jobs = BenchReport.median(runs[kind].map { |run| run[:jobs] / run[:fires] })
+    [kind == "thread" ? "a timer thread sets a flag" : "a timer signal to the worker", *cells, *per_fire,
+     format("%.2f / %.2f", fired, jobs)]
   end
-  BenchReport.table(["how the worker is interrupted", "worker's CPU", "process's CPU", "worker's a event",
-                     "process's a event"], rows)
+  BenchReport.table(["how the worker is interrupted", "worker's CPU", "process's CPU", "worker's a fire",
+                     "process's a fire", "fired / jobs a fire"], rows)
+  puts "(\"a fire\": the CPU over the run without a timer, per timer event; \"fired\": events over rate x time; " \
+       "\"jobs a fire\": how many the worker saw, the rest folded into one flag; the process's CPU is this " \
+       "process's only: what the timer costs the busy processes beside it is not counted)"
+  # And signal against thread, paired in their round: the worker's CPU with a
+  # signal over the process's with a thread (each kind's whole cost).
+  ratios = runs["signal"].zip(runs["thread"]).map { |signal, thread| signal[:worker] / thread[:process] }
+  low, high = BenchReport.median_interval(ratios)
+  puts format("signal (worker) / thread (process), paired by round: %.3fx [%.3f-%.3f]",
+              BenchReport.median(ratios), low, high)
 end

@@ -94,15 +94,19 @@ module BenchReport
     (1..j).reduce(1r) { |c, i| c * (n - i + 1) / i } / (2r**n)
   end
 
-  # Compiles bench/lib/wake_cost.c (a thread that only sleeps and wakes)
-  # into DIR and returns the program's path; aborts naming SCRIPT if the
-  # C compiler fails.
-  def build_wake_cost(dir, script)
-    binary = File.join(dir, "wake_cost")
-    source = File.join(ROOT, "bench", "lib", "wake_cost.c")
+  # Compiles bench/lib/NAME.c into DIR and returns the program's path;
+  # aborts naming SCRIPT if the C compiler fails.
+  def build_c(dir, name, script, *libraries)
+    binary = File.join(dir, name)
+    source = File.join(ROOT, "bench", "lib", "#{name}.c")
     compiler = RbConfig::CONFIG.fetch("CC", "cc").split.first
-    system(compiler, "-O2", "-o", binary, source, "-lpthread") or abort "#{script}: #{compiler} failed on #{source}"
+    system(compiler, "-O2", "-o", binary, source, *libraries) or abort "#{script}: #{compiler} failed on #{source}"
     binary
+  end
+
+  # bench/lib/wake_cost.c: a thread that only sleeps and wakes.
+  def build_wake_cost(dir, script)
+    build_c(dir, "wake_cost", script, "-lpthread")
   end
 
   def ratio(value, base)

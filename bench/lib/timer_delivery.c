@@ -9,8 +9,9 @@
  *           deadlines (as src/ruby/window_timer.rs does) and sets it;
  *   signal: a POSIX timer whose signal the kernel delivers to the worker
  *           itself (timer_create, SIGEV_THREAD_ID), whose handler sets it.
- * Prints: jobs run, then the worker's CPU, the process's CPU (the timer
- * thread's included) and the wall time of the work (s). */
+ * Prints: the timer's fires (several may fold into one job), jobs run,
+ * then the worker's CPU, the process's CPU (the timer thread's included)
+ * and the wall time of the work (s). */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <pthread.h>
@@ -30,6 +31,7 @@
 
 static atomic_int flag;
 static atomic_int stop;
+static atomic_long fires;
 static long period_ns;
 
 static double cpu_of(int who) {
@@ -61,14 +63,20 @@ static void *timer_thread(void *unused) {
     if (timerfd_settime(fd, TFD_TIMER_ABSTIME, &at, NULL) != 0) exit(1);
     uint64_t expirations;
     if (read(fd, &expirations, sizeof expirations) < 0 && errno != EINTR) exit(1);
+    atomic_fetch_add_explicit(&fires, 1, memory_order_relaxed);
     atomic_store_explicit(&flag, 1, memory_order_release);
   }
   close(fd);
   return NULL;
 }
 
+static timer_t timer;
+
 static void on_signal(int sig) {
   (void)sig;
+  /* Fires the kernel folded into this signal count too. */
+  int overrun = timer_getoverrun(timer);
+  atomic_fetch_add_explicit(&fires, 1 + (overrun > 0 ? overrun : 0), memory_order_relaxed);
   atomic_store_explicit(&flag, 1, memory_order_release);
 }
 
@@ -78,7 +86,7 @@ int main(int argc, char **argv) {
   long rate = atol(argv[2]);
   long steps = atol(argv[3]);
   long kib = atol(argv[4]);
-  if (rate <= 0 || steps <= 0 || kib <= 0 || kib > (1L << 20)) return 2;
+  if (rate <= 0 || rate > 1000000 || steps <= 0 || kib <= 0 || kib > (1L << 20)) return 2;
   size_t work_bytes = (size_t)kib << 10;
   period_ns = 1000000000L / rate;
 
@@ -97,7 +105,6 @@ int main(int argc, char **argv) {
   }
 
   pthread_t thread;
-  timer_t timer;
   if (strcmp(mode, "thread") == 0) {
     if (pthread_create(&thread, NULL, timer_thread, NULL) != 0) return 1;
   } else if (strcmp(mode, "signal") == 0) {
@@ -113,7 +120,8 @@ int main(int argc, char **argv) {
     event.sigev_signo = SIGRTMIN + 3;
     event._sigev_un._tid = (pid_t)syscall(SYS_gettid);
     if (timer_create(CLOCK_MONOTONIC, &event, &timer) != 0) return 1;
-    struct itimerspec every = {.it_interval = {0, period_ns}, .it_value = {0, period_ns}};
+    struct timespec period = {period_ns / 1000000000L, period_ns % 1000000000L};
+    struct itimerspec every = {.it_interval = period, .it_value = period};
     if (timer_settime(timer, 0, &every, NULL) != 0) return 1;
   } else if (strcmp(mode, "none") != 0) {
     return 2;
@@ -138,6 +146,6 @@ int main(int argc, char **argv) {
   if (strcmp(mode, "thread") == 0) pthread_join(thread, NULL);
   if (strcmp(mode, "signal") == 0) timer_delete(timer);
   process_cpu = cpu_of(RUSAGE_SELF) - process_cpu;
-  printf("%ld %.6f %.6f %.6f %u\n", jobs, worker_cpu, process_cpu, wall, at);
+  printf("%ld %ld %.6f %.6f %.6f %u\n", atomic_load(&fires), jobs, worker_cpu, process_cpu, wall, at);
   return 0;
 }
