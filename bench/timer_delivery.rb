@@ -13,11 +13,12 @@
 #
 #   ruby bench/timer_delivery.rb                      # 2,000 events a second, 15 rounds
 #   ruby bench/timer_delivery.rb --rate 440 --rounds 21 --steps 600000000
-#   ruby bench/timer_delivery.rb --busy 1   # another busy process per core but one: a full machine
+#   ruby bench/timer_delivery.rb --busy 1   # a busy loop beside (bench/lib/busy_loops.rb): a full machine
 
 require "optparse"
 require "rbconfig"
 require "tmpdir"
+require_relative "lib/busy_loops"
 require_relative "lib/report"
 
 options = { rate: 2_000, rounds: 15, steps: 300_000_000, kib: 1_024, busy: 0 }
@@ -41,13 +42,7 @@ KINDS = %w[none thread signal].freeze
 Dir.mktmpdir("timer-delivery") do |dir|
   binary = BenchReport.build_c(dir, "timer_delivery", "timer_delivery.rb", "-lpthread", "-lrt")
 
-  busy = Array.new(options[:busy]) { spawn(binary, "none", "1", (10**13).to_s, "64", out: File::NULL) }
-  stop_busy = lambda do
-    Process.kill(:KILL, *busy) unless busy.empty?
-    busy.each { |pid| Process.wait(pid) }
-    busy.clear
-  end
-  at_exit { stop_busy.call }
+  BusyLoops.start(options[:busy])
   runs = BenchReport.alternate(KINDS, options[:rounds]) do |kind|
     out = `#{binary} #{kind} #{options[:rate]} #{options[:steps]} #{options[:kib]}`
     abort "timer_delivery.rb: the program failed (#{kind})" unless Process.last_status.success?
@@ -56,7 +51,6 @@ Dir.mktmpdir("timer-delivery") do |dir|
     { fires: fires, jobs: jobs, worker: worker, process: process, wall: wall }
   end
   puts "Machine: #{BenchReport.machine}"
-  stop_busy.call
   beside = options[:busy].positive? ? ", #{options[:busy]} busy process(es) beside" : ""
   puts "#{options[:rate]} events a second#{beside}; a worker of #{options[:steps]} steps through #{options[:kib]} KiB " \
        "(no timer: #{format('%.2f', BenchReport.median(runs['none'].map { |r| r[:worker] }))} s of CPU); " \

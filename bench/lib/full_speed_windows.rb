@@ -26,29 +26,19 @@ abort "full_speed_windows.rb: SECONDS must be a positive number, got #{ARGV[1].i
 request = InProcessApp.request_for(target)
 3.times { request.call }
 
-clock = -> { Process.clock_gettime(Process::CLOCK_MONOTONIC) }
-run_for = lambda do |span|
-  began = clock.call
-  count = 0
-  while clock.call - began < span
-    request.call
-    count += 1
-  end
-  count
-end
-
 collector = MemprofilerPprof::Collector.new(window_warm_up: 0)
 if collector.mode != :light || (collector.window_budget.nil? && collector.window_probability >= 1.0)
   abort "full_speed_windows.rb: the defaults use no sampling windows here (mode #{collector.mode.inspect})"
 end
 collector.start!
-# As bench/request_cost.rb: past the second of budget each start grants.
-run_for.call(1.5)
+# Past the second of budget each start grants (bench/request_cost.rb
+# leaves out 1.25 s for it; this a little more).
+InProcessApp.run_for(request, 1.5)
 collector.flush
 requests = allocated = samples = hooked = 0
 seconds.ceil.times do
   before = GC.stat(:total_allocated_objects)
-  requests += run_for.call(seconds / seconds.ceil)
+  requests += InProcessApp.run_for(request, seconds / seconds.ceil)
   made = GC.stat(:total_allocated_objects) - before
   data = collector.flush
   abort "full_speed_windows.rb: a flush dropped samples (#{data})" if data.dropped_samples_count.positive?

@@ -25,6 +25,17 @@ module InProcessApp
     end
   end
 
+  # Calls REQUEST for SECONDS of the monotonic clock; returns how many.
+  def run_for(request, seconds)
+    began = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+    count = 0
+    while Process.clock_gettime(Process::CLOCK_MONOTONIC) - began < seconds
+      request.call
+      count += 1
+    end
+    count
+  end
+
   def load(target)
     case target
     when "rails"
