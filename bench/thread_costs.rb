@@ -47,48 +47,56 @@ CLOCK_TICKS = PumaBench::CLOCK_TICKS
 # FileFlusher the only memprofiler_pprof_rs Ruby thread is the flusher's.)
 THREAD_KINDS = { "memprofiler-win" => :timer, "memprofiler_ppr" => :flusher, "puma srv tp" => :requests }.freeze
 
-# Per thread of `pid`, by kind: [context switches, CPU ticks].
+# Per thread of `pid`, by kind: [context switches, CPU ticks, system ticks,
+# minor page faults].
 def thread_counts(pid)
-  Dir["/proc/#{pid}/task/*"].each_with_object(Hash.new { |h, k| h[k] = [0, 0] }) do |task, sums|
+  Dir["/proc/#{pid}/task/*"].each_with_object(Hash.new { |h, k| h[k] = [0, 0, 0, 0] }) do |task, sums|
     name = File.read("#{task}/comm").strip
     status = File.read("#{task}/status")
     switches = %w[voluntary nonvoluntary].sum { |kind| status[/^#{kind}_ctxt_switches:\s+(\d+)/, 1].to_i }
     kind = THREAD_KINDS.find { |prefix, _| name.start_with?(prefix) }&.last || :other
+    stat = File.read("#{task}/stat")
+    # (Fields after the name, which may hold ") " itself: minflt is the
+    # 8th, utime the 12th, stime the 13th.)
+    fields = stat[(stat.rindex(")") + 2)..].split
     sums[kind][0] += switches
-    sums[kind][1] += PumaBench.cpu_ticks("#{task}/stat")
+    sums[kind][1] += Integer(fields[11]) + Integer(fields[12])
+    sums[kind][2] += Integer(fields[12])
+    sums[kind][3] += Integer(fields[7])
   rescue Errno::ENOENT, Errno::ESRCH
     next # a thread that ended as we read
   end
 end
 
-results = Hash.new { |h, k| h[k] = [] }
-options[:runs].times do
-  options[:configs].each do |config|
-    PumaBench.serve(config, options[:app]) do |url, _dir, pid|
-      PumaBench.wrk(url + path, 3, connections) # warm-up: templates, caches, the windows' rates
-      before = thread_counts(pid)
-      cpu_before = PumaBench.cpu_seconds(pid)
-      run = PumaBench.wrk(url + path, options[:seconds], connections)
-      cpu = PumaBench.cpu_seconds(pid) - cpu_before
-      after = thread_counts(pid)
-      deltas = after.to_h { |kind, (switches, ticks)| [kind, [switches - before[kind][0], ticks - before[kind][1]]] }
-      results[config] << { requests: run[:requests], seconds: options[:seconds], cpu: cpu, deltas: deltas }
-    end
-    print "."
+results = BenchReport.alternate(options[:configs], options[:runs]) do |config|
+  PumaBench.serve(config, options[:app]) do |url, _dir, pid|
+    PumaBench.wrk(url + path, 3, connections) # warm-up: templates, caches, the windows' rates
+    before = thread_counts(pid)
+    cpu_before = PumaBench.cpu_seconds(pid)
+    run = PumaBench.wrk(url + path, options[:seconds], connections)
+    cpu = PumaBench.cpu_seconds(pid) - cpu_before
+    after = thread_counts(pid)
+    deltas = after.to_h { |kind, counts| [kind, counts.each_with_index.map { |count, i| count - before[kind][i] }] }
+    { requests: run[:requests], seconds: options[:seconds], cpu: cpu, deltas: deltas }
   end
 end
-puts
 
 puts "#{options[:app]} under puma (#{PumaBench::THREADS} threads), wrk #{options[:seconds]} s, medians of " \
      "#{options[:runs]} runs; per second of wrk, or per request"
-header = format("%-30s %10s %12s %14s %12s %13s %14s", "configuration", "requests", "CPU/request",
-                "request thr cs", "timer cs/s", "timer CPU", "flusher CPU")
+header = format("%-30s %9s %12s %11s %11s %9s %11s %10s %10s %10s", "configuration", "requests", "CPU/request",
+                "req user", "req system", "req cs/s", "req faults", "timer cs/s", "timer CPU", "flush CPU")
 puts header, "-" * header.size
 results.each do |config, runs|
-  per = ->(kind, index) { BenchReport.median(runs.map { |r| r[:deltas].fetch(kind, [0, 0])[index].fdiv(r[:seconds]) }) }
-  cpu_per_request = BenchReport.median(runs.map { |r| r[:cpu] / r[:requests] })
-  puts format("%-30s %10d %9.1f ms %14.0f %12.0f %11.1f %% %12.1f %%", config, BenchReport.median(runs.map { |r| r[:requests] }),
-              cpu_per_request * 1000.0, per.call(:requests, 0), per.call(:timer, 0),
-              per.call(:timer, 1) * 100.0 / CLOCK_TICKS, per.call(:flusher, 1) * 100.0 / CLOCK_TICKS)
+  median = ->(&value) { BenchReport.median(runs.map(&value)) }
+  count = ->(run, kind, index) { run[:deltas].fetch(kind, [0, 0, 0, 0])[index] }
+  per_second = ->(kind, index) { median.call { |r| count.call(r, kind, index).fdiv(r[:seconds]) } }
+  per_request = ->(kind, index) { median.call { |r| count.call(r, kind, index).fdiv(r[:requests]) } }
+  user_ms = median.call { |r| (count.call(r, :requests, 1) - count.call(r, :requests, 2)) * 1000.0 / CLOCK_TICKS / r[:requests] }
+  puts format("%-30s %9d %9.2f ms %8.2f ms %8.2f ms %9.0f %11.1f %10.0f %8.1f %% %8.1f %%", config,
+              median.call { |r| r[:requests] }, median.call { |r| r[:cpu] / r[:requests] } * 1000.0, user_ms,
+              per_request.call(:requests, 2) * 1000.0 / CLOCK_TICKS, per_second.call(:requests, 0),
+              per_request.call(:requests, 3), per_second.call(:timer, 0),
+              per_second.call(:timer, 1) * 100.0 / CLOCK_TICKS, per_second.call(:flusher, 1) * 100.0 / CLOCK_TICKS)
 end
-puts "(cs: context switches a second, voluntary and not; timer and flusher CPU: share of one core)"
+puts "(req: puma's request threads, CPU a request in user and system time, context switches a second (voluntary " \
+     "and not), minor page faults a request; timer and flusher CPU: share of one core)"

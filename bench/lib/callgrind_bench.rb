@@ -26,12 +26,26 @@ module CallgrindBench
   # crates/sampler/src/windows/mod.rs
   MAX_IN_WINDOW_RATE = 0.1
   LIB = File.join(BenchReport::ROOT, "lib")
+  # The caches valgrind simulates with --cache-sim: a core's own, 32 KB of
+  # first level for code and for data and 1 MB of second, as on AMD's Zen 4
+  # (valgrind's two levels; left to itself here it takes the virtual
+  # machine's reported third level, 320 MB direct-mapped, in which nearly
+  # nothing misses).
+  CACHES = %w[--cache-sim=yes --I1=32768,8,64 --D1=32768,8,64 --LL=1048576,8,64].freeze
   # What loading a profiler costs a process that never starts it.
   REQUIRES = {
     "ruby -e 0" => ["-e", "0"],
     "ruby -Ilib -e 'require \"memprofiler_pprof_rs\"'" => ["-I", LIB, "-e", 'require "memprofiler_pprof_rs"'],
     "ruby -e 'require \"stackprof\"'" => ["-e", 'require "stackprof"']
   }.freeze
+
+  class << self
+    # Also simulate the caches (CACHES; bench/run callgrind --cache-sim): the
+    # Rails tables then give each configuration's first- and second-level
+    # misses a request over no profiler's, what instruction counts leave out
+    # (a profiler's code and data evict the app's).
+    attr_accessor :cache_sim
+  end
 
   module_function
 
@@ -96,8 +110,8 @@ module CallgrindBench
   def rails(configs, requests, target = "rails")
     worker = File.join(__dir__, "rails_requests.rb")
     results = BenchReport.alternate(configs, 1) do |config|
-      instructions, out = callgrind("-I", LIB, worker, config, requests.to_s, target)
-      { instructions: instructions, **JSON.parse(out.lines.last, symbolize_names: true) }
+      instructions, out, events = callgrind("-I", LIB, worker, config, requests.to_s, target, cache: cache_sim)
+      { instructions: instructions, events: events, **JSON.parse(out.lines.last, symbolize_names: true) }
     end
     base = results["no profiler"].first
     # The same process without requests: what loading the app costs, so
@@ -123,6 +137,29 @@ module CallgrindBench
     end
     BenchReport.table(["configuration", "instructions", "vs none", "over none", "per request", "request vs none",
                        "per allocation", "sampled share"], rows)
+    cache_misses(results, configs, requests) if cache_sim
+  end
+
+  # First-level (I1, D1) and last-level (LL) cache misses a request over no
+  # profiler's, as valgrind's model of this machine's caches counts them.
+  def cache_misses(results, configs, requests)
+    base = results["no profiler"].first[:events]
+    miss = lambda do |events, level|
+      %w[I D].sum { |kind| events.fetch("#{kind}#{level}mr", 0) } + events.fetch("D#{level}mw", 0)
+    end
+    puts
+    puts "(8) the same runs' cache misses (valgrind's model of one core's caches: #{CACHES.drop(1).join(' ')}), " \
+         "first level (I1+D1) and second (LL), in the whole process; \"a request over none\": the misses over no " \
+         "profiler's divided by the requests (the profiler's start included)"
+    rows = configs.map do |config|
+      events = results[config].first[:events]
+      none = config == "no profiler"
+      [config, format("%.1f M", miss.call(events, 1) / 1e6), format("%.2f M", miss.call(events, "L") / 1e6),
+       none ? "" : format("%+.0f", (miss.call(events, 1) - miss.call(base, 1)).fdiv(requests)),
+       none ? "" : format("%+.0f", (miss.call(events, "L") - miss.call(base, "L")).fdiv(requests))]
+    end
+    BenchReport.table(["configuration", "L1 misses", "LL misses", "L1 a request over none",
+                       "LL a request over none"], rows)
   end
 
   def app_installed?(target)
@@ -165,18 +202,22 @@ module CallgrindBench
   end
 
   # Runs `ruby ARGS` under callgrind; returns the instructions it counted
-  # (its "Collected" line) and the program's stdout.
-  def callgrind(*args)
+  # (its "Collected" line) and the program's stdout, and with `cache:` (CACHES)
+  # every event it counted ({ "Ir" => .., "D1mr" => .., ... }).
+  def callgrind(*args, cache: false)
     # --fair-sched=yes: valgrind runs one thread at a time, and by default
     # one that keeps running can starve the others, so the windows' timer
     # thread woke late and windows went by unhooked (0.025 of the Rails-depth
     # app's allocations hooked where 0.03 was asked; with it, 0.030).
     out, err, status = Open3.capture3("valgrind", "--tool=callgrind", "--fair-sched=yes",
+                                      *(CACHES if cache),
                                       "--callgrind-out-file=/dev/null", RbConfig.ruby, *args)
-    count = err[/^==\d+== Collected\s*:\s*(\d+)/, 1]
-    raise "callgrind ruby #{args.join(' ')} failed:\n#{err}" unless status.success? && count
+    counts = err[/^==\d+== Collected\s*:\s*([\d ]+)$/, 1]&.split&.map { |count| Integer(count) }
+    names = err[/^==\d+== Events\s*:\s*(.+)$/, 1]&.split || ["Ir"]
+    raise "callgrind ruby #{args.join(' ')} failed:\n#{err}" unless status.success? && counts&.any?
 
-    [Integer(count), out]
+    # (Counts of 0 at the end of the line are left out.)
+    [counts.first, out, names.each_with_index.to_h { |name, i| [name, counts[i] || 0] }]
   end
 
   def millions(count) = format("%.1f M", count / 1e6)

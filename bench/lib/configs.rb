@@ -101,6 +101,9 @@ module BenchConfigs
 
   ALL = {
     "no profiler" => -> {},
+    # The same again, under another name: what a paired table reads where
+    # nothing differs (the bench's own resolution and bias).
+    "no profiler, control" => -> {},
     "floor: empty NEWOBJ+FREEOBJ TracePoint" => -> { empty_hooks(:tracepoint, GEM_EVENTS) },
     "floor: empty NEWOBJ+FREEOBJ event hook" => -> { empty_hooks(:event_hook, GEM_EVENTS) },
     # The defaults: mode :light, sampling windows with a budget of 50,000

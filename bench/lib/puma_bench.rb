@@ -82,7 +82,7 @@ module PumaBench
   end
 
   # The same runs paired: each run's ratio to the "no profiler" server of
-  # its own rotation, which moved with the machine as it did. With six runs
+  # its own round, which moved with the machine as it did. With six runs
   # or more, the median ratio and a 95% confidence interval for it: a goal
   # such as "at least 0.97x" holds when the interval's low end is above it.
   def report_paired(results, configs)
@@ -91,11 +91,13 @@ module PumaBench
 
     rows = (configs - ["no profiler"]).map do |config|
       runs = results[config].zip(base)
-      [config, paired(runs) { |r, b| r[:rps] / b[:rps] }, paired(runs) { |r, b| r[:cpu] / b[:cpu] }]
+      [config, paired(runs) { |r, b| r[:rps] / b[:rps] }, paired(runs) { |r, b| r[:cpu] / b[:cpu] },
+       paired(runs) { |r, b| r[:thread_cpu] / b[:thread_cpu] }]
     end
     puts
-    BenchReport.table(["configuration", "requests/s vs none, paired", "CPU/request vs none, paired"], rows)
-    puts "(each run's ratio to the server without a profiler in the same rotation; median of #{base.size} runs " \
+    BenchReport.table(["configuration", "requests/s vs none, paired", "CPU/request vs none, paired",
+                       "request threads' CPU/request vs none, paired"], rows)
+    puts "(each run's ratio to the server without a profiler in the same round; median of #{base.size} runs " \
          "[a 95% confidence interval for that median])"
   end
 
@@ -123,8 +125,11 @@ module PumaBench
       # steady state.
       wrk(base_url + path, WARM_UP_SECONDS, connections)
       cpu_before = cpu_seconds(pid)
+      threads_before = request_thread_seconds(pid)
       result = wrk(base_url + path, seconds, connections)
-      result[:cpu] = (cpu_seconds(pid) - cpu_before) / result.delete(:requests)
+      requests = result.delete(:requests)
+      result[:cpu] = (cpu_seconds(pid) - cpu_before) / requests
+      result[:thread_cpu] = (request_thread_seconds(pid) - threads_before) / requests
       share = window_share(dir)
       share ? result.merge(window_share: share) : result
     end
@@ -174,6 +179,26 @@ module PumaBench
   end
 
   CLOCK_TICKS = Integer(`getconf CLK_TCK 2>/dev/null`.strip.then { |t| t.empty? ? "100" : t })
+
+  # User and system time of puma's request threads in process `pid` so far:
+  # with Ruby's GVL, a server of one process serves about as fast as they run
+  # a request, give or take the other threads that take the GVL (the
+  # flusher's profile building) and the time they wait for it. The windows'
+  # timer thread runs without it.
+  def request_thread_seconds(pid)
+    threads = 0
+    ticks = Dir["/proc/#{pid}/task/*"].sum do |task|
+      next 0 unless File.read("#{task}/comm").start_with?("puma srv tp")
+
+      threads += 1
+      cpu_ticks("#{task}/stat")
+    rescue Errno::ENOENT, Errno::ESRCH
+      0 # a thread that ended as we read
+    end
+    raise "no puma request thread (\"puma srv tp\") in process #{pid}" if threads.zero?
+
+    ticks.fdiv(CLOCK_TICKS)
+  end
 
   # User and system time of process `pid` so far (its threads included).
   def cpu_seconds(pid)

@@ -29,18 +29,45 @@ module BenchReport
     JSON.parse(out.lines.last, symbolize_names: true)
   end
 
-  # Each run goes through every configuration, in a rotated order (so that
-  # no configuration always runs first, on a cold machine, or last).
+  # Each run goes through every configuration, in orders that balance where
+  # a configuration runs and what ran just before it within a round
+  # (`orders`; the first of a round follows the last of the one before,
+  # which is not balanced): a run leaves the machine a little slower or
+  # faster for the next, and with plain rotations each configuration always
+  # followed the same one, which a configuration compared with itself read
+  # at 0.95x. The balance is whole when `runs` is a multiple of the orders'
+  # number (n for n configurations, 2n for an odd n); it says so otherwise.
   def alternate(configs, runs)
     results = Hash.new { |h, k| h[k] = [] }
+    sequences = orders(configs.size)
+    if runs > 1 && (runs % sequences.size).positive?
+      warn "(#{runs} runs of #{configs.size} configurations: what runs before what is balanced every " \
+           "#{sequences.size} runs)"
+    end
     runs.times do |run|
-      configs.rotate(run).each do |config|
+      sequences.fetch(run % sequences.size, []).each do |index|
+        config = configs[index]
         results[config] << yield(config)
         $stderr.print(".")
       end
     end
     $stderr.puts
     results
+  end
+
+  # A Williams design for `count` configurations: orders of 0...count in
+  # which each stands at each position equally often and follows each other
+  # one equally often (count orders for an even count; for an odd one, 2
+  # count, each order next to its reverse, so that positions even out every
+  # two).
+  def orders(count)
+    return [] if count < 1
+    return [[0]] if count == 1
+
+    first = [0]
+    (1...count).each { |i| first << (i.odd? ? (i + 1) / 2 : count - (i / 2)) }
+    rows = (0...count).map { |shift| first.map { |index| (index + shift) % count } }
+    count.even? ? rows : rows.flat_map { |row| [row, row.reverse] }
   end
 
   def machine
