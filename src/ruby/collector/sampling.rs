@@ -28,9 +28,11 @@ use sampler_lock::LockError;
 
 use super::{Collector, Sampler, SizeMeasurement};
 
-/// Samples that may wait before a postponed job measures them (each job
-/// run costs a few hundred nanoseconds; a sample freed meanwhile is sized
-/// in the FREEOBJ hook).
+/// Samples that may wait before a postponed job measures them: each job
+/// run costs a few hundred nanoseconds, and more in the caches, since the
+/// program has evicted the job's code and data since the last (a sample
+/// freed meanwhile is sized in the FREEOBJ hook; in light mode, pinned
+/// by the collector's mark until then).
 const MEASURE_BATCH: usize = 32;
 
 impl Collector {
@@ -101,13 +103,22 @@ impl Collector {
         if let Some(began_ns) = began_ns {
             windows.record_sample_time(monotonic_ns().saturating_sub(began_ns));
         }
-        // Measuring costs a postponed job; samples of types that can be
-        // sized at their free wait for a batch (a flush measures the rest).
-        // In light mode no free is seen and the object is pinned until its
-        // job runs, so every sample asks for one.
-        let measure_now = self.is_light()
-            || state.pending_count() >= MEASURE_BATCH
-            || !heap::measurable_at_free(object);
+        // Measuring costs a postponed job: samples wait for a batch, or
+        // for whatever job comes first (the one that switches the hook off
+        // when a window ends, a GC's, the next poll's; a flush measures the
+        // rest). In exact mode a sample of a type that cannot be sized at
+        // its free asks now. In light mode no free is seen and the object
+        // is pinned by the collector's mark until its job: with windows
+        // that is a batch or the hook's time on at most, and a GC in
+        // between keeps a garbage sample's object one cycle longer (each
+        // job runs cold code: docs/performance.md). Without windows every
+        // sample asks at once.
+        let batch_full = state.pending_count() >= MEASURE_BATCH;
+        let measure_now = if self.is_light() {
+            batch_full || !windows.enabled()
+        } else {
+            batch_full || !heap::measurable_at_free(object)
+        };
         drop(sampler);
         self.has_pending.store(true, Ordering::Relaxed);
         if measure_now && self.size_measurement.get() == SizeMeasurement::PostponedJob {
