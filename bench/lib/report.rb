@@ -39,13 +39,15 @@ module BenchReport
   # number (n for n configurations, 2n for an odd n); it says so otherwise.
   def alternate(configs, runs)
     results = Hash.new { |h, k| h[k] = [] }
+    return results if configs.empty?
+
     sequences = orders(configs.size)
     if runs > 1 && (runs % sequences.size).positive?
       warn "(#{runs} runs of #{configs.size} configurations: what runs before what is balanced every " \
            "#{sequences.size} runs)"
     end
     runs.times do |run|
-      sequences.fetch(run % sequences.size, []).each do |index|
+      sequences[run % sequences.size].each do |index|
         config = configs[index]
         results[config] << yield(config)
         $stderr.print(".")
