@@ -37,15 +37,10 @@ abort "thread_costs.rb: unknown configuration #{unknown.first.inspect}" unless u
 missing = %w[puma wrk].find { |tool| !system("command -v #{tool} >/dev/null 2>&1") }
 abort "thread_costs.rb: #{missing} is not installed (script/bootstrap --bench installs it)" if missing
 
-# Each app's path and wrk connections, as bench/run rails and puma use them.
-APPS = { "rails_app.ru" => ["/products?page=3", PumaBench::THREADS],
-         "rails_ar_app.ru" => ["/orders?page=3", PumaBench::THREADS],
-         "puma_app.ru" => ["/?page=3", PumaBench::CONNECTIONS] }.freeze
-path, connections = APPS.fetch(options[:app]) { abort "thread_costs.rb: --app is one of #{APPS.keys.join(', ')}" }
+path, connections = PumaBench::APPS.fetch(options[:app]) do
+  abort "thread_costs.rb: --app is one of #{PumaBench::APPS.keys.join(', ')}"
+end
 CLOCK_TICKS = PumaBench::CLOCK_TICKS
-# Thread names (as Linux keeps them: 15 bytes) and what they are. (With a
-# FileFlusher the only memprofiler_pprof_rs Ruby thread is the flusher's.)
-THREAD_KINDS = { "memprofiler-win" => :timer, "memprofiler_ppr" => :flusher, "puma srv tp" => :requests }.freeze
 
 # Per thread of `pid`, by kind: [context switches, CPU ticks, system ticks,
 # minor page faults].
@@ -54,7 +49,7 @@ def thread_counts(pid)
     name = File.read("#{task}/comm").strip
     status = File.read("#{task}/status")
     switches = %w[voluntary nonvoluntary].sum { |kind| status[/^#{kind}_ctxt_switches:\s+(\d+)/, 1].to_i }
-    kind = THREAD_KINDS.find { |prefix, _| name.start_with?(prefix) }&.last || :other
+    kind = PumaBench::THREAD_KINDS.find { |prefix, _| name.start_with?(prefix) }&.last || :other
     stat = File.read("#{task}/stat")
     # (Fields after the name, which may hold ") " itself: minflt is the
     # 8th, utime the 12th, stime the 13th.)

@@ -16,6 +16,10 @@ module PumaBench
   # wrk's own default (2 s) would drop the slowest configurations' requests
   # from the latencies (stackprof at interval 1 on the Rails-depth app).
   TIMEOUT_SECONDS = 30
+  # Each app's path and wrk connections, as bench/run rails and puma use them.
+  APPS = { "rails_app.ru" => ["/products?page=3", THREADS],
+           "rails_ar_app.ru" => ["/orders?page=3", THREADS],
+           "puma_app.ru" => ["/?page=3", CONNECTIONS] }.freeze
 
   module_function
 
@@ -149,14 +153,15 @@ module PumaBench
 
   # Starts puma on `rackup` with the profiler `config`, yields its URL
   # (http://127.0.0.1:PORT) once it accepts connections, then stops it.
-  def serve(config, rackup)
+  def serve(config, rackup, cpu: nil)
     Dir.mktmpdir("bench-puma") do |dir|
       port = free_port
       env = { "BENCH_PROFILER" => config, "BENCH_PROFILE_DIR" => dir,
               "RUBYLIB" => [File.join(BenchReport::ROOT, "lib"), ENV["RUBYLIB"]].compact.join(":") }
       app = File.join(__dir__, rackup)
-      pid = Process.spawn(env, "puma", "-q", "-e", "production", "-t", "#{THREADS}:#{THREADS}",
-                          "-b", "tcp://127.0.0.1:#{port}", app, out: File::NULL, err: File.join(dir, "puma.log"))
+      command = ["puma", "-q", "-e", "production", "-t", "#{THREADS}:#{THREADS}", "-b", "tcp://127.0.0.1:#{port}", app]
+      command = ["taskset", "-c", cpu.to_s, *command] if cpu
+      pid = Process.spawn(env, *command, out: File::NULL, err: File.join(dir, "puma.log"))
       begin
         wait_for(port, pid, dir)
         yield "http://127.0.0.1:#{port}", dir, pid
@@ -167,8 +172,10 @@ module PumaBench
     end
   end
 
-  def wrk(url, seconds, connections = CONNECTIONS)
-    out = `wrk -t2 -c#{connections} -d#{seconds}s --timeout #{TIMEOUT_SECONDS}s --latency #{url}`
+  # wrk on `url` for `seconds`; with `cpu`, one wrk thread on that CPU.
+  def wrk(url, seconds, connections = CONNECTIONS, cpu: nil)
+    pin = cpu ? "taskset -c #{cpu} " : ""
+    out = `#{pin}wrk -t#{cpu ? 1 : 2} -c#{connections} -d#{seconds}s --timeout #{TIMEOUT_SECONDS}s --latency #{url}`
     raise "wrk failed:\n#{out}" unless Process.last_status.success? && out =~ %r{Requests/sec:\s+([\d.]+)}
 
     rps = Regexp.last_match(1).to_f
@@ -186,18 +193,26 @@ module PumaBench
   # flusher's profile building) and the time they wait for it. The windows'
   # timer thread runs without it.
   def request_thread_seconds(pid)
-    threads = 0
-    ticks = Dir["/proc/#{pid}/task/*"].sum do |task|
-      next 0 unless File.read("#{task}/comm").start_with?("puma srv tp")
+    seconds = thread_seconds(pid)
+    raise "no puma request thread (\"puma srv tp\") in process #{pid}" unless seconds.key?(:requests)
 
-      threads += 1
-      cpu_ticks("#{task}/stat")
+    seconds[:requests]
+  end
+
+  # Thread names (as Linux keeps them: 15 bytes) and what they are. (With a
+  # FileFlusher the only memprofiler_pprof_rs Ruby thread is the flusher's.)
+  THREAD_KINDS = { "memprofiler-win" => :timer, "memprofiler_ppr" => :flusher, "puma srv tp" => :requests }.freeze
+
+  # User and system time so far of process `pid`'s threads, by kind
+  # (THREAD_KINDS; :other for the rest), for the kinds it has.
+  def thread_seconds(pid)
+    Dir["/proc/#{pid}/task/*"].each_with_object({}) do |task, seconds|
+      name = File.read("#{task}/comm").strip
+      kind = THREAD_KINDS.find { |prefix, _| name.start_with?(prefix) }&.last || :other
+      seconds[kind] = seconds.fetch(kind, 0.0) + cpu_ticks("#{task}/stat").fdiv(CLOCK_TICKS)
     rescue Errno::ENOENT, Errno::ESRCH
-      0 # a thread that ended as we read
+      next # a thread that ended as we read
     end
-    raise "no puma request thread (\"puma srv tp\") in process #{pid}" if threads.zero?
-
-    ticks.fdiv(CLOCK_TICKS)
   end
 
   # User and system time of process `pid` so far (its threads included).
