@@ -60,7 +60,7 @@ parser = OptionParser.new do |o|
     options[:mode] = v.to_sym
   end
   o.on("--sample-rate R", Float, "the collector's sample_rate (default its default, 0.01)") { |v| options[:rate] = v }
-  o.on("--window-budget N", Integer, "the collector's window_budget (default its default, 50,000)") do |v|
+  o.on("--window-budget N", Integer, "the collector's window_budget (default its default, 100,000)") do |v|
     options[:budget] = v
   end
   o.on("--wake-ups N", Integer, "instead of the profiler: a process waking N times a second") do |v|

@@ -106,7 +106,7 @@ module BenchConfigs
     "no profiler, control" => -> {},
     "floor: empty NEWOBJ+FREEOBJ TracePoint" => -> { empty_hooks(:tracepoint, GEM_EVENTS) },
     "floor: empty NEWOBJ+FREEOBJ event hook" => -> { empty_hooks(:event_hook, GEM_EVENTS) },
-    # The defaults: mode :light, sampling windows with a budget of 50,000
+    # The defaults: mode :light, sampling windows with a budget of 100,000
     # hooked allocations a second after a warm-up of 250,000 (DEFAULTS).
     "memprofiler_pprof_rs 0.01" => -> { gem(0.01) },
     "memprofiler_pprof_rs 0.1" => -> { gem(0.1) },

@@ -30,7 +30,7 @@ RSpec.describe MemprofilerPprof::EnvConfig do
       bad = described_class.new("MEMPROFILER_PPROF_RS_WINDOW_BUDGET" => "lots")
       expect(bad.window_budget).to eq(:auto)
       expect(bad.warnings.join).to include("MEMPROFILER_PPROF_RS_WINDOW_BUDGET=\"lots\"")
-      expect(MemprofilerPprof::Collector.new(**bad.collector_options).window_budget).to eq(50_000)
+      expect(MemprofilerPprof::Collector.new(**bad.collector_options).window_budget).to eq(100_000)
       # "none" turns the default budget off; "auto" is the default; the
       # warm-up is a count.
       none = described_class.new("MEMPROFILER_PPROF_RS_WINDOW_BUDGET" => "none",
@@ -38,7 +38,7 @@ RSpec.describe MemprofilerPprof::EnvConfig do
       collector = MemprofilerPprof::Collector.new(**none.collector_options)
       expect([collector.window_budget, collector.window_warm_up, none.warnings]).to eq([nil, 0, []])
       auto = described_class.new("MEMPROFILER_PPROF_RS_WINDOW_BUDGET" => "Auto")
-      expect(MemprofilerPprof::Collector.new(**auto.collector_options).window_budget).to eq(50_000)
+      expect(MemprofilerPprof::Collector.new(**auto.collector_options).window_budget).to eq(100_000)
     end
 
     it "reads MEMPROFILER_PPROF_RS_INUSE_AS_OF, and warns of a bad value" do

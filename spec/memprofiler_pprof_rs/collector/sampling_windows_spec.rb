@@ -212,15 +212,15 @@ RSpec.describe MemprofilerPprof::Collector, "sampling windows" do
     expect(profile.comments.join).to include("allocations a second")
   end
 
-  # The defaults (mode :light's automatic budget): 50,000 hooked
+  # The defaults (mode :light's automatic budget): 100,000 hooked
   # allocations a second, every allocation hooked for the first 250,000.
   it "at the defaults takes a window budget after a warm-up, except at sample_rate 1.0 or with a probability" do
     defaults = described_class.new
     expect([defaults.mode, defaults.window_budget, defaults.window_warm_up, defaults.window_probability])
-      .to eq([:light, 50_000, 250_000, 1.0])
-    expect(MemprofilerPprof::DEFAULTS).to include(mode: :light, window_budget: 50_000, window_warm_up: 250_000)
+      .to eq([:light, 100_000, 250_000, 1.0])
+    expect(MemprofilerPprof::DEFAULTS).to include(mode: :light, window_budget: 100_000, window_warm_up: 250_000)
     light = described_class.new(mode: :light)
-    expect([light.window_budget, light.window_warm_up]).to eq([50_000, 250_000])
+    expect([light.window_budget, light.window_warm_up]).to eq([100_000, 250_000])
     expect(described_class.new(mode: :light, sample_rate: 1.0).window_budget).to be_nil
     expect(described_class.new(mode: :light, window_probability: 0.5).window_budget).to be_nil
     expect(described_class.new(mode: :exact, window_budget: 10).window_budget).to eq(10)
@@ -232,15 +232,15 @@ RSpec.describe MemprofilerPprof::Collector, "sampling windows" do
     collector.window_probability = 0.5
     expect([collector.window_budget, collector.window_probability]).to eq([nil, 0.5])
     collector.window_probability = 1.0
-    expect(collector.window_budget).to eq(50_000)
+    expect(collector.window_budget).to eq(100_000)
     collector.mode = :exact
     expect(collector.window_budget).to be_nil
     collector.mode = :light
-    expect(collector.window_budget).to eq(50_000)
+    expect(collector.window_budget).to eq(100_000)
     collector.window_budget = 20_000
     expect { collector.window_probability = 0.5 }.to raise_error(ArgumentError, /exclude each other/)
     collector.window_budget = :auto
-    expect(collector.window_budget).to eq(50_000)
+    expect(collector.window_budget).to eq(100_000)
     collector.start!
     expect { collector.window_probability = 0.5 }.to raise_error(RuntimeError, /stopped/)
     expect { collector.window_warm_up = 0 }.to raise_error(RuntimeError, /stopped/)

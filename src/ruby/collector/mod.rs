@@ -45,10 +45,13 @@ pub const DEFAULT_SAMPLE_RATE: f64 = 0.01;
 pub const DEFAULT_MAX_ALLOCATION_SAMPLES: usize = 10_000;
 pub const DEFAULT_MAX_HEAP_SAMPLES: usize = 50_000;
 /// Collector.new's sampling windows (with `mode: :light`, below 1.0): at
-/// most about this many hooked allocations a second. At the 80-300 ns a
+/// most about this many hooked allocations a second, about 3,000 a window
+/// (its 1,000, the lead and the way polls leave to the hook: a poll costs
+/// more than the allocations it would save hooking). At the 60-300 ns a
 /// hooked allocation costs (bench/run callgrind alloc, deep; the Rails-depth
-/// app at 165 frames), that is 0.4-1.5% of a core.
-pub const DEFAULT_WINDOW_BUDGET: u64 = 50_000;
+/// app at 165 frames), that is 0.6-3% of a core at most, less where the
+/// allocations are shallow; the polls it saves cost more.
+pub const DEFAULT_WINDOW_BUDGET: u64 = 100_000;
 /// .. after every allocation is hooked for this many: a fraction of a
 /// second of a busy server, and all of most short profiles (a block, a
 /// test, a script), which are then complete at the sample rate. Why not

@@ -28,12 +28,14 @@
 //! so a postponed job polls Ruby's counter (`poll`), woken by a timer
 //! thread at times chosen from the allocation rate while the process runs
 //! (over its CPU time: on a loaded machine it runs in slices), closer
-//! together as the next window nears, and arms the hook a little before
-//! the window starts (`lead`). While on, the hook counts itself: the
-//! collector's countdown runs to the next event (a sample, or a window's
-//! end), so an allocation that is not sampled still costs one decrement. At a window's end the
-//! hook asks the job to switch it off, or stays on if the next window is
-//! near. A poll that comes after a window's start (a long C call that let
+//! together as the next window nears, and arms the hook before the window
+//! starts: by a margin that polls need to come in time (`lead`), plus as
+//! far as one more poll would not pay for (`ARM_AHEAD`: a poll costs the
+//! process more than a thousand hooked allocations). While on, the hook
+//! counts itself: the collector's countdown runs to the next event (a
+//! sample, or a window's end), so an allocation that is not sampled still
+//! costs one decrement. At a window's end the hook asks the job to switch
+//! it off, or stays on if the next window is near. A poll that comes after a window's start (a long C call that let
 //! no job run, a busy machine that ran the timer thread late, or a job
 //! Ruby flagged on a thread that then waited: ruby/window_timer.rs) arms
 //! late: the part of the window before it is missed, as is a whole window
@@ -92,16 +94,23 @@ pub const MIN_BUDGET_PROBABILITY: f64 = 0.001;
 const POLL_MIN_NS: u64 = 50_000;
 const POLL_MAX_NS: u64 = 20_000_000;
 
-/// The hook is armed when the next window is at most this many allocations
-/// away, or one and a half times as many as the process made between two
-/// polls asked for at the shortest interval (bursts included), whichever
-/// is more.
+/// The lead: the hook must be on when the next window is at most this many
+/// allocations away, or one and a half times as many as a poll asked for at
+/// the shortest interval may see (bursts and late polls included),
+/// whichever is more. (It is armed `ARM_AHEAD` further out.)
 const MIN_LEAD: u64 = 500;
 
-/// A window whose start is at most this many allocations (or two leads)
-/// after the end of the last keeps the hook on in between (switching costs
-/// more, and a poll could come too late).
-const KEEP_ON_GAP: u64 = 2_000;
+/// What a poll costs, in hooked allocations: it wakes the timer thread and
+/// interrupts the running thread for a job, which on a machine with no
+/// core to spare costs a Rails process as much CPU as a thousand or more
+/// hooked allocations (docs/performance.md).
+const POLL_COST: u64 = 1_000;
+
+/// The hook is armed when the next window is at most this many allocations
+/// beyond the lead: closer, one more poll, which halves the way, costs more
+/// than the hooked allocations it saves. A window at most this far beyond
+/// the lead after the last one's end keeps the hook on in between.
+const ARM_AHEAD: u64 = 2 * POLL_COST;
 
 /// The most the lead grows while polls come late.
 const MAX_LATE_FACTOR: f64 = 8.0;
@@ -529,7 +538,13 @@ impl Windows {
                 self.leave_stretch();
                 continue;
             }
-            if s > x && s - x > KEEP_ON_GAP.max(self.lead.saturating_mul(2)) {
+            if s > x
+                && s - x
+                    > self
+                        .lead
+                        .saturating_add(ARM_AHEAD)
+                        .max(self.lead.saturating_mul(2))
+            {
                 // Far: off until a poll arms it again.
                 self.armed = false;
                 self.pending_gap = gap;
@@ -689,8 +704,8 @@ impl Windows {
         } else {
             let lead = 1.5 * per_shortest_poll.max(self.approach_max) * self.late_factor;
             // At most a quarter of a block: a longer lead would keep the
-            // hook on between windows (KEEP_ON_GAP) for good, and the lead
-            // learns only while the hook is off.
+            // hook on between windows (`2 * lead` in `schedule_from`) for
+            // good, and the lead learns only while the hook is off.
             MIN_LEAD.max((lead as u64).min(self.block.len / 4))
         };
         if self.armed {
@@ -713,7 +728,7 @@ impl Windows {
             self.late_factor = (self.late_factor * 2.0).min(MAX_LATE_FACTOR);
         }
         let (s, _) = self.current();
-        if s <= counter.saturating_add(self.lead) {
+        if s <= counter.saturating_add(self.lead).saturating_add(ARM_AHEAD) {
             if !late {
                 self.late_factor = (self.late_factor * 0.8).max(1.0);
             }
@@ -723,7 +738,7 @@ impl Windows {
             let gap = self.pending_gap;
             let event = self.schedule_from(counter, gap);
             if event.switch_off {
-                // (Cannot happen: the window is within the lead.)
+                // (Cannot happen: the window is within the lead and ARM_AHEAD.)
                 self.armed = false;
                 self.on_since = None;
             } else {

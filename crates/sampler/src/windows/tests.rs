@@ -225,7 +225,7 @@ fn every_allocation_is_in_a_window_with_probability_q() {
 fn a_hook_that_stays_on_across_adjoining_windows_misses_nothing() {
     for seed in 0..20 {
         // Blocks of 2,000 with windows of 1,000: the gaps are short enough
-        // for the hook to stay on between windows (`KEEP_ON_GAP`), and
+        // for the hook to stay on between windows (`ARM_AHEAD`), and
         // about half the windows wrap. At a sample rate below 1 a window's
         // end is an event of its own.
         let mut sim = Sim::new(WindowPolicy::Fixed(0.5), 0.01, seed, 0, 1_000);
@@ -271,7 +271,7 @@ const SERVER_SEEDS: u64 = 40;
 fn a_bursty_server_is_estimated_right_per_site() {
     let mut ratios = vec![Vec::new(); 4];
     for seed in 0..SERVER_SEEDS {
-        let mut sim = Sim::new(WindowPolicy::Budget(50_000.0), 0.05, seed, 10_000, 1_000);
+        let mut sim = Sim::new(WindowPolicy::Budget(100_000.0), 0.05, seed, 10_000, 1_000);
         for request in 0..4_000u64 {
             sim.allocate(0, 200, 40); // parsing: fast
             sim.allocate(1, 1_000, 200); // the work: slow
@@ -376,11 +376,13 @@ fn a_short_script_spends_the_saved_budget_on_its_phases() {
     for seed in 0..5 {
         let mut sim = Sim::with_budget(seed);
         // Two phases of 1M allocations at 10M a second: 0.2 s in all,
-        // 20,000 hooked allocations at 100,000 a second.
+        // 20,000 hooked allocations at 100,000 a second, and the second
+        // saved at start. (Each window also hooks its lead and the way the
+        // polls leave to it, `ARM_AHEAD`: about 3,000 allocations a window.)
         sim.allocate(0, 1_000_000, 100);
         sim.allocate(1, 1_000_000, 100);
         let flush = sim.windows.flush(sim.counter);
-        assert!(flush.windows >= 30, "seed {seed}: {flush:?}");
+        assert!(flush.windows >= 25, "seed {seed}: {flush:?}");
         for phase in 0..2 {
             let ratio = sim.ratio(phase);
             assert!(
@@ -433,13 +435,18 @@ fn one_late_poll_does_not_keep_the_hook_on_for_good() {
     for seed in 0..4 {
         let mut sim = Sim::with_budget(seed);
         sim.allocate(0, 15_000_000, 100);
-        // Until the next poll is asked for at the shortest interval.
-        while sim.windows.last_poll_asked > POLL_MIN_NS || sim.hook_on {
+        // Until the hook is off and the next window near (within 4 ms).
+        while sim.hook_on || sim.windows.current().0 > sim.counter + 40_000 {
             sim.allocate(0, 1, 100);
         }
         sim.no_polls_until = sim.now + 5_000 * US;
         sim.allocate(0, 50_000, 100);
         sim.no_polls_until = 0;
+        sim.allocate(0, 1, 100);
+        assert!(
+            sim.windows.late_factor > 1.0,
+            "seed {seed}: no poll came late"
+        );
         sim.allocate(1, 10_000_000, 100);
         let share = sim.hooked_share(1, 10_000_000, 100);
         assert!(
@@ -617,10 +624,12 @@ fn a_flush_tells_which_allocations_no_window_has_looked_at_yet() {
 }
 
 /// Each window costs a few timed polls (each a wake-up of the timer thread
-/// and a job, about as much CPU as 100-300 hooked allocations): they close
-/// in on the window by halves, about nine a window at 1M-10M allocations a
-/// second (measured on this simulation: 9.2-9.4). More would cost a
-/// server more than the windows' hooked allocations do.
+/// and a job: on a machine with no core to spare, as much CPU as a
+/// thousand or more hooked allocations): they close in on the window by
+/// halves until one more would cost more than hooking the rest of the way
+/// (`ARM_AHEAD`), four to seven a window at 1M-10M allocations a second
+/// (measured on this simulation: 7.3 at 10M, 5.9 at 3.3M, 4.0 at 1M; 9.2-9.4
+/// when they closed in all the way to the lead).
 #[test]
 #[cfg_attr(miri, ignore = "statistical and slow under Miri; no unsafe code")]
 fn a_window_costs_few_polls() {
@@ -633,7 +642,7 @@ fn a_window_costs_few_polls() {
         let flush = sim.windows.flush(sim.counter);
         let per_window = (sim.timed_polls - polls) as f64 / flush.windows as f64;
         assert!(
-            per_window < 10.5,
+            per_window < 8.0,
             "{ns} ns an allocation: {per_window} polls a window"
         );
         assert_eq!(flush.missed, 0, "{ns} ns an allocation: {flush:?}");
