@@ -172,7 +172,7 @@ module MemprofilerPprof
     # most 1.0, at least 0.001), so a process that allocates less keeps the
     # hook on all the time, and a busy server pays for about this many (at
     # the 80-300 ns per hooked allocation measured in bench/, 100,000 a
-    # second is 1-3% of a core, and the samples as much again). Each sample
+    # second is 0.8-3% of a core, and the samples as much again). Each sample
     # is weighted by its window's probability. :auto (the default): DEFAULTS[:window_budget]
     # in mode :light below sample_rate 1.0 without a window_probability
     # (re-chosen when mode or window_probability change; sample_rate= does

@@ -46,11 +46,10 @@ pub const DEFAULT_MAX_ALLOCATION_SAMPLES: usize = 10_000;
 pub const DEFAULT_MAX_HEAP_SAMPLES: usize = 50_000;
 /// Collector.new's sampling windows (with `mode: :light`, below 1.0): at
 /// most about this many hooked allocations a second, about 3,000 a window
-/// (its 1,000, the lead and the way polls leave to the hook: a poll costs
-/// more than the allocations it would save hooking). At the 60-300 ns a
-/// hooked allocation costs (bench/run callgrind alloc, deep; the Rails-depth
-/// app at 165 frames), that is 0.6-3% of a core at most, less where the
-/// allocations are shallow; the polls it saves cost more.
+/// (its 1,000, the lead, and the ~2,000 before it where polls stop: one
+/// more would cost more than the allocations it saves hooking). At the
+/// 80-300 ns a hooked allocation costs (bench/run callgrind alloc, deep;
+/// the Rails-depth app at 165 frames), that is 0.8-3% of a core.
 pub const DEFAULT_WINDOW_BUDGET: u64 = 100_000;
 /// .. after every allocation is hooked for this many: a fraction of a
 /// second of a busy server, and all of most short profiles (a block, a

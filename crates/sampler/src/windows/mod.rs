@@ -30,8 +30,9 @@
 //! (over its CPU time: on a loaded machine it runs in slices), closer
 //! together as the next window nears, and arms the hook before the window
 //! starts: by a margin that polls need to come in time (`lead`), plus as
-//! far as one more poll would not pay for (`ARM_AHEAD`: a poll costs the
-//! process more than a thousand hooked allocations). While on, the hook
+//! far as one more poll would not pay for (`ARM_AHEAD`: with no core to
+//! spare, a poll costs the process as much as a thousand or more hooked
+//! allocations). While on, the hook
 //! counts itself: the collector's countdown runs to the next event (a
 //! sample, or a window's end), so an allocation that is not sampled still
 //! costs one decrement. At a window's end the hook asks the job to switch

@@ -627,7 +627,7 @@ fn a_flush_tells_which_allocations_no_window_has_looked_at_yet() {
 /// and a job: on a machine with no core to spare, as much CPU as a
 /// thousand or more hooked allocations): they close in on the window by
 /// halves until one more would cost more than hooking the rest of the way
-/// (`ARM_AHEAD`), four to seven a window at 1M-10M allocations a second
+/// (`ARM_AHEAD`), four to eight a window at 1M-10M allocations a second
 /// (measured on this simulation: 7.3 at 10M, 5.9 at 3.3M, 4.0 at 1M; 9.2-9.4
 /// when they closed in all the way to the lead).
 #[test]
