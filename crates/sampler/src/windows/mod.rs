@@ -32,13 +32,13 @@
 //! starts: by a margin that polls need to come in time (`lead`), plus as
 //! far as one more poll would not pay for (`ARM_AHEAD`: with no core to
 //! spare, a poll costs the process as much as a thousand or more hooked
-//! allocations). While on, the hook
-//! counts itself: the collector's countdown runs to the next event (a
-//! sample, or a window's end), so an allocation that is not sampled still
-//! costs one decrement. At a window's end the hook asks the job to switch
-//! it off, or stays on if the next window is near. A poll that comes after a window's start (a long C call that let
-//! no job run, a busy machine that ran the timer thread late, or a job
-//! Ruby flagged on a thread that then waited: ruby/window_timer.rs) arms
+//! allocations). While on, the hook counts itself: the collector's
+//! countdown runs to the next event (a sample, or a window's end), so an
+//! allocation that is not sampled still costs one decrement. At a window's
+//! end the hook asks the job to switch it off, or stays on if the next
+//! window is near. A poll that comes after a window's start (a long C call
+//! that let no job run, a busy machine that ran the timer thread late, or a
+//! job Ruby flagged on a thread that then waited: ruby/window_timer.rs) arms
 //! late: the part of the window before it is missed, as is a whole window
 //! that ended before any poll came, and the lead grows while polls come
 //! late. Missed allocations are counted (`WindowFlush::missed`, and what

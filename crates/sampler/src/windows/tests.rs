@@ -271,6 +271,9 @@ const SERVER_SEEDS: u64 = 40;
 fn a_bursty_server_is_estimated_right_per_site() {
     let mut ratios = vec![Vec::new(); 4];
     for seed in 0..SERVER_SEEDS {
+        // (The default budget. At half of it, with each window hooking
+        // ~3,000 allocations, these 40 seeds read site 1 at 0.977, five of
+        // their standard errors low; 1,600 other seeds read it at 0.999.)
         let mut sim = Sim::new(WindowPolicy::Budget(100_000.0), 0.05, seed, 10_000, 1_000);
         for request in 0..4_000u64 {
             sim.allocate(0, 200, 40); // parsing: fast
