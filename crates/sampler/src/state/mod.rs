@@ -253,6 +253,10 @@ pub struct DropCounters {
 /// odds stay right) but contributes nothing.
 const TOMBSTONE: SampleId = SampleId(u32::MAX);
 
+/// Room reserved for samples waiting to be measured: the binding asks for
+/// a job at 32 (ruby/collector/sampling.rs), and more come while it waits.
+const PENDING_RESERVE: usize = 128;
+
 #[derive(Debug)]
 pub struct SamplerState {
     stacks: StackTable,
@@ -283,7 +287,10 @@ pub struct SamplerState {
     /// goes on from at the next sample.
     thinning_from: Option<usize>,
     /// Samples taken but not yet measured (sizes are known only once the
-    /// allocating method has filled the object in).
+    /// allocating method has filled the object in). Pushed to in the
+    /// NEWOBJ hook, so it starts with room for the batches a job measures
+    /// (`PENDING_RESERVE`) and keeps its capacity: the hook does not
+    /// allocate for it but past that.
     pending_sizes: Vec<(SampleId, ObjectAddress)>,
     /// Objects of pending samples that are not in the live map, watched for
     /// their free until measured.
@@ -350,7 +357,7 @@ impl SamplerState {
             live_threshold: 0.0,
             threshold_scratch: Vec::new(),
             thinning_from: None,
-            pending_sizes: Vec::new(),
+            pending_sizes: Vec::with_capacity(PENDING_RESERVE),
             watched: FastHashMap::default(),
             gaps,
             max_allocation_samples,
