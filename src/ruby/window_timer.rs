@@ -17,9 +17,10 @@
 //! the others serve requests holds the job back as long, and windows go
 //! by unhooked. So a job that has not run is triggered again: on Ruby 3.3
 //! and later by each thread that takes the GVL (a thread event hook), and
-//! on every Ruby by this thread after waits that double from 0.2 ms (up to
-//! 1.6 ms while the job ran in the last 0.1 s, before 3.3). A process
-//! idle in IO or sleep runs no job: its wake-ups thin out to ten a second.
+//! on every Ruby by this thread after 0.2 ms, then after waits that grow
+//! eightfold (before 3.3, every 1.6 ms while the job ran in the last
+//! 0.1 s). A process idle in IO or sleep runs no job: its wake-ups thin
+//! out to ten a second.
 //!
 //! It sleeps on a timerfd (Linux), which the job re-arms for its next
 //! deadline without waking it: one wake-up a poll. Parked with a timeout
@@ -96,8 +97,12 @@ pub fn poll_time() -> PollTime {
 }
 
 /// A job not run this long after its trigger is triggered again, then
-/// after waits that double, up to the longest (see `run`).
+/// after waits that grow eightfold, up to the longest (see `run`). The
+/// first catches a job flagged on a pool thread that went to wait; a job
+/// still not run is mostly held by a GC or a long C call, which triggers
+/// do not shorten (docs/performance.md).
 const RETRIGGER_FIRST_NS: u64 = 200_000;
+const RETRIGGER_GROWTH: u64 = 8;
 const RETRIGGER_LONGEST_NS: u64 = 100_000_000;
 /// Without a hook on threads taking the GVL (`watch_resumes`): the longest
 /// wait while the job ran in the last `RECENTLY_RAN_NS`.
@@ -413,14 +418,15 @@ fn run(trigger: fn()) {
             // if that one then waits (a pool thread back on its queue)
             // while others run, the job waits with it and windows go by
             // unhooked. So it is triggered again, for whichever thread runs
-            // then, after waits that double (a process idle in IO runs no
+            // then, after waits that grow (a process idle in IO runs no
             // job: it is woken less and less often). On Ruby 3.3 and later
             // a thread that takes the GVL also triggers it (`on_resumed`).
             if now >= retrigger_at {
                 if !STOP.load(Ordering::Acquire) {
                     trigger();
                 }
-                retrigger_wait = (retrigger_wait * 2).min(longest_retrigger_wait(now));
+                retrigger_wait =
+                    (retrigger_wait * RETRIGGER_GROWTH).min(longest_retrigger_wait(now));
                 retrigger_at = now.saturating_add(retrigger_wait);
             }
             sleep_until(retrigger_at, deadline, true);

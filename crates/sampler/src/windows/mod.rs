@@ -113,6 +113,16 @@ const POLL_COST: u64 = 1_000;
 /// the lead after the last one's end keeps the hook on in between.
 const ARM_AHEAD: u64 = 2 * POLL_COST;
 
+/// The next poll is asked for at this share of the time the way to the
+/// lead should take at the busy rate: half near the window, three quarters
+/// while it is more than `FAR_AHEAD` beyond the lead. Far out, the quarter
+/// left is 2,000 allocations or more to spare for a burst or a late
+/// wake-up, and a poll saved is worth `POLL_COST`; near, half the way is
+/// what keeps late polls rare (docs/performance.md).
+const NEAR_SHARE: f64 = 0.5;
+const FAR_SHARE: f64 = 0.75;
+const FAR_AHEAD: u64 = 4 * ARM_AHEAD;
+
 /// The most the lead grows while polls come late.
 const MAX_LATE_FACTOR: f64 = 8.0;
 
@@ -746,14 +756,19 @@ impl Windows {
                 return self.hook_on(Some(event.countdown));
             }
         }
-        // Half the time the rest of the way should take, ahead of the lead:
-        // closer together as the window nears. (At the shortest interval
-        // until the rate is known.)
+        // A share of the time the rest of the way should take, ahead of the
+        // lead: closer together as the window nears. (At the shortest
+        // interval until the rate is known.)
         let next = if !self.busy_rate_unhooked {
             POLL_MIN_NS
         } else {
             let ahead = (s - counter).saturating_sub(self.lead) as f64;
-            ((ahead / self.busy_rate * 1e9 / 2.0) as u64).clamp(POLL_MIN_NS, POLL_MAX_NS)
+            let share = if ahead > FAR_AHEAD as f64 {
+                FAR_SHARE
+            } else {
+                NEAR_SHARE
+            };
+            ((ahead / self.busy_rate * 1e9 * share) as u64).clamp(POLL_MIN_NS, POLL_MAX_NS)
         };
         self.last_poll_asked = next;
         Poll {

@@ -29,7 +29,8 @@ struct Sim {
     /// What each sample costs (ns), and the time spent on samples.
     sample_ns: u64,
     sampling_ns: u64,
-    /// Polls the windows asked for (the timer thread's wake-ups).
+    /// Polls the windows asked for (the timer thread's wake-ups), while
+    /// the process allocates or idles.
     timed_polls: u64,
 }
 
@@ -164,6 +165,7 @@ impl Sim {
         while let Some(due) = self.next_poll.filter(|&due| due < until) {
             self.now = self.now.max(due);
             self.cpu += job_ns;
+            self.timed_polls += 1;
             self.run_job();
         }
         self.now = until;
@@ -628,10 +630,11 @@ fn a_flush_tells_which_allocations_no_window_has_looked_at_yet() {
 
 /// Each window costs a few timed polls (each a wake-up of the timer thread
 /// and a job: on a machine with no core to spare, as much CPU as a
-/// thousand or more hooked allocations): they close in on the window by
-/// halves until one more would cost more than hooking the rest of the way
-/// (`ARM_AHEAD`), four to eight a window at 1M-10M allocations a second
-/// (measured on this simulation: 7.3 at 10M, 5.9 at 3.3M, 4.0 at 1M; 9.2-9.4
+/// thousand or more hooked allocations): three quarters of the way while
+/// the window is far, then by halves until one more would cost more than
+/// hooking the rest of the way (`ARM_AHEAD`), about three to five a window
+/// at 1M-10M allocations a second (measured on this simulation: 4.6 at 10M,
+/// 3.9 at 3.3M, 2.8 at 1M; 7.3, 5.9 and 4.0 by halves all the way, 9.2-9.4
 /// when they closed in all the way to the lead).
 #[test]
 #[cfg_attr(miri, ignore = "statistical and slow under Miri; no unsafe code")]
@@ -645,9 +648,60 @@ fn a_window_costs_few_polls() {
         let flush = sim.windows.flush(sim.counter);
         let per_window = (sim.timed_polls - polls) as f64 / flush.windows as f64;
         assert!(
-            per_window < 8.0,
+            per_window < 5.5,
             "{ns} ns an allocation: {per_window} polls a window"
         );
         assert_eq!(flush.missed, 0, "{ns} ns an allocation: {flush:?}");
+    }
+}
+
+/// A server whose code allocates at speeds that change from one stretch to
+/// the next, waits between requests with polls coming due meanwhile, and
+/// now and then holds polls back for milliseconds (a GC, a long C call):
+/// its polls reach each window with few missed, and few a window.
+/// (Measured on this simulation: 12.2 polls a window, those that come
+/// while it waits included, and 0.13% of allocations missed, against 15.7
+/// and 0.07% by halves all the way; with the holds 11.8 and 2.8%, against
+/// 14.8 and 2.5%.)
+#[test]
+#[cfg_attr(miri, ignore = "statistical and slow under Miri; no unsafe code")]
+fn a_server_of_changing_speeds_misses_little_for_few_polls() {
+    for holds in [false, true] {
+        let (mut polls, mut windows, mut missed, mut total) = (0, 0, 0.0, 0);
+        for seed in 0..2u64 {
+            let mut rng = SmallRng::seed_from_u64(seed + 100);
+            let mut sim = Sim::new(WindowPolicy::Budget(100_000.0), 0.01, seed, 10_000, 1_000);
+            sim.allocate(0, 20_000, 500);
+            let _ = sim.windows.flush(sim.counter);
+            let (polls_before, counter_before) = (sim.timed_polls, sim.counter);
+            for _ in 0..3_000 {
+                let mut left = rng.random_range(5_000..20_000u64);
+                while left > 0 {
+                    let stretch = rng.random_range(200..3_000u64).min(left);
+                    let ns = [150, 400, 700, 1_200][rng.random_range(0..4)];
+                    if holds && rng.random_range(0..20) == 0 {
+                        sim.no_polls_until = sim.now + rng.random_range(200..5_000u64) * US;
+                    }
+                    sim.allocate(rng.random_range(0..4), stretch, ns);
+                    left -= stretch;
+                    if rng.random_range(0..4) == 0 {
+                        sim.idle_polled(rng.random_range(50..2_000u64) * US, 20 * US);
+                    }
+                }
+                sim.idle_polled(rng.random_range(100..3_000u64) * US, 20 * US);
+            }
+            let flush = sim.windows.flush(sim.counter);
+            polls += sim.timed_polls - polls_before;
+            windows += flush.windows;
+            missed += flush.missed_estimate;
+            total += sim.counter - counter_before;
+        }
+        let per_window = polls as f64 / windows as f64;
+        let missed = missed / total as f64;
+        let (most_polls, most_missed) = if holds { (13.0, 0.032) } else { (13.5, 0.0025) };
+        assert!(
+            per_window < most_polls && missed < most_missed,
+            "holds {holds}: {per_window} polls a window, {missed} missed"
+        );
     }
 }
