@@ -6,9 +6,12 @@
 # through the same seconds of the machine, so what the machine does meanwhile
 # (other tenants, its clock) moves both; halfway through each round they
 # swap cores, so that neither keeps the faster one. A round's ratio is the
-# geometric mean of its two halves'. Pinned, the profiler's own threads (the
-# windows' timer, the flusher) take their CPU from their server's core, as
-# they do on a server with no core to spare.
+# geometric mean of its two halves'. Within each half, too, the servers and
+# their wrks trade cores every --swap-every seconds (1 by default), so that a
+# core slowed for a few seconds (another tenant on its sibling) slows both.
+# Pinned, the profiler's own threads (the windows' timer, the flusher) take
+# their CPU from their server's core, as they do on a server with no core to
+# spare.
 #
 #   ruby bench/side_by_side.rb                 # the defaults beside no profiler, the Rails-depth app, 12 rounds
 #   ruby bench/side_by_side.rb --control       # no profiler beside no profiler: the method's own spread
@@ -22,7 +25,7 @@ require "optparse"
 require_relative "lib/puma_bench"
 
 options = { rounds: 12, seconds: 8, app: "rails_app.ru", config: "memprofiler_pprof_rs 0.01", flush_interval: 15,
-            cpus: [0, 1] }
+            cpus: [0, 1], swap_every: 1.0 }
 OptionParser.new do |o|
   o.banner = "usage: ruby bench/side_by_side.rb [options]"
   o.on("--rounds N", Integer, "rounds, each in fresh processes (default 12)") { |v| options[:rounds] = v }
@@ -32,11 +35,15 @@ OptionParser.new do |o|
   o.on("--control", "no profiler beside no profiler") { options[:config] = "no profiler, control" }
   o.on("--flush-interval S", Float, "seconds between profiles (default 15)") { |v| options[:flush_interval] = v }
   o.on("--cpus A,B", Array, "the two CPUs (default 0,1)") { |v| options[:cpus] = v }
+  o.on("--swap-every S", Float, "seconds between core swaps within a half (default 1; 0: only between halves)") do |v|
+    options[:swap_every] = v
+  end
 end.parse!
 def fail_with(message) = abort("side_by_side.rb: #{message}")
 options[:cpus] = options[:cpus].map { |c| Integer(c, exception: false) or fail_with("--cpus takes CPU numbers, not #{c}") }
 fail_with("--rounds and --seconds must be at least 1") unless options[:rounds].positive? && options[:seconds].positive?
 fail_with("--flush-interval must be positive") unless options[:flush_interval].positive?
+fail_with("--swap-every must be 0 or more") if options[:swap_every].negative?
 fail_with("unknown configuration #{options[:config].inspect}") unless BenchConfigs.known?(options[:config])
 fail_with("--cpus takes two different CPUs") unless options[:cpus].size == 2 && options[:cpus].uniq.size == 2
 fail_with("reads /proc/PID/task, which this system does not have") unless File.directory?("/proc/self/task")
@@ -50,27 +57,53 @@ path, connections = PumaBench::APPS.fetch(options[:app]) do
 end
 ENV["BENCH_FLUSH_INTERVAL"] = options[:flush_interval].to_s
 
+# Moves every thread of process `pid` to CPU `cpu`; false if it could not
+# (the process has ended).
+def pin(pid, cpu)
+  system("taskset", "-a", "-p", "-c", cpu.to_s, pid.to_s, out: File::NULL, err: File::NULL)
+end
+
 # Requests, and CPU seconds by kind of thread, of each server over
-# `seconds` of wrk loading both at once, server i pinned to cpus[i].
-def half(servers, cpus, path, seconds, connections)
+# `seconds` of wrk loading both at once (`load`: the path and wrk's
+# connections), server i pinned to cpus[i] and its wrk to the other, the two
+# trading cores every `swap_every` seconds (0: never).
+def half(servers, cpus, load, seconds, swap_every)
+  path, connections = load
   servers.each_with_index do |(_, pid), i|
-    pinned = system("taskset", "-a", "-p", "-c", cpus[i].to_s, pid.to_s, out: File::NULL)
-    fail_with("could not move puma #{pid} to CPU #{cpus[i]}") unless pinned
+    fail_with("could not move puma #{pid} to CPU #{cpus[i]}") unless pin(pid, cpus[i])
   end
   before = servers.map { |_, pid| [PumaBench.thread_seconds(pid), PumaBench.cpu_seconds(pid)] }
   loads = servers.each_with_index.map do |(url, _), i|
-    Thread.new do
-      PumaBench.wrk(url + path, seconds, connections, cpu: cpus[1 - i])[:requests]
-    rescue RuntimeError => e
-      e.message.lines.first.chomp # wrk failed or completed no request
-    end
+    reader = IO.popen(PumaBench.wrk_command(url + path, seconds, connections, cpu: cpus[1 - i]))
+    [reader, Thread.new { reader.read }]
   end
-  requests = loads.map(&:value)
-  failed = requests.grep(String).first
-  fail_with(failed) if failed
+  swap_cores(servers.map(&:last), loads.map { |reader, _| reader.pid }, cpus, seconds, swap_every)
+  requests = loads.map do |reader, output|
+    out = output.value
+    reader.close
+    PumaBench.wrk_result(out, Process.last_status.success?)[:requests]
+  rescue RuntimeError => e
+    fail_with(e.message.lines.first.chomp) # wrk failed or completed no request
+  end
   servers.each_with_index.map do |(_, pid), i|
     threads = PumaBench.thread_seconds(pid).to_h { |kind, s| [kind, s - before[i][0].fetch(kind, 0.0)] }
     { requests: requests[i], threads: threads, cpu: PumaBench.cpu_seconds(pid) - before[i][1] }
+  end
+end
+
+# Every `swap_every` seconds until `seconds` have gone by: puma i and wrk i
+# trade cores with the other pair (puma i on cpus[i] and wrk i on the other
+# to begin with). An even number of swaps leaves each pair as long on each
+# core.
+def swap_cores(pumas, wrks, cpus, seconds, swap_every)
+  return if swap_every.zero?
+
+  began = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+  (1...(seconds / swap_every).round).each do |swap|
+    sleep([began + (swap * swap_every) - Process.clock_gettime(Process::CLOCK_MONOTONIC), 0].max)
+    order = swap.odd? ? cpus.reverse : cpus
+    pumas.each_with_index { |pid, i| pin(pid, order[i]) }
+    wrks.each_with_index { |pid, i| pin(pid, order[1 - i]) }
   end
 end
 
@@ -83,9 +116,10 @@ def round(index, options, path, connections)
   PumaBench.serve(configs[0], options[:app], cpu: cpus[0]) do |url_a, _, pid_a|
     PumaBench.serve(configs[1], options[:app], cpu: cpus[1]) do |url_b, _, pid_b|
       servers = [[url_a, pid_a], [url_b, pid_b]]
-      half(servers, cpus, path, 3, connections) # warm-up: caches, templates, the windows' rates
-      [half(servers, cpus, path, options[:seconds], connections),
-       half(servers, cpus.reverse, path, options[:seconds], connections)]
+      swap = options[:swap_every]
+      load = [path, connections]
+      half(servers, cpus, load, 3, 0) # warm-up: caches, templates, the windows' rates
+      [half(servers, cpus, load, options[:seconds], swap), half(servers, cpus.reverse, load, options[:seconds], swap)]
     end
   end
 end

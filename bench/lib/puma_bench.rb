@@ -174,9 +174,20 @@ module PumaBench
 
   # wrk on `url` for `seconds`; with `cpu`, one wrk thread on that CPU.
   def wrk(url, seconds, connections = CONNECTIONS, cpu: nil)
-    pin = cpu ? "taskset -c #{cpu} " : ""
-    out = `#{pin}wrk -t#{cpu ? 1 : 2} -c#{connections} -d#{seconds}s --timeout #{TIMEOUT_SECONDS}s --latency #{url}`
-    raise "wrk failed:\n#{out}" unless Process.last_status.success? && out =~ %r{Requests/sec:\s+([\d.]+)}
+    out = IO.popen(wrk_command(url, seconds, connections, cpu: cpu), &:read)
+    wrk_result(out, Process.last_status.success?)
+  end
+
+  # The wrk command line `wrk` runs (an argument list).
+  def wrk_command(url, seconds, connections = CONNECTIONS, cpu: nil)
+    pin = cpu ? ["taskset", "-c", cpu.to_s] : []
+    [*pin, "wrk", "-t#{cpu ? 1 : 2}", "-c#{connections}", "-d#{seconds}s", "--timeout", "#{TIMEOUT_SECONDS}s",
+     "--latency", url]
+  end
+
+  # Requests/s, p50 and p99 (s) and requests from wrk's output `out`.
+  def wrk_result(out, succeeded)
+    raise "wrk failed:\n#{out}" unless succeeded && out =~ %r{Requests/sec:\s+([\d.]+)}
 
     rps = Regexp.last_match(1).to_f
     requests = out[/(\d+) requests in/, 1].to_i
