@@ -93,8 +93,11 @@ end
 
 # Every `swap_every` seconds until `seconds` have gone by: puma i and wrk i
 # trade cores with the other pair (puma i on cpus[i] and wrk i on the other
-# to begin with). An even number of swaps leaves each pair as long on each
-# core.
+# to begin with). An even number of intervals (seconds / swap_every) leaves
+# each pair as long on each core; otherwise the round's second half, which
+# starts the other way round, evens it out. The four moves of a swap run at
+# once, in an order that alternates, so that neither server has a core to
+# itself while the others move.
 def swap_cores(pumas, wrks, cpus, seconds, swap_every)
   return if swap_every.zero?
 
@@ -102,9 +105,15 @@ def swap_cores(pumas, wrks, cpus, seconds, swap_every)
   (1...(seconds / swap_every).round).each do |swap|
     sleep([began + (swap * swap_every) - Process.clock_gettime(Process::CLOCK_MONOTONIC), 0].max)
     order = swap.odd? ? cpus.reverse : cpus
-    pumas.each_with_index { |pid, i| pin(pid, order[i]) }
-    wrks.each_with_index { |pid, i| pin(pid, order[1 - i]) }
+    moves = [0, 1].flat_map { |i| [[pumas[i], order[i]], [wrks[i], order[1 - i]]] }
+    moves.reverse! if swap.even?
+    moves.map { |pid, cpu| spawn_pin(pid, cpu) }.each { |mover| Process.wait(mover) }
   end
+end
+
+# Starts moving every thread of process `pid` to CPU `cpu`; the mover's pid.
+def spawn_pin(pid, cpu)
+  Process.spawn("taskset", "-a", "-p", "-c", cpu.to_s, pid.to_s, out: File::NULL, err: File::NULL)
 end
 
 # One round: both servers fresh (which core each starts on alternates), a
