@@ -60,7 +60,8 @@ ENV["BENCH_FLUSH_INTERVAL"] = options[:flush_interval].to_s
 # Moves every thread of process `pid` to CPU `cpu`; false if it could not
 # (the process has ended).
 def pin(pid, cpu)
-  system("taskset", "-a", "-p", "-c", cpu.to_s, pid.to_s, out: File::NULL, err: File::NULL)
+  Process.wait(spawn_pin(pid, cpu))
+  Process.last_status.success?
 end
 
 # Requests, and CPU seconds by kind of thread, of each server over
