@@ -646,11 +646,15 @@ impl DecodedProfile {
         };
         drop(plain);
         let BudgetedBuffer {
-            bytes,
+            mut bytes,
             mut reservation,
             ..
         } = out;
         transient.shrink_to(0);
+        // The buffer grew by doubling: its slack goes, and the reservation
+        // with it, before the caller's copy is reserved.
+        bytes.shrink_to_fit();
+        reservation.shrink_to(bytes.capacity() as u64);
         reservation.grow(bytes.len() as u64).map_err(memory)?;
         Ok(Written {
             bytes,
